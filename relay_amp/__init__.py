@@ -1,0 +1,19 @@
+"""relay_amp: mixed-precision (float16 / bfloat16) conversion for Apache TVM Relax modules.
+
+>>> import relay_amp
+>>> mod, report = relay_amp.convert(mod, "float16")          # doctest: +SKIP
+>>> seq = tvm.transform.Sequential([relay_amp.ToMixedPrecision("bfloat16")])  # doctest: +SKIP
+"""
+
+from .op_tables import Category
+from .policy import Policy, amp_config, current_policy
+from .report import BindingRecord, Report
+from .targets import TargetCaps, UnsupportedDtypeError, target_caps
+from .transform import ToMixedPrecision, convert
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ToMixedPrecision", "convert", "Report", "BindingRecord", "Policy", "Category",
+    "amp_config", "current_policy", "TargetCaps", "target_caps", "UnsupportedDtypeError",
+]

@@ -1,0 +1,63 @@
+"""Facts about the low-precision dtypes relay_amp converts to."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+LOW_PRECISION_DTYPES = ("float16", "bfloat16")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype for a TVM dtype name (``bfloat16`` through ml_dtypes)."""
+    if dtype == "bfloat16":
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def finfo(dtype: str):
+    """``numpy.finfo``-like limits for float16, bfloat16, float32 and float64."""
+    return ml_dtypes.finfo(numpy_dtype(dtype))
+
+
+def max_finite(dtype: str) -> float:
+    return float(finfo(dtype).max)
+
+
+def smallest_subnormal(dtype: str) -> float:
+    return float(finfo(dtype).smallest_subnormal)
+
+
+def check_low_precision_dtype(dtype) -> str:
+    """Return ``dtype`` as a string if it is a supported low-precision dtype, else raise."""
+    if not isinstance(dtype, str) or dtype not in LOW_PRECISION_DTYPES:
+        raise ValueError(
+            f"dtype must be one of {', '.join(map(repr, LOW_PRECISION_DTYPES))}; got {dtype!r}"
+        )
+    return dtype
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES
+
+
+def out_of_range_value(values: np.ndarray, dtype: str):
+    """The first value that ``dtype`` cannot hold, or None.
+
+    A finite value beyond the dtype's largest finite value overflows to inf. A *scalar* that is
+    non-zero but rounds to zero underflows (an epsilon of 1e-12 becoming 0 changes what an
+    expression means; a tiny entry in a weight tensor does not, so only scalars are checked).
+    """
+    values = np.asarray(values, dtype=np.float64)
+    finite = values[np.isfinite(values)]
+    if finite.size:
+        peak = float(np.max(np.abs(finite)))
+        if peak > max_finite(dtype):
+            return peak
+    if values.size == 1:
+        scalar = float(values.reshape(()))
+        if np.isfinite(scalar) and scalar != 0.0:
+            if float(np.asarray(scalar).astype(numpy_dtype(dtype))) == 0.0:
+                return scalar
+    return None

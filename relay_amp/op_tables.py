@@ -1,0 +1,155 @@
+"""The built-in op tables: every Relax op relay_amp knows, grouped by the numeric reason it is there.
+
+Each group is one category plus the reason that puts its ops there; the reason is what the
+conversion report quotes for a binding the group decides. Ops in no group are *unknown*: they keep
+their original dtypes and the report lists them as unknown.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Category(str, enum.Enum):
+    """How an op is converted. The values are the names used in policy JSON."""
+
+    #: Inputs in the low-precision dtype, products summed in the accumulation dtype (float32)
+    #: through the op's ``out_dtype``; the result is stored in whichever dtype its consumers use.
+    LOW_PRECISION_FP32_ACCUMULATE = "low_precision_fp32_accumulate"
+    #: Inputs, computation and result all in the low-precision dtype.
+    LOW_PRECISION = "low_precision"
+    #: Runs in the widest dtype among its float *activation* inputs; constants and function
+    #: parameters adapt to it. Low precision only where a consumer wants low precision.
+    FOLLOW = "follow"
+    #: Takes and returns low precision but computes internally in the accumulation dtype
+    #: (float32): the casts fuse into the op's kernel, so memory traffic stays low precision.
+    ACCUMULATE = "accumulate"
+    #: Computes in float32 and returns float32.
+    FP32 = "fp32"
+    #: Computes in float32, but float32 weights are stored in the low-precision dtype and
+    #: widened where they are used (the default on hardware without fast low-precision math).
+    STORAGE = "storage"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+LOW_CATEGORIES = (Category.LOW_PRECISION_FP32_ACCUMULATE, Category.LOW_PRECISION)
+
+
+@dataclass(frozen=True)
+class OpGroup:
+    """A set of ops that share a category for one numeric reason."""
+
+    category: Category
+    reason: str
+    ops: tuple[str, ...]
+
+
+BUILTIN_GROUPS: tuple[OpGroup, ...] = (
+    OpGroup(
+        Category.LOW_PRECISION_FP32_ACCUMULATE,
+        "dot products: fast on low-precision hardware paths, summed in float32",
+        ("nn.conv1d", "nn.conv2d", "nn.conv3d", "nn.conv1d_transpose", "nn.conv2d_transpose",
+         "nn.conv3d_transpose", "matmul"),
+    ),
+    OpGroup(
+        Category.LOW_PRECISION,
+        "attention kernels: low-precision tensor-core work with no out_dtype",
+        ("nn.attention", "nn.attention_bias", "nn.attention_var_len"),
+    ),
+    OpGroup(
+        Category.LOW_PRECISION,
+        "products without a reduction: no accumulation error",
+        ("outer",),
+    ),
+    OpGroup(
+        Category.FP32,
+        "|f(x)| >> |x|: the result leaves the float16 range, and bfloat16 keeps too few bits",
+        ("exp", "power", "square", "sinh", "cosh", "nn.softplus"),
+    ),
+    OpGroup(
+        Category.FP32,
+        "unbounded reductions: the result grows with the reduced extent",
+        ("sum", "prod", "cumsum", "cumprod", "variance", "std", "nn.cross_entropy_with_logits",
+         "nn.nll_loss", "collapse_sum_like", "collapse_sum_to"),
+    ),
+    OpGroup(
+        Category.FP32,
+        "precision: inverse and logarithmic functions amplify input rounding",
+        ("log", "nn.log_softmax", "log_add_exp", "tan", "asin", "acos", "atan", "atan2", "asinh",
+         "acosh", "atanh"),
+    ),
+    OpGroup(
+        Category.FP32,
+        "values are positions or counts: end and step can exceed what low precision holds exactly",
+        ("arange", "hamming_window", "eye", "eye_like"),
+    ),
+    OpGroup(
+        Category.ACCUMULATE,
+        "averages and normalisations: the result is bounded by the inputs, the sum needs float32",
+        ("mean", "nn.softmax", "nn.layer_norm", "nn.group_norm", "nn.instance_norm",
+         "nn.rms_norm", "nn.avg_pool1d", "nn.avg_pool2d", "nn.avg_pool3d",
+         "nn.adaptive_avg_pool1d", "nn.adaptive_avg_pool2d", "nn.adaptive_avg_pool3d"),
+    ),
+    OpGroup(
+        Category.ACCUMULATE,
+        "normalisation: (x - mean) / sqrt(var + eps) cancels digits that low precision lacks",
+        ("nn.batch_norm",),
+    ),
+    OpGroup(
+        Category.ACCUMULATE,
+        "sum of products with no out_dtype to accumulate in float32",
+        ("einsum",),
+    ),
+    OpGroup(
+        Category.ACCUMULATE,
+        "bounded output, but the low-precision polynomial approximation is inaccurate",
+        ("erf",),
+    ),
+    OpGroup(
+        Category.FOLLOW,
+        "elementwise arithmetic and activations",
+        ("add", "subtract", "multiply", "divide", "maximum", "minimum", "negative", "abs", "sqrt",
+         "rsqrt", "floor", "ceil", "round", "trunc", "sign", "clip", "where", "floor_divide",
+         "floor_mod", "mod", "ewise_fma", "sigmoid", "tanh", "sin", "cos", "nn.relu",
+         "nn.leakyrelu", "nn.prelu", "nn.gelu", "nn.gelu_tanh", "nn.silu", "nn.selu",
+         "isfinite", "isinf", "isnan", "equal", "not_equal", "greater", "greater_equal", "less",
+         "less_equal"),
+    ),
+    OpGroup(
+        Category.FOLLOW,
+        "data movement, layout and selection: exact in any dtype",
+        ("reshape", "permute_dims", "expand_dims", "squeeze", "flatten", "nn.batch_flatten",
+         "concat", "split", "stack", "strided_slice", "dynamic_strided_slice", "take",
+         "gather_elements", "gather_nd", "scatter_elements", "scatter_nd", "broadcast_to", "tile",
+         "repeat", "flip", "layout_transform", "nn.pad", "nn.pixel_shuffle", "index_tensor",
+         "index_put", "slice_scatter", "tril", "triu", "zeros_like", "ones_like", "full_like",
+         "nn.dropout", "image.resize2d", "image.resize3d", "max", "min", "argmax", "argmin",
+         "nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "topk", "sort", "argsort"),
+    ),
+)
+
+#: Built-in conditional rules: ``(op, attribute, values, reason)``; a matching call stays fp32.
+BUILTIN_CONDITIONS: tuple[tuple[str, str, tuple, str], ...] = (
+    ("nn.batch_norm", "training", (True,),
+     "training batch norm computes batch statistics, an unbounded reduction"),
+)
+
+#: Ops whose dtype is fixed by an attribute or by their role: never converted, never reported
+#: as unknown. ``astype`` is the cast op itself.
+PASSTHROUGH_OPS = frozenset({
+    "astype", "shape_of", "tensor_to_shape", "shape_to_tensor", "zeros", "ones", "full",
+    "null_value", "print", "assert_op", "hint_on_device", "to_vdevice", "wrap_param",
+})
+
+
+def builtin_table() -> dict[str, OpGroup]:
+    """Map each op name (without the ``relax.`` prefix) to its built-in group."""
+    table: dict[str, OpGroup] = {}
+    for group in BUILTIN_GROUPS:
+        for op in group.ops:
+            assert op not in table, f"{op} is in two built-in groups"
+            table[op] = group
+    return table

@@ -1,0 +1,178 @@
+"""The conversion report: one row per call binding, with the rule that decided it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import tvm
+from tvm.relax import TensorType
+
+
+@dataclass(frozen=True)
+class BindingRecord:
+    """What the pass did with one call binding.
+
+    ``output_dtype`` lists every dtype the result is stored in, the computed one first
+    (``float32+float16``: computed in float32, and a float16 copy exists for low-precision
+    consumers). ``casts_added`` counts the run-time casts this binding needed.
+    """
+
+    function: str
+    name: str
+    op: str
+    category: str
+    input_dtypes: tuple
+    compute_dtype: str
+    accumulation_dtype: str
+    output_dtype: str
+    rule: str
+    casts_added: int
+    macs: int
+
+
+@dataclass
+class Report:
+    """The explanation of one conversion.
+
+    Attributes
+    ----------
+    dtype : str
+        The low-precision dtype the conversion targeted.
+    rows : list of BindingRecord
+        One row per call binding, in program order.
+    casts : int
+        Run-time cast bindings the pass added.
+    constants_converted : int
+        Constants converted at conversion time (no run-time cast).
+    notes : list of str
+        Module-level remarks (functions left alone, targets used).
+    """
+
+    dtype: str
+    rows: list = field(default_factory=list)
+    casts: int = 0
+    constants_converted: int = 0
+    notes: list = field(default_factory=list)
+
+    @property
+    def ops(self) -> list:
+        """The rows of real computations (casts and dtype-fixing ops left out)."""
+        return [r for r in self.rows if r.category != "passthrough"]
+
+    @property
+    def converted(self) -> list:
+        """The rows computed in the low-precision dtype."""
+        return [r for r in self.ops if r.compute_dtype == self.dtype]
+
+    @property
+    def unknown_ops(self) -> list:
+        """Sorted names of ops no policy layer knew; they kept their dtypes."""
+        return sorted({r.op for r in self.rows if r.category == "unknown"
+                       and r.rule.startswith("kept: unknown")})
+
+    def low_precision_mac_fraction(self) -> float | None:
+        total = sum(r.macs for r in self.ops)
+        if total == 0:
+            return None
+        return sum(r.macs for r in self.converted) / total
+
+    def summary(self) -> str:
+        """One line, e.g. ``converted 52/60 ops (97.3% of MACs) to float16 using 14 casts``."""
+        fraction = self.low_precision_mac_fraction()
+        macs = f" ({100 * fraction:.1f}% of MACs)" if fraction is not None else ""
+        text = (f"converted {len(self.converted)}/{len(self.ops)} ops{macs} to {self.dtype} "
+                f"using {self.casts} casts")
+        if self.constants_converted:
+            text += f" ({self.constants_converted} constants converted offline)"
+        if self.unknown_ops:
+            text += f"; unknown ops kept as they were: {', '.join(self.unknown_ops)}"
+        return text
+
+    def find(self, name: str, function: str | None = None) -> BindingRecord:
+        """The row of the binding called ``name`` (in ``function``, if given)."""
+        for row in self.rows:
+            if row.name == name and (function is None or row.function == function):
+                return row
+        raise KeyError(f"no binding named {name!r} in the report")
+
+    def table(self, max_rows: int | None = None) -> str:
+        """The rows as an aligned text table."""
+        header = ("function", "binding", "op", "inputs", "compute", "acc", "output", "casts",
+                  "rule")
+        rows = self.rows if max_rows is None else self.rows[:max_rows]
+        body = [(r.function, r.name, r.op, ",".join(_short(d) for d in r.input_dtypes),
+                 r.compute_dtype, r.accumulation_dtype, r.output_dtype, str(r.casts_added),
+                 r.rule) for r in rows]
+        widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
+                  for i, h in enumerate(header[:-1])]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  rule"]
+        for b in body:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(b, widths)) + "  " + b[-1])
+        if max_rows is not None and len(self.rows) > max_rows:
+            lines.append(f"... {len(self.rows) - max_rows} more rows")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return "\n".join([self.summary(), *self.notes, self.table()])
+
+    def to_dict(self) -> dict:
+        return {
+            "dtype": self.dtype, "summary": self.summary(), "casts": self.casts,
+            "constants_converted": self.constants_converted, "notes": list(self.notes),
+            "low_precision_mac_fraction": self.low_precision_mac_fraction(),
+            "unknown_ops": self.unknown_ops,
+            "rows": [{**asdict(r), "input_dtypes": list(r.input_dtypes)} for r in self.rows],
+        }
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **{"indent": 2, **kwargs})
+
+
+def _short(dtype: str) -> str:
+    return {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}.get(dtype, dtype)
+
+
+def _static_shape(expr) -> list[int] | None:
+    """The shape of a tensor expression, symbolic dimensions counted as 1."""
+    ty = expr.ty
+    if not isinstance(ty, TensorType) or ty.shape is None:
+        return None
+    dims = []
+    for dim in ty.shape.values:
+        dims.append(int(dim.value) if isinstance(dim, tvm.tirx.IntImm) else 1)
+    return dims
+
+
+def _prod(values) -> int:
+    out = 1
+    for value in values:
+        out *= int(value)
+    return out
+
+
+def estimate_macs(op: str, call) -> int:
+    """Multiply-accumulates of a dot-product op (0 for other ops); symbolic dims count as 1."""
+    try:
+        if op in ("nn.conv1d", "nn.conv2d", "nn.conv3d"):
+            out, weight = _static_shape(call), _static_shape(call.args[1])
+            # O, I/groups, spatial... in OIHW-like layouts; kernel_layout decides which is which
+            layout = str(call.attrs.kernel_layout)
+            spatial = _prod(d for d, c in zip(weight, layout) if c not in "OI")
+            per_output = weight[layout.index("I")] * spatial
+            return _prod(out) * per_output
+        if op in ("nn.conv1d_transpose", "nn.conv2d_transpose", "nn.conv3d_transpose"):
+            data, weight = _static_shape(call.args[0]), _static_shape(call.args[1])
+            return _prod(data) * _prod(weight[1:])
+        if op == "matmul":
+            out, lhs = _static_shape(call), _static_shape(call.args[0])
+            return _prod(out) * lhs[-1]
+        if op in ("nn.attention", "nn.attention_bias"):
+            q, k, v = (_static_shape(a) for a in call.args[:3])
+            batch, seq, heads, depth = q
+            return batch * heads * seq * k[1] * (depth + v[3])
+        if op == "outer":
+            return _prod(_static_shape(call))
+    except (TypeError, IndexError, ValueError, AttributeError):
+        return 0
+    return 0

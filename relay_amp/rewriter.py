@@ -1,0 +1,584 @@
+# The algorithm, per Relax function (If branches and nested functions are scopes of their own):
+#
+# 1. Decide. Forward over the bindings, the policy gives each call a category and a rule; operand
+#    checks (constants or scalars the low-precision dtype cannot hold, dtypes other than float32)
+#    can overrule it. From the categories follows `can_low`: whether a value can exist in low
+#    precision without losing what float32 protected (dot products, accumulate ops, and follow
+#    ops whose float activation inputs can all be low; constants and parameters adapt).
+# 2. Demand. Backward over the bindings, each binding records the dtypes its operands must have:
+#    low-precision ops want low precision; float32, unknown and accumulate ops want each operand's
+#    original dtype; a follow op runs in low precision only if it can and one of its consumers
+#    wants low precision. The function result wants its original dtypes (keep_io_dtypes).
+# 3. Rewrite. Forward again with a PyExprMutator: every operand is cast to the dtype its consumer
+#    computes in through one cast cache per scope. The cache stores both directions, so a cast
+#    back to the original dtype returns the original value (never a fp32 -> fp16 -> fp32 round
+#    trip); float32 constants are converted once, at conversion time; dot products accumulate in
+#    float32 through out_dtype and emit the low-precision copy of their result only if some
+#    consumer demanded it. Each binding's decision lands in the report with its rule.
+"""The rewriter behind :class:`relay_amp.ToMixedPrecision`."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir import Call
+from tvm.relax import (
+    DataflowBlock,
+    DataflowVar,
+    Function,
+    If,
+    MatchCast,
+    PyExprMutator,
+    SeqExpr,
+    TensorType,
+    TupleGetItem,
+    Var,
+    VarBinding,
+    expr_functor,
+)
+
+from .dtypes import numpy_dtype, out_of_range_value
+from .op_tables import LOW_CATEGORIES, PASSTHROUGH_OPS, Category
+from .policy import Decision, Policy
+from .report import BindingRecord, estimate_macs
+
+_GenericConst = type(relax.const(0.0))
+_TupleType = tvm.ir.type.TupleType
+_FloatImm = tvm.tirx.FloatImm if hasattr(tvm, "tirx") else tvm.tir.FloatImm
+_PrimValue = getattr(relax, "PrimValue", None)
+
+_LOW = "low"  # mode: float32 operands are brought to the low-precision dtype
+_ORIGINAL = "original"  # mode: every operand keeps (or gets back) its original dtype
+_STORAGE = "storage"  # mode: original, but float32 constants are stored low and widened
+
+
+def tensor_dtype(expr_or_type) -> str | None:
+    ty = expr_or_type if isinstance(expr_or_type, tvm.ir.Type) else expr_or_type.ty
+    return str(ty.dtype) if isinstance(ty, TensorType) else None
+
+
+def _op_name(call: Call) -> str | None:
+    if isinstance(call.op, tvm.ir.Op):
+        name = call.op.name
+        return name[len("relax."):] if name.startswith("relax.") else name
+    return None
+
+
+def _leaves(expr):
+    """The leaf expressions of an argument: the fields of (nested) inline tuples, else itself."""
+    if isinstance(expr, relax.Tuple):
+        for field in expr.fields:
+            yield from _leaves(field)
+    else:
+        yield expr
+
+
+def _lowered_type(ty, low: str):
+    """``ty`` with every float32 tensor made ``low``."""
+    if isinstance(ty, TensorType):
+        if str(ty.dtype) == "float32":
+            return TensorType(ty.shape, low, ndim=ty.ndim) if ty.shape is None else TensorType(
+                ty.shape, low)
+        return ty
+    if isinstance(ty, _TupleType):
+        return _TupleType([_lowered_type(f, low) for f in ty.fields])
+    return ty
+
+
+def _replace_attrs(attrs, **changes):
+    info = type(attrs).__tvm_ffi_type_info__
+    fields = {f.name: getattr(attrs, f.name) for f in info.fields}
+    fields.update(changes)
+    return tvm.ir.make_node(info.type_key, **fields)
+
+
+class _Plan:
+    """The decision for one call binding."""
+
+    __slots__ = ("op", "decision", "category", "rule", "mode", "accumulation", "out_dtype")
+
+    def __init__(self, op, decision: Decision):
+        self.op = op
+        self.decision = decision
+        self.category = decision.category
+        self.rule = decision.rule
+        self.mode = _ORIGINAL
+        self.accumulation = None
+        self.out_dtype = None  # the value written to the call's out_dtype attribute, if any
+
+
+class FunctionPlanner:
+    """Steps 1 and 2 of the algorithm for one function."""
+
+    def __init__(self, policy: Policy, low: str, target_rule, constant_check, params_low: set):
+        self.policy = policy
+        self.low = low
+        self.target_rule = target_rule
+        self.constant_check = constant_check
+        self.params = set()
+        self.params_low = params_low
+        self.can_low: dict = {}
+        self.demand: dict = {}
+        self.plans: dict = {}
+
+    # ------------------------------------------------------------------ helpers
+    def _orig_dtype(self, var) -> str | None:
+        if var in self.params_low:
+            return self.low
+        return tensor_dtype(var)
+
+    def _is_lowish(self, leaf) -> bool:
+        """Can ``leaf`` be had in low precision without losing float32 protection?"""
+        if isinstance(leaf, _GenericConst):
+            return True
+        if isinstance(leaf, Var):
+            return leaf in self.params or self.can_low.get(leaf, False) or (
+                self._orig_dtype(leaf) == self.low)
+        return True
+
+    def _float_leaves(self, call):
+        for arg in call.args:
+            for leaf in _leaves(arg):
+                dtype = tensor_dtype(leaf) if isinstance(leaf.ty, TensorType) else None
+                if dtype is not None and dtype.startswith(("float", "bfloat")):
+                    yield leaf, dtype
+
+    # ------------------------------------------------------------------ step 1
+    def forward(self, seq: SeqExpr, params=()):
+        self.params.update(params)
+        for block in seq.blocks:
+            for binding in block.bindings:
+                self._forward_binding(binding)
+
+    def _forward_binding(self, binding):
+        var, value = binding.var, binding.value
+        if self._orig_dtype(var) == self.low:
+            self.can_low[var] = True
+        if isinstance(binding, MatchCast):
+            return
+        if isinstance(value, Call) and _op_name(value) is not None:
+            plan = self._plan_call(var, value)
+            self.plans[var] = plan
+            self.can_low[var] = self.can_low.get(var, False) or self._call_can_low(plan, value)
+        elif isinstance(value, If):
+            self.forward(value.true_branch)
+            self.forward(value.false_branch)
+        elif isinstance(value, Var):
+            self.can_low[var] = self.can_low.get(var, False) or self.can_low.get(value, False)
+        elif isinstance(value, relax.Tuple):
+            leaves = [leaf for leaf in _leaves(value) if isinstance(leaf, Var)]
+            self.can_low[var] = bool(leaves) and all(self._is_lowish(x) for x in leaves) and any(
+                self.can_low.get(x, False) for x in leaves)
+        elif isinstance(value, TupleGetItem) and isinstance(value.tuple_value, Var):
+            self.can_low[var] = self.can_low.get(var, False) or self.can_low.get(
+                value.tuple_value, False)
+
+    def _plan_call(self, var, call) -> _Plan:
+        op = _op_name(call)
+        name = var.name
+        plan = _Plan(op, self.policy.decide(op, name, call.attrs, self.target_rule))
+        category = plan.category
+        if category is None or category == Category.FP32:
+            return plan
+        float_leaves = list(self._float_leaves(call))
+        out_dtypes = {tensor_dtype(t) for t in _type_leaves(var.ty)}
+        foreign = sorted({d for _, d in float_leaves} - {"float32", self.low})
+        if foreign:
+            return self._keep(plan, f"kept: {op} has {', '.join(foreign)} inputs, which "
+                                    "relay_amp does not convert")
+        if not any(d == "float32" for _, d in float_leaves) and "float32" not in out_dtypes:
+            return self._keep(plan, f"kept: {op} has no float32 tensor to convert")
+        for leaf, dtype in float_leaves:
+            if isinstance(leaf, _GenericConst) and dtype == "float32":
+                bad = self.constant_check(leaf)
+                if bad is not None and category != Category.STORAGE:
+                    return self._keep(plan, f"fp32: constant {bad:.4g} "
+                                            f"{_range_words(bad, self.low)}")
+        for arg in call.args:
+            scalar = _scalar_value(arg)
+            if scalar is not None and out_of_range_value(np.array(scalar), self.low) is not None:
+                return self._keep(plan, f"fp32: scalar argument {scalar:.4g} "
+                                        f"{_range_words(scalar, self.low)}")
+        if category in LOW_CATEGORIES and call.attrs is not None and hasattr(call.attrs, "out_dtype"):
+            original = str(call.attrs.out_dtype) if call.attrs.out_dtype is not None else ""
+            if original not in ("", "void", "float32", self.low):
+                return self._keep(plan, f"kept: out_dtype {original} is not float32")
+        return plan
+
+    def _keep(self, plan: _Plan, rule: str) -> _Plan:
+        plan.category = Category.FP32
+        plan.rule = rule
+        return plan
+
+    def _call_can_low(self, plan: _Plan, call) -> bool:
+        category = plan.category
+        if category in LOW_CATEGORIES:
+            return True
+        if category == Category.ACCUMULATE:
+            return True
+        if category == Category.FOLLOW:
+            leaves = [leaf for leaf, _ in self._float_leaves(call)]
+            activations = [x for x in leaves if isinstance(x, Var) and x not in self.params]
+            return bool(activations) and all(self._is_lowish(x) for x in leaves) and any(
+                self.can_low.get(x, False) or self._orig_dtype(x) == self.low for x in activations)
+        return False
+
+    # ------------------------------------------------------------------ step 2
+    def want(self, expr, dtypes):
+        """Record that the var leaves of ``expr`` are wanted in ``dtypes``."""
+        for leaf in _leaves(expr):
+            if isinstance(leaf, Var):
+                self.demand.setdefault(leaf, set()).update(dtypes)
+
+    def want_original(self, expr):
+        for leaf in _leaves(expr):
+            if isinstance(leaf, Var):
+                dtype = self._orig_dtype(leaf)
+                if dtype is not None:
+                    self.demand.setdefault(leaf, set()).add(dtype)
+                else:
+                    self.demand.setdefault(leaf, set()).add("original")
+
+    def backward(self, seq: SeqExpr, result_dtypes_low: bool):
+        if result_dtypes_low:
+            self.want(seq.body, {self.low})
+        else:
+            self.want_original(seq.body)
+        for block in reversed(seq.blocks):
+            for binding in reversed(block.bindings):
+                self._backward_binding(binding)
+
+    def _backward_binding(self, binding):
+        var, value = binding.var, binding.value
+        demand = self.demand.get(var, set())
+        if isinstance(binding, MatchCast):
+            self.want_original(value)
+            return
+        if isinstance(value, Call):
+            plan = self.plans.get(var)
+            if plan is None:  # a call of a function, closure or extern: keeps its signature
+                for arg in value.args:
+                    self.want_original(arg)
+                return
+            self._choose_mode(plan, var, demand)
+            for arg in value.args:
+                if plan.mode == _LOW:
+                    for leaf in _leaves(arg):
+                        if isinstance(leaf, Var) and self._orig_dtype(leaf) in ("float32", self.low):
+                            self.want(leaf, {self.low})
+                        else:
+                            self.want_original(leaf)
+                else:
+                    self.want_original(arg)
+        elif isinstance(value, If):
+            self.backward(value.true_branch, False)
+            self.backward(value.false_branch, False)
+        elif isinstance(value, (Var, relax.Tuple)):
+            self.want(value, demand)
+        elif isinstance(value, TupleGetItem):
+            self.want(value.tuple_value, demand)
+
+    def _choose_mode(self, plan: _Plan, var, demand: set):
+        category = plan.category
+        if category in LOW_CATEGORIES:
+            plan.mode = _LOW
+            plan.accumulation = (plan.decision.accumulation_dtype
+                                 if category == Category.LOW_PRECISION_FP32_ACCUMULATE else self.low)
+        elif category == Category.FOLLOW:
+            if self.can_low.get(var, False) and self.low in demand:
+                plan.mode = _LOW
+                plan.rule += f"; runs {self.low}: inputs are {self.low} and a consumer wants it"
+            elif self.low in demand:
+                plan.rule += "; runs float32: an input is a float32 activation"
+            else:
+                plan.rule += "; runs float32: no consumer wants low precision"
+        elif category == Category.STORAGE:
+            plan.mode = _STORAGE
+        elif category == Category.ACCUMULATE:
+            plan.accumulation = "float32"
+
+
+def _type_leaves(ty):
+    if isinstance(ty, _TupleType):
+        for field in ty.fields:
+            yield from _type_leaves(field)
+    elif isinstance(ty, TensorType):
+        yield ty
+
+
+def _scalar_value(arg):
+    if isinstance(arg, _FloatImm):
+        return float(arg.value)
+    if _PrimValue is not None and isinstance(arg, _PrimValue) and isinstance(arg.value, _FloatImm):
+        return float(arg.value.value)
+    return None
+
+
+def _range_words(value: float, low: str) -> str:
+    from .dtypes import max_finite  # pylint: disable=import-outside-toplevel
+
+    if abs(value) > max_finite(low):
+        return f"exceeds {low} max {max_finite(low):.6g}"
+    return f"underflows to zero in {low}"
+
+
+@expr_functor.mutator
+class MixedPrecisionRewriter(PyExprMutator):
+    """Step 3 of the algorithm: rewrites functions of one module and records the report rows."""
+
+    def __init__(self, mod, policy: Policy, low: str):
+        super().__init__(mod)
+        self.policy = policy
+        self.low = low
+        self.records: list[BindingRecord] = []
+        self._cache_stack: list[dict] = []
+        self._const_low: dict = {}  # original constant -> converted constant
+        self._const_range: dict = {}
+        self._planner: FunctionPlanner | None = None
+        self._function_name = ""
+        self._casts = 0  # astype bindings emitted for the binding being rewritten
+        self.total_casts = 0
+        self.constants_converted = 0
+
+    # ------------------------------------------------------------------ entry
+    def rewrite_function(self, name: str, func: Function, target_rule, signature_low: bool,
+                         low_inputs=()) -> Function:
+        """Convert one Relax function; ``signature_low`` converts its float32 inputs and results."""
+        outer = (self._planner, self._function_name)
+        new_params, params_low = [], set()
+        for param in func.params:
+            if (signature_low or param.name in low_inputs) and tensor_dtype(param) == "float32":
+                params_low.add(param)
+                new_param = Var(param.name, _lowered_type(param.ty, self.low))
+                new_params.append(new_param)
+                self.set_var_remap(param, new_param)
+            else:
+                new_params.append(param)
+        planner = FunctionPlanner(self.policy, self.low, target_rule, self.constant_out_of_range,
+                                  params_low)
+        planner.forward(func.body, func.params)
+        planner.backward(func.body, signature_low)
+        self._planner, self._function_name = planner, name
+        want = _lowered_type(func.ret_ty, self.low) if signature_low else func.ret_ty
+        self.builder_.begin_scope(new_params)
+        body = self.rewrite_seq(func.body, want)
+        self.builder_.end_scope()
+        self._planner, self._function_name = outer
+        ret_ty = want if signature_low else func.ret_ty
+        new_func = Function(new_params, body, ret_ty, func.is_pure, func.attrs, func.span)
+        return self.builder_.normalize(new_func)
+
+    def rewrite_seq(self, seq: SeqExpr, want_type) -> SeqExpr:
+        self._cache_stack.append({})
+        blocks = []
+        for block in seq.blocks:
+            is_dataflow = isinstance(block, DataflowBlock)
+            if is_dataflow:
+                self.builder_._begin_dataflow_block()  # pylint: disable=protected-access
+                self._cache_stack.append({})
+            else:
+                self.builder_._begin_binding_block()  # pylint: disable=protected-access
+            for binding in block.bindings:
+                self.visit_binding(binding)
+            if is_dataflow:
+                self._cache_stack.pop()
+            new_block = self.builder_._end_block()  # pylint: disable=protected-access
+            if new_block.bindings:
+                blocks.append(new_block)
+        self.builder_._begin_binding_block()  # pylint: disable=protected-access
+        result = self.cast_to_type(self.visit_expr(seq.body), want_type)
+        tail = self.builder_._end_block()  # pylint: disable=protected-access
+        if tail.bindings:
+            blocks.append(tail)
+        self._cache_stack.pop()
+        return SeqExpr(blocks, result)
+
+    # ------------------------------------------------------------------ casts
+    def constant_out_of_range(self, const) -> float | None:
+        key = const
+        if key not in self._const_range:
+            self._const_range[key] = out_of_range_value(const.value.numpy(), self.low)
+        return self._const_range[key]
+
+    def _lookup(self, expr, dtype):
+        for layer in reversed(self._cache_stack):
+            hit = layer.get((expr, dtype))
+            if hit is not None:
+                return hit
+        return None
+
+    def _emit(self, expr, name: str, output: bool):
+        if output and self.builder_.current_block_is_dataflow():
+            return self.builder_.emit_output(expr, name)
+        return self.builder_.emit(expr, name)
+
+    def cast(self, expr, dtype: str, output: bool = False):
+        """``expr`` as ``dtype`` (a float32 <-> low-precision tensor cast), through the cache."""
+        source = tensor_dtype(expr)
+        if source == dtype or source is None or {source, dtype} != {"float32", self.low}:
+            return expr
+        hit = self._lookup(expr, dtype)
+        if hit is not None:
+            return hit
+        if isinstance(expr, _GenericConst) and self.policy.cast_params_offline:
+            new = self._const_low.get(expr) if dtype == self.low else None
+            if new is None:
+                data = expr.value.numpy().astype(numpy_dtype(dtype))
+                new = relax.const(data, dtype)
+                self.constants_converted += 1
+                if dtype == self.low:
+                    self._const_low[expr] = new
+        else:
+            name = (expr.name if isinstance(expr, Var) else "const") + "_" + _short(dtype)
+            new = self._emit(relax.op.astype(expr, dtype), name, output)
+            self._casts += 1
+            self.total_casts += 1
+        self._cache_stack[-1][(expr, dtype)] = new
+        self._cache_stack[-1][(new, source)] = expr
+        return new
+
+    def cast_to_type(self, expr, want):
+        """``expr`` with each float tensor leaf cast to the dtype of the same leaf of ``want``."""
+        if want is None:
+            return expr
+        if isinstance(want, TensorType):
+            return self.cast(expr, str(want.dtype))
+        if isinstance(want, _TupleType) and isinstance(expr.ty, _TupleType):
+            if isinstance(expr, relax.Tuple):
+                fields = [self.cast_to_type(f, w) for f, w in zip(expr.fields, want.fields)]
+                if all(a.same_as(b) for a, b in zip(fields, expr.fields)):
+                    return expr
+                return relax.Tuple(fields)
+            if _same_dtypes(expr.ty, want):
+                return expr
+            fields = []
+            for i, field_want in enumerate(want.fields):
+                item = self.builder_.emit(TupleGetItem(expr, i), "item")
+                fields.append(self.cast_to_type(item, field_want))
+            return self.builder_.emit(relax.Tuple(fields), "tuple")
+        return expr
+
+    def storage_constant(self, const):
+        """A float32 constant stored in the low-precision dtype and widened where it is used."""
+        if self.constant_out_of_range(const) is not None:
+            return const
+        hit = self._lookup(const, "storage")
+        if hit is not None:
+            return hit
+        low = self._const_low.get(const)
+        if low is None:
+            low = relax.const(const.value.numpy().astype(numpy_dtype(self.low)), self.low)
+            self._const_low[const] = low
+            self.constants_converted += 1
+        widened = self.builder_.emit(relax.op.astype(low, "float32"), "weight_f32")
+        self._casts += 1
+        self.total_casts += 1
+        self._cache_stack[-1][(const, "storage")] = widened
+        return widened
+
+    # ------------------------------------------------------------------ bindings
+    def visit_var_binding_(self, binding: VarBinding) -> None:
+        var, value = binding.var, binding.value
+        self._casts = 0
+        output = not isinstance(var, DataflowVar)
+        plan = self._planner.plans.get(var) if self._planner else None
+        if isinstance(value, Call) and plan is not None:
+            new_var = self._rewrite_call(var, value, plan, output)
+        elif isinstance(value, Call):
+            args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in value.args]
+            new_call = Call(self.visit_expr(value.op), args, value.attrs, value.ty_args,
+                            value.span)
+            new_var = self._emit(new_call, var.name, output)
+        elif isinstance(value, If):
+            new_if = If(self.visit_expr(value.cond),
+                        self.rewrite_seq(value.true_branch, value.true_branch.body.ty),
+                        self.rewrite_seq(value.false_branch, value.false_branch.body.ty),
+                        value.span)
+            new_var = self._emit(new_if, var.name, output)
+        elif isinstance(value, Function):
+            inner = self.rewrite_function(f"{self._function_name}.{var.name}", value,
+                                          None, False)
+            new_var = self._emit(inner, var.name, output)
+        else:
+            new_var = self._emit(self.visit_expr(value), var.name, output)
+        self.set_var_remap(var, new_var)
+        self._eager_casts(var, new_var, output)
+
+    def visit_match_cast_(self, binding: MatchCast) -> None:
+        value = self.cast_to_type(self.visit_expr(binding.value), binding.value.ty)
+        new_var = self.builder_.match_cast(value, binding.ty, binding.var.name)
+        self.set_var_remap(binding.var, new_var)
+
+    def _eager_casts(self, var, new_var, output: bool):
+        demand = self._planner.demand.get(var, ()) if self._planner else ()
+        for dtype in sorted(d for d in demand if d in ("float32", self.low)):
+            self.cast(new_var, dtype, output)
+
+    def _rewrite_call(self, var, call: Call, plan: _Plan, output: bool):
+        low = self.low
+        new_args = []
+        for arg in call.args:
+            visited = self.visit_expr(arg)
+            if plan.mode == _LOW:
+                new_args.append(self.cast_to_type(visited, _lowered_type(arg.ty, low)))
+            elif plan.mode == _STORAGE and isinstance(arg, _GenericConst) and tensor_dtype(arg) == "float32":
+                new_args.append(self.storage_constant(arg))
+            else:
+                new_args.append(self.cast_to_type(visited, arg.ty))
+        attrs = call.attrs
+        if plan.mode == _LOW and attrs is not None and hasattr(attrs, "out_dtype"):
+            attrs = _replace_attrs(attrs, out_dtype=plan.accumulation or low)
+        new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
+        try:
+            normalized = self.builder_.normalize(new_call)
+        except Exception as err:  # TVM rejects the op in this dtype: keep it as it was
+            message = str(err).strip().splitlines()[-1][:160]
+            plan.mode, plan.category = _ORIGINAL, Category.FP32
+            plan.rule = f"kept: {plan.op} rejects {low} operands ({message})"
+            args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in call.args]
+            normalized = Call(call.op, args, call.attrs, call.ty_args, call.span)
+        new_var = self._emit(normalized, var.name, output)
+        self._record(var, call, new_var, normalized, plan)
+        return new_var
+
+    def _record(self, var, call, new_var, new_call, plan: _Plan):
+        in_dtypes = []
+        for arg in new_call.args:
+            for leaf in _leaves(arg):
+                dtype = tensor_dtype(leaf) if isinstance(leaf.ty, TensorType) else None
+                if dtype is not None:
+                    in_dtypes.append(dtype)
+        out_dtype = tensor_dtype(new_var)
+        demand = self._planner.demand.get(var, set())
+        stored = [out_dtype] if out_dtype else []
+        if out_dtype in ("float32", self.low):
+            stored += sorted(d for d in demand if d in ("float32", self.low) and d != out_dtype)
+        if plan.mode == _LOW:
+            compute = self.low
+        elif out_dtype and out_dtype.startswith(("float", "bfloat")):
+            compute = out_dtype
+        else:
+            compute = next((d for d in in_dtypes if d.startswith(("float", "bfloat"))), "-")
+        self.records.append(BindingRecord(
+            function=self._function_name, name=var.name, op=plan.op,
+            category=plan.category.value if plan.category else (
+                "passthrough" if plan.op in PASSTHROUGH_OPS else "unknown"),
+            input_dtypes=tuple(in_dtypes), compute_dtype=compute,
+            accumulation_dtype=plan.accumulation or compute,
+            output_dtype="+".join(stored) if stored else "-",
+            rule=plan.rule, casts_added=self._casts + max(0, len(stored) - 1),
+            macs=estimate_macs(plan.op, call)))
+
+
+def _same_dtypes(a, b) -> bool:
+    if isinstance(a, TensorType) and isinstance(b, TensorType):
+        return str(a.dtype) == str(b.dtype)
+    if isinstance(a, _TupleType) and isinstance(b, _TupleType):
+        return len(a.fields) == len(b.fields) and all(
+            _same_dtypes(x, y) for x, y in zip(a.fields, b.fields))
+    return True
+
+
+def _short(dtype: str) -> str:
+    return {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}.get(dtype, dtype)

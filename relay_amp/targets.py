@@ -1,0 +1,134 @@
+"""Target defaults: which low-precision dtypes a TVM target computes fast.
+
+=========================  ==================================  ==================================
+target                     float16 compute                     bfloat16 compute
+=========================  ==================================  ==================================
+cuda ``arch`` sm_XY        sm_53 and newer (tensor cores on    sm_80 and newer; older arches are
+                           sm_70+); older: weights stored      an error unless the policy's
+                           float16, compute float32            ``fallback="storage"``
+llvm aarch64               ``+fullfp16`` (or an ``mcpu`` that  ``+bf16`` (or an ``mcpu`` with it)
+                           has it)
+llvm x86                   ``avx512fp16``                      ``avx512bf16`` or ``amx-bf16``
+llvm, other                never                               never
+rocm                       always                              gfx90a, gfx94x, gfx95x, gfx11xx,
+                                                               gfx12xx
+vulkan, metal, opencl,     always                              never (error, or ``fallback``)
+webgpu
+other kinds (c, ...)       never                               never
+=========================  ==================================  ==================================
+
+Where a dtype cannot be computed fast, the default never slows the model down: dot-product ops
+keep float32 compute and only their weights are stored in the low-precision dtype. CPU features
+are read from LLVM itself (``llvm_cpu_has_features``), so any ``mcpu`` or ``mattr`` works.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import tvm
+
+from .op_tables import LOW_CATEGORIES, Category
+from .policy import Decision
+
+
+@dataclass(frozen=True)
+class TargetCaps:
+    """What one target can do with the low-precision dtypes."""
+
+    name: str
+    fp16_compute: bool
+    bf16_compute: bool
+    bf16_supported: bool = True  # False: bfloat16 is an error without an explicit fallback
+
+    def computes(self, dtype: str) -> bool:
+        return self.fp16_compute if dtype == "float16" else self.bf16_compute
+
+
+class UnsupportedDtypeError(ValueError):
+    """The target cannot use the requested low-precision dtype."""
+
+
+def as_target(target) -> tvm.target.Target | None:
+    """Accept a ``tvm.target.Target``, a target dict or kind name, or None."""
+    if target is None or isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, (dict, str)):
+        try:
+            return tvm.target.Target(target)
+        except Exception as err:  # TVM raises its own error types
+            raise ValueError(f"invalid target {target!r}: {str(err).splitlines()[-1]}") from None
+    raise TypeError(f"target must be a tvm.target.Target, a dict or None; got {type(target).__name__}")
+
+
+def _llvm_has(feature: str, target) -> bool:
+    return bool(tvm.target.codegen.llvm_cpu_has_features(feature, target))
+
+
+def target_caps(target: tvm.target.Target) -> TargetCaps:
+    """The low-precision capabilities of ``target`` (see the module table)."""
+    kind = target.kind.name
+    attrs = target.attrs
+    if kind == "cuda":
+        arch = str(attrs["arch"]) if "arch" in attrs else ""
+        match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+        if not match:
+            return TargetCaps("cuda (no arch)", True, False, bf16_supported=False)
+        sm = int(match.group(1))
+        return TargetCaps(f"cuda {arch}", sm >= 53, sm >= 80, bf16_supported=sm >= 80)
+    if kind == "llvm":
+        triple = str(attrs["mtriple"]) if "mtriple" in attrs else ""
+        cpu = str(attrs["mcpu"]) if "mcpu" in attrs else "generic"
+        name = f"llvm {cpu}" + (f" ({triple})" if triple else "")
+        if not triple:
+            triple = tvm.target.codegen.llvm_get_system_triple()
+        if triple.startswith(("aarch64", "arm64")):
+            return TargetCaps(name, _llvm_has("fullfp16", target), _llvm_has("bf16", target))
+        if triple.startswith(("x86_64", "i686", "i386")):
+            return TargetCaps(name, _llvm_has("avx512fp16", target),
+                              _llvm_has("avx512bf16", target) or _llvm_has("amx-bf16", target))
+        return TargetCaps(name, False, False)
+    if kind == "rocm":
+        cpu = str(attrs["mcpu"]) if "mcpu" in attrs else ""
+        bf16 = bool(re.match(r"gfx(90a|94\d|95\d|11\d\d|12\d\d)", cpu))
+        return TargetCaps(f"rocm {cpu}".strip(), True, bf16, bf16_supported=bf16)
+    if kind in ("vulkan", "metal", "opencl", "webgpu"):
+        return TargetCaps(kind, True, False, bf16_supported=False)
+    return TargetCaps(kind, False, False)
+
+
+def target_rule(target, dtype: str, fallback: str | None):
+    """The target-defaults layer of a policy: ``(op, Decision) -> Decision``, or None.
+
+    Raises
+    ------
+    UnsupportedDtypeError
+        ``dtype`` is bfloat16, the target has no bfloat16 support and ``fallback`` is None.
+    """
+    if target is None:
+        return None
+    caps = target_caps(target)
+    if dtype == "bfloat16" and not caps.bf16_supported and fallback is None:
+        raise UnsupportedDtypeError(
+            f"target {caps.name} has no bfloat16 support (CUDA needs sm_80 or newer); convert "
+            "to float16, or pass Policy(fallback='storage') to store weights in bfloat16 and "
+            "compute in float32"
+        )
+    if caps.computes(dtype):
+        def fast(op: str, decision: Decision) -> Decision:
+            if decision.category in LOW_CATEGORIES:
+                return Decision(decision.category,
+                                f"{decision.rule}; target {caps.name} computes {dtype} fast",
+                                decision.accumulation_dtype)
+            return decision
+        return fast
+
+    def storage_only(op: str, decision: Decision) -> Decision:
+        if decision.category in LOW_CATEGORIES:
+            return Decision(Category.STORAGE,
+                            f"storage: target {caps.name} has no fast {dtype} arithmetic, so "
+                            f"{op} computes in float32 with its weights stored in {dtype}",
+                            decision.accumulation_dtype)
+        return decision
+    return storage_only

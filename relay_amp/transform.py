@@ -1,0 +1,156 @@
+"""The public entry points: :func:`convert` and the :class:`ToMixedPrecision` module pass."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .dtypes import check_low_precision_dtype
+from .policy import Policy, current_policy
+from .report import Report
+from .rewriter import MixedPrecisionRewriter
+from .targets import as_target, target_caps, target_rule
+
+
+def resolve_policy(dtype=None, policy=None, **policy_kwargs) -> Policy:
+    """The policy a conversion uses: ``policy``, else the active :func:`amp_config`, else the
+    defaults; ``dtype`` (if given) overrides the policy's dtype; MXNet-style keywords build one."""
+    if dtype is not None:
+        check_low_precision_dtype(dtype)
+    if policy is not None and not isinstance(policy, Policy):
+        raise TypeError(f"policy must be a relay_amp.Policy; got {type(policy).__name__}")
+    if policy_kwargs:
+        if policy is not None:
+            raise TypeError("pass either a Policy or policy keywords "
+                            f"({', '.join(sorted(policy_kwargs))}), not both")
+        return Policy(dtype or "float16", **policy_kwargs)
+    if policy is None:
+        policy = current_policy() or Policy(dtype or "float16")
+    if dtype is not None and dtype != policy.dtype:
+        policy = policy.with_dtype(dtype)
+    return policy
+
+
+def _called_functions(mod: tvm.IRModule) -> set:
+    """Names of the Relax functions that other functions of ``mod`` call."""
+    called = set()
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            for used in relax.analysis.all_global_vars(func):
+                if used.name_hint != gvar.name_hint and isinstance(mod[used], relax.Function):
+                    called.add(used.name_hint)
+    return called
+
+
+def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=None,
+            **policy_kwargs) -> tuple[tvm.IRModule, Report]:
+    """Convert the Relax functions of ``mod`` to mixed precision.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        The module; it is not modified.
+    dtype : {"float16", "bfloat16"}, optional
+        The low-precision dtype. Default: the policy's, which defaults to float16.
+    policy : relay_amp.Policy, optional
+        The decision table. Default: the active :func:`relay_amp.amp_config`, else ``Policy()``.
+    target : tvm.target.Target or dict, optional
+        Sets the target defaults. Default: ``Target.current()``, else each function's
+        ``target`` attribute, else none (the built-in defaults alone).
+    **policy_kwargs
+        MXNet-compatible keywords (``target_dtype_ops``, ``fp32_ops``, ``widest_dtype_ops``,
+        ``conditional_fp32_ops``, ``excluded_sym_names``, ``cast_params_offline``,
+        ``keep_io_dtypes`` ...), forwarded to :class:`relay_amp.Policy`.
+
+    Returns
+    -------
+    (tvm.IRModule, Report)
+        The converted module and the explanation of every decision.
+
+    Raises
+    ------
+    TypeError
+        ``mod`` is not an IRModule, or a policy argument has the wrong type.
+    ValueError
+        An unsupported dtype, an unknown op name, a bad regex, or an invalid target.
+    """
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"convert() takes a tvm.IRModule; got {type(mod).__name__}"
+                        + (" (wrap a relax.Function with tvm.IRModule({'main': func}))"
+                           if isinstance(mod, relax.Function) else ""))
+    policy = resolve_policy(dtype, policy, **policy_kwargs)
+    low = policy.dtype
+    explicit_target = as_target(target) or tvm.target.Target.current(allow_none=True)
+    report = Report(low)
+    rewriter = MixedPrecisionRewriter(mod, policy, low)
+    called = _called_functions(mod)
+    low_inputs = set(policy.low_precision_inputs)
+    relax_functions = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
+    if not relax_functions:
+        report.notes.append("the module has no Relax function: nothing was converted")
+        return mod, report
+    for gvar, func in sorted(relax_functions, key=lambda item: item[0].name_hint):
+        target = explicit_target
+        if target is None and func.attrs is not None and "target" in func.attrs:
+            target = func.attrs["target"]
+        rule = target_rule(target, low, policy.fallback)
+        if target is not None:
+            caps = target_caps(target)
+            report.notes.append(f"{gvar.name_hint}: target {caps.name} "
+                                f"({'computes' if caps.computes(low) else 'only stores'} {low})")
+        signature_low = not policy.keep_io_dtypes and gvar.name_hint not in called
+        if not policy.keep_io_dtypes and gvar.name_hint in called:
+            report.notes.append(f"{gvar.name_hint}: signature kept, other functions call it")
+        new_func = rewriter.rewrite_function(gvar.name_hint, func, rule, signature_low,
+                                             low_inputs)
+        rewriter.builder_.update_func(gvar, new_func)
+    missing = low_inputs - {p.name for _, f in relax_functions for p in f.params}
+    if missing:
+        raise ValueError(f"low_precision_inputs names {sorted(missing)}, which are not "
+                         "parameters of any Relax function")
+    new_mod = rewriter.builder_.get()
+    relax.analysis.well_formed(new_mod)
+    report.rows = rewriter.records
+    report.casts = rewriter.total_casts
+    report.constants_converted = rewriter.constants_converted
+    return new_mod, report
+
+
+@tvm.transform.module_pass(opt_level=0, name="relay_amp.ToMixedPrecision")
+class ToMixedPrecision:
+    """Convert a Relax module to mixed precision; drops into ``tvm.transform.Sequential``.
+
+    Parameters
+    ----------
+    dtype : {"float16", "bfloat16"}, optional
+        The low-precision dtype (default: the policy's, float16 unless configured).
+    policy : relay_amp.Policy, optional
+        The decision table. Default: the :func:`relay_amp.amp_config` active when the pass is
+        created or, failing that, when it runs; else ``Policy()``.
+    target : tvm.target.Target or dict, optional
+        The target whose defaults apply (default: ``Target.current()`` or each function's
+        ``target`` attribute).
+    **policy_kwargs
+        MXNet-compatible policy keywords, as for :func:`relay_amp.convert`.
+
+    Notes
+    -----
+    The report of the latest run is ``pass_instance.last_report``.
+
+    Examples
+    --------
+    >>> seq = tvm.transform.Sequential([relay_amp.ToMixedPrecision("bfloat16")])
+    >>> mod = seq(mod)  # doctest: +SKIP
+    """
+
+    def __init__(self, dtype: str | None = None, policy: Policy | None = None, target=None,
+                 **policy_kwargs):
+        self.dtype = dtype
+        self.policy = resolve_policy(dtype, policy or current_policy(), **policy_kwargs) if (
+            policy is not None or policy_kwargs or current_policy() is not None) else None
+        self.target = as_target(target)
+        self.last_report: Report | None = None
+
+    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        new_mod, self.last_report = convert(mod, self.dtype, self.policy, self.target)
+        return new_mod
