@@ -120,6 +120,7 @@ class FunctionPlanner:
         self.params_low = params_low
         self.can_low: dict = {}
         self.demand: dict = {}
+        self.item_demand: dict = {}  # (tuple var, index) -> dtypes wanted of that field
         self.plans: dict = {}
 
     # ------------------------------------------------------------------ helpers
@@ -274,10 +275,34 @@ class FunctionPlanner:
         elif isinstance(value, If):
             self.backward(value.true_branch, False)
             self.backward(value.false_branch, False)
-        elif isinstance(value, (Var, relax.Tuple)):
+        elif isinstance(value, relax.Tuple):
+            for index, field in enumerate(value.fields):
+                wanted = demand | self.item_demand.get((var, index), set())
+                self._want_field(field, wanted)
+        elif isinstance(value, Var):
             self.want(value, demand)
         elif isinstance(value, TupleGetItem):
-            self.want(value.tuple_value, demand)
+            source = value.tuple_value
+            self.item_demand.setdefault((source, value.index), set()).update(demand)
+            self.want(source, demand)
+
+    def tuple_want(self, var, value: relax.Tuple):
+        """The type a tuple binding is built in: a field in low precision where it is wanted so."""
+        fields = []
+        for index, field in enumerate(value.fields):
+            wanted = self.demand.get(var, set()) | self.item_demand.get((var, index), set())
+            fields.append(_lowered_type(field.ty, self.low) if self.low in wanted else field.ty)
+        return _TupleType(fields)
+
+    def _want_field(self, field, wanted: set):
+        """Demand on one field of a tuple: "original" means the field's own original dtype."""
+        if isinstance(field, relax.Tuple):
+            for inner in field.fields:
+                self._want_field(inner, wanted)
+        elif isinstance(field, Var):
+            original = self._orig_dtype(field)
+            resolved = {original if d == "original" and original else d for d in wanted}
+            self.demand.setdefault(field, set()).update(resolved)
 
     def _choose_mode(self, plan: _Plan, var, demand: set):
         category = plan.category
@@ -333,6 +358,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         self.low = low
         self.records: list[BindingRecord] = []
         self._cache_stack: list[dict] = []
+        self._layer_kinds: list[bool] = []  # parallel to _cache_stack: is it a dataflow block's
         self._const_low: dict = {}  # original constant -> converted constant
         self._const_range: dict = {}
         self._planner: FunctionPlanner | None = None
@@ -369,20 +395,28 @@ class MixedPrecisionRewriter(PyExprMutator):
         new_func = Function(new_params, body, ret_ty, func.is_pure, func.attrs, func.span)
         return self.builder_.normalize(new_func)
 
-    def rewrite_seq(self, seq: SeqExpr, want_type) -> SeqExpr:
+    def _push_layer(self, is_dataflow: bool):
         self._cache_stack.append({})
+        self._layer_kinds.append(is_dataflow)
+
+    def _pop_layer(self):
+        self._cache_stack.pop()
+        self._layer_kinds.pop()
+
+    def rewrite_seq(self, seq: SeqExpr, want_type) -> SeqExpr:
+        self._push_layer(False)
         blocks = []
         for block in seq.blocks:
             is_dataflow = isinstance(block, DataflowBlock)
             if is_dataflow:
                 self.builder_._begin_dataflow_block()  # pylint: disable=protected-access
-                self._cache_stack.append({})
+                self._push_layer(True)
             else:
                 self.builder_._begin_binding_block()  # pylint: disable=protected-access
             for binding in block.bindings:
                 self.visit_binding(binding)
             if is_dataflow:
-                self._cache_stack.pop()
+                self._pop_layer()
             new_block = self.builder_._end_block()  # pylint: disable=protected-access
             if new_block.bindings:
                 blocks.append(new_block)
@@ -391,7 +425,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         tail = self.builder_._end_block()  # pylint: disable=protected-access
         if tail.bindings:
             blocks.append(tail)
-        self._cache_stack.pop()
+        self._pop_layer()
         return SeqExpr(blocks, result)
 
     # ------------------------------------------------------------------ casts
@@ -434,9 +468,20 @@ class MixedPrecisionRewriter(PyExprMutator):
             new = self._emit(relax.op.astype(expr, dtype), name, output)
             self._casts += 1
             self.total_casts += 1
-        self._cache_stack[-1][(expr, dtype)] = new
-        self._cache_stack[-1][(new, source)] = expr
+        layer = self._cache_layer(new)
+        layer[(expr, dtype)] = new
+        layer[(new, source)] = expr
         return new
+
+    def _cache_layer(self, value) -> dict:
+        """The innermost cache layer in which ``value`` stays visible: a dataflow block's layer
+        holds only its dataflow vars; output vars and constants outlive the block."""
+        if isinstance(value, DataflowVar):
+            return self._cache_stack[-1]
+        for layer, is_dataflow in zip(reversed(self._cache_stack), reversed(self._layer_kinds)):
+            if not is_dataflow:
+                return layer
+        return self._cache_stack[0]
 
     def cast_to_type(self, expr, want):
         """``expr`` with each float tensor leaf cast to the dtype of the same leaf of ``want``."""
@@ -474,7 +519,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         widened = self.builder_.emit(relax.op.astype(low, "float32"), "weight_f32")
         self._casts += 1
         self.total_casts += 1
-        self._cache_stack[-1][(const, "storage")] = widened
+        self._cache_layer(widened)[(const, "storage")] = widened
         return widened
 
     # ------------------------------------------------------------------ bindings
@@ -496,6 +541,10 @@ class MixedPrecisionRewriter(PyExprMutator):
                         self.rewrite_seq(value.false_branch, value.false_branch.body.ty),
                         value.span)
             new_var = self._emit(new_if, var.name, output)
+        elif isinstance(value, relax.Tuple):
+            new_var = self._emit(self.cast_to_type(self.visit_expr(value),
+                                                   self._planner.tuple_want(var, value)),
+                                 var.name, output)
         elif isinstance(value, Function):
             inner = self.rewrite_function(f"{self._function_name}.{var.name}", value,
                                           None, False)
@@ -539,8 +588,19 @@ class MixedPrecisionRewriter(PyExprMutator):
             args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in call.args]
             normalized = Call(call.op, args, call.attrs, call.ty_args, call.span)
         new_var = self._emit(normalized, var.name, output)
+        if plan.op == "astype":
+            self._adopt_cast(normalized.args[0], new_var)
         self._record(var, call, new_var, normalized, plan)
         return new_var
+
+    def _adopt_cast(self, source, result):
+        """A float32 <-> low-precision cast already in the program joins the cast cache, so a
+        later cast back returns its source instead of casting twice."""
+        source_dtype, result_dtype = tensor_dtype(source), tensor_dtype(result)
+        if {source_dtype, result_dtype} == {"float32", self.low}:
+            layer = self._cache_layer(result)
+            layer.setdefault((source, result_dtype), result)
+            layer.setdefault((result, source_dtype), source)
 
     def _record(self, var, call, new_var, new_call, plan: _Plan):
         in_dtypes = []

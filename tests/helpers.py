@@ -1,0 +1,41 @@
+"""Shared test helpers: the invariants of every conversion, and numeric runs."""
+
+import numpy as np
+import tvm
+import tvm_ffi
+
+import relay_amp
+from relay_amp import evaluate
+
+
+def convert_checked(mod, dtype, **kwargs):
+    """Convert, and check the invariants every conversion must keep."""
+    before_hash = tvm_ffi.structural_hash(mod)
+    before_text = mod.script(show_meta=False)
+    new, report = relay_amp.convert(mod, dtype, **kwargs)
+    assert tvm_ffi.structural_hash(mod) == before_hash, "the input module was changed"
+    assert mod.script(show_meta=False) == before_text, "the input module was changed"
+    tvm.relax.analysis.well_formed(new)
+    again, _ = relay_amp.convert(new, dtype, **kwargs)
+    tvm.ir.assert_structural_equal(again, new)
+    return new, report
+
+
+def random_inputs(mod, seed=0, low=-1.0, high=1.0, func="main"):
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for param in mod[func].params:
+        ty = param.ty
+        shape = [int(d) for d in ty.shape.values]
+        dtype = str(ty.dtype)
+        if dtype.startswith("int"):
+            arrays.append(rng.integers(0, shape[0] if shape else 2, size=shape).astype(dtype))
+        elif dtype == "bool":
+            arrays.append(rng.random(shape) > 0.5)
+        else:
+            arrays.append(rng.uniform(low, high, size=shape).astype(dtype))
+    return arrays
+
+
+def run_module(mod, inputs):
+    return evaluate.run(evaluate.compile_module(mod), inputs)
