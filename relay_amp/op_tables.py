@@ -111,31 +111,54 @@ BUILTIN_GROUPS: tuple[OpGroup, ...] = (
     OpGroup(
         Category.FOLLOW,
         "elementwise arithmetic and activations",
-        ("add", "subtract", "multiply", "divide", "maximum", "minimum", "negative", "abs", "sqrt",
-         "rsqrt", "floor", "ceil", "round", "trunc", "sign", "clip", "where", "floor_divide",
-         "floor_mod", "mod", "ewise_fma", "sigmoid", "tanh", "sin", "cos", "nn.relu",
+        ("add", "subtract", "multiply", "divide", "sqrt", "rsqrt", "floor", "ceil", "round",
+         "trunc", "floor_divide", "floor_mod", "mod", "ewise_fma", "sigmoid", "tanh", "sin", "cos",
          "nn.leakyrelu", "nn.prelu", "nn.gelu", "nn.gelu_tanh", "nn.silu", "nn.selu",
-         "isfinite", "isinf", "isnan", "equal", "not_equal", "greater", "greater_equal", "less",
-         "less_equal"),
+         "image.resize2d", "image.resize3d"),
     ),
     OpGroup(
         Category.FOLLOW,
-        "data movement, layout and selection: exact in any dtype",
-        ("reshape", "permute_dims", "expand_dims", "squeeze", "flatten", "nn.batch_flatten",
-         "concat", "split", "stack", "strided_slice", "dynamic_strided_slice", "take",
-         "gather_elements", "gather_nd", "scatter_elements", "scatter_nd", "broadcast_to", "tile",
-         "repeat", "flip", "layout_transform", "nn.pad", "nn.pixel_shuffle", "index_tensor",
-         "index_put", "slice_scatter", "tril", "triu", "zeros_like", "ones_like", "full_like",
-         "nn.dropout", "image.resize2d", "image.resize3d", "max", "min", "argmax", "argmin",
-         "nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "topk", "sort", "argsort"),
+        "comparisons and tests: the result is not a float",
+        ("isfinite", "isinf", "isnan", "equal", "not_equal", "greater", "greater_equal", "less",
+         "less_equal", "argmax", "argmin", "argsort"),
+    ),
+    OpGroup(
+        Category.FOLLOW,
+        "exact in any dtype: data movement, layout, selection and monotonic maps",
+        ("nn.relu", "abs", "negative", "sign", "maximum", "minimum", "clip", "where", "reshape",
+         "permute_dims", "expand_dims", "squeeze", "flatten", "nn.batch_flatten", "concat",
+         "split", "stack", "strided_slice", "dynamic_strided_slice", "take", "gather_elements",
+         "gather_nd", "scatter_elements", "scatter_nd", "broadcast_to", "tile", "repeat", "flip",
+         "layout_transform", "nn.pad", "nn.pixel_shuffle", "index_tensor", "index_put",
+         "slice_scatter", "tril", "triu", "zeros_like", "ones_like", "full_like", "nn.dropout",
+         "max", "min", "nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "topk", "sort"),
     ),
 )
+
+#: Follow ops whose result is the same whether computed before or after rounding to low
+#: precision (relu(round(x)) == round(relu(x))): running them in low precision loses nothing.
+#: Other follow ops round, so they compute in float32 when their inputs already exist in float32.
+EXACT_OPS = frozenset(BUILTIN_GROUPS[-1].ops)
 
 #: Built-in conditional rules: ``(op, attribute, values, reason)``; a matching call stays fp32.
 BUILTIN_CONDITIONS: tuple[tuple[str, str, tuple, str], ...] = (
     ("nn.batch_norm", "training", (True,),
      "training batch norm computes batch statistics, an unbounded reduction"),
 )
+
+#: Ops TVM 0.27 cannot type-check or compile in a low-precision dtype (measured on llvm); the pass
+#: keeps them in float32 with this reason instead of producing a module that fails to build.
+TVM_LIMITATIONS: dict[str, dict[str, str]] = {
+    "bfloat16": {
+        "argmax": "TVM's legalization of argmax fails type checking for bfloat16",
+        "argmin": "TVM's legalization of argmin fails type checking for bfloat16",
+        "nn.prelu": "TVM's prelu accepts only float16/float32/float64 inputs",
+        "nn.layer_norm": "TVM's topi layer_norm supports only float32 and float16",
+        "nn.group_norm": "TVM rejects bfloat16 group_norm at type inference",
+        "nn.instance_norm": "TVM's topi instance_norm supports only float32 and float16",
+        "power": "TVM's power accepts only float16/float32/float64 inputs",
+    },
+}
 
 #: Ops whose dtype is fixed by an attribute or by their role: never converted, never reported
 #: as unknown. ``astype`` is the cast op itself.

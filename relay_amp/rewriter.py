@@ -39,7 +39,7 @@ from tvm.relax import (
 )
 
 from .dtypes import numpy_dtype, out_of_range_value
-from .op_tables import LOW_CATEGORIES, PASSTHROUGH_OPS, Category
+from .op_tables import EXACT_OPS, LOW_CATEGORIES, PASSTHROUGH_OPS, TVM_LIMITATIONS, Category
 from .policy import Decision, Policy
 from .report import BindingRecord, estimate_macs
 
@@ -96,7 +96,7 @@ def _replace_attrs(attrs, **changes):
 class _Plan:
     """The decision for one call binding."""
 
-    __slots__ = ("op", "decision", "category", "rule", "mode", "accumulation", "out_dtype")
+    __slots__ = ("op", "decision", "category", "rule", "mode", "accumulation", "float_output")
 
     def __init__(self, op, decision: Decision):
         self.op = op
@@ -105,7 +105,7 @@ class _Plan:
         self.rule = decision.rule
         self.mode = _ORIGINAL
         self.accumulation = None
-        self.out_dtype = None  # the value written to the call's out_dtype attribute, if any
+        self.float_output = True
 
 
 class FunctionPlanner:
@@ -119,6 +119,7 @@ class FunctionPlanner:
         self.params = set()
         self.params_low = params_low
         self.can_low: dict = {}
+        self.f32_ready: dict = {}  # var -> its float32 value exists without a cast
         self.demand: dict = {}
         self.item_demand: dict = {}  # (tuple var, index) -> dtypes wanted of that field
         self.plans: dict = {}
@@ -128,6 +129,15 @@ class FunctionPlanner:
         if var in self.params_low:
             return self.low
         return tensor_dtype(var)
+
+    def _is_f32_ready(self, leaf) -> bool:
+        if isinstance(leaf, _GenericConst):
+            return True
+        if isinstance(leaf, Var):
+            if leaf in self.f32_ready:
+                return self.f32_ready[leaf]
+            return self._orig_dtype(leaf) == "float32"  # parameters and free vars
+        return True
 
     def _is_lowish(self, leaf) -> bool:
         """Can ``leaf`` be had in low precision without losing float32 protection?"""
@@ -162,18 +172,22 @@ class FunctionPlanner:
             plan = self._plan_call(var, value)
             self.plans[var] = plan
             self.can_low[var] = self.can_low.get(var, False) or self._call_can_low(plan, value)
+            self.f32_ready[var] = self._call_f32_ready(plan, var, value)
         elif isinstance(value, If):
             self.forward(value.true_branch)
             self.forward(value.false_branch)
         elif isinstance(value, Var):
             self.can_low[var] = self.can_low.get(var, False) or self.can_low.get(value, False)
+            self.f32_ready[var] = self._is_f32_ready(value)
         elif isinstance(value, relax.Tuple):
             leaves = [leaf for leaf in _leaves(value) if isinstance(leaf, Var)]
             self.can_low[var] = bool(leaves) and all(self._is_lowish(x) for x in leaves) and any(
                 self.can_low.get(x, False) for x in leaves)
+            self.f32_ready[var] = all(self._is_f32_ready(x) for x in leaves)
         elif isinstance(value, TupleGetItem) and isinstance(value.tuple_value, Var):
             self.can_low[var] = self.can_low.get(var, False) or self.can_low.get(
                 value.tuple_value, False)
+            self.f32_ready[var] = self._is_f32_ready(value.tuple_value)
 
     def _plan_call(self, var, call) -> _Plan:
         op = _op_name(call)
@@ -184,6 +198,10 @@ class FunctionPlanner:
             return plan
         float_leaves = list(self._float_leaves(call))
         out_dtypes = {tensor_dtype(t) for t in _type_leaves(var.ty)}
+        plan.float_output = any(d.startswith(("float", "bfloat")) for d in out_dtypes)
+        limitation = TVM_LIMITATIONS.get(self.low, {}).get(op)
+        if limitation and category in LOW_CATEGORIES + (Category.FOLLOW,):
+            return self._keep(plan, f"fp32: {limitation}")
         foreign = sorted({d for _, d in float_leaves} - {"float32", self.low})
         if foreign:
             return self._keep(plan, f"kept: {op} has {', '.join(foreign)} inputs, which "
@@ -224,6 +242,19 @@ class FunctionPlanner:
             return bool(activations) and all(self._is_lowish(x) for x in leaves) and any(
                 self.can_low.get(x, False) or self._orig_dtype(x) == self.low for x in activations)
         return False
+
+    def _call_f32_ready(self, plan: _Plan, var, call) -> bool:
+        """Will the float32 value of this binding exist without a cast?"""
+        if self._orig_dtype(var) == self.low:
+            return False
+        category = plan.category
+        if category == Category.LOW_PRECISION_FP32_ACCUMULATE:
+            return plan.decision.accumulation_dtype == "float32"
+        if category == Category.LOW_PRECISION:
+            return False
+        if category == Category.FOLLOW:
+            return all(self._is_f32_ready(leaf) for leaf, _ in self._float_leaves(call))
+        return True
 
     # ------------------------------------------------------------------ step 2
     def want(self, expr, dtypes):
@@ -311,7 +342,21 @@ class FunctionPlanner:
             plan.accumulation = (plan.decision.accumulation_dtype
                                  if category == Category.LOW_PRECISION_FP32_ACCUMULATE else self.low)
         elif category == Category.FOLLOW:
-            if self.can_low.get(var, False) and self.low in demand:
+            can_low = self.can_low.get(var, False)
+            f32_ready = self.f32_ready.get(var, False)
+            exact = plan.op in EXACT_OPS
+            if not plan.float_output:
+                if can_low and not f32_ready:
+                    plan.mode = _LOW
+                    plan.rule += f"; runs {self.low}: its inputs exist only in {self.low}"
+                else:
+                    plan.rule += "; runs float32: its inputs exist in float32"
+            elif f32_ready and (not exact or "float32" in demand):
+                plan.rule += ("; runs float32: its inputs exist in float32, so it rounds once, "
+                              "when a consumer needs low precision" if not exact else
+                              "; runs float32: its inputs exist in float32 and a consumer "
+                              "needs float32")
+            elif can_low and self.low in demand:
                 plan.mode = _LOW
                 plan.rule += f"; runs {self.low}: inputs are {self.low} and a consumer wants it"
             elif self.low in demand:
