@@ -145,7 +145,7 @@ class ToMixedPrecision:
 
     def __init__(self, dtype: str | None = None, policy: Policy | None = None, target=None,
                  **policy_kwargs):
-        self.dtype = dtype
+        self.dtype = None if dtype is None else check_low_precision_dtype(dtype)
         self.policy = resolve_policy(dtype, policy or current_policy(), **policy_kwargs) if (
             policy is not None or policy_kwargs or current_policy() is not None) else None
         self.target = as_target(target)

@@ -1,0 +1,88 @@
+"""The public API: the module pass, convert(), the report, and bad input."""
+
+import json
+
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import relay_amp
+
+
+@I.ir_module
+class Small:
+    @R.function
+    def main(x: R.Tensor((2, 8), "float32"), w: R.Tensor((8, 8), "float32")):
+        with R.dataflow():
+            lv = R.matmul(x, w)
+            lv1 = R.nn.relu(lv)
+            lv2 = R.matmul(lv1, w)
+            gv = R.nn.softmax(lv2)
+            R.output(gv)
+        return gv
+
+
+def test_pass_drops_into_sequential_and_keeps_its_report(dtype):
+    amp = relay_amp.ToMixedPrecision(dtype)
+    assert amp.info.name == "relay_amp.ToMixedPrecision"  # distinct from TVM's own pass
+    mod = tvm.transform.Sequential([amp, relax.transform.LegalizeOps()])(Small)
+    relax.analysis.well_formed(mod)
+    assert amp.last_report.dtype == dtype
+    assert amp.last_report.find("lv2").compute_dtype == dtype
+    converted, _ = relay_amp.convert(Small, dtype)
+    tvm.ir.assert_structural_equal(relay_amp.ToMixedPrecision(dtype)(Small), converted)
+
+
+def test_report_rows_summary_and_json(dtype):
+    _, report = relay_amp.convert(Small, dtype)
+    assert [r.name for r in report.rows] == ["lv", "lv1", "lv2", "gv"]
+    row = report.find("lv")
+    assert (row.function, row.op, row.input_dtypes) == ("main", "matmul", (dtype, dtype))
+    assert (row.compute_dtype, row.accumulation_dtype) == (dtype, "float32")
+    assert row.macs == 2 * 8 * 8
+    assert report.summary().startswith(f"converted 3/4 ops (100.0% of MACs) to {dtype} using ")
+    data = json.loads(report.to_json())
+    assert data["dtype"] == dtype and len(data["rows"]) == 4
+    assert data["rows"][0]["rule"].startswith("low_precision_fp32_accumulate: matmul")
+    assert {"function", "name", "op", "input_dtypes", "compute_dtype", "accumulation_dtype",
+            "output_dtype", "rule", "casts_added"} <= set(data["rows"][0])
+    text = str(report)
+    assert "binding" in text and "lv2" in text
+    with pytest.raises(KeyError, match="nope"):
+        report.find("nope")
+
+
+def test_not_an_irmodule_is_a_type_error_naming_what_was_given():
+    with pytest.raises(TypeError, match="got Function .*wrap a relax.Function"):
+        relay_amp.convert(Small["main"])
+    with pytest.raises(TypeError, match="got str"):
+        relay_amp.convert("main")
+
+
+@pytest.mark.parametrize("bad", ["float32", "int8", "fp16", "float64", 16])
+def test_bad_dtype_lists_the_choices(bad):
+    with pytest.raises(ValueError, match="'float16', 'bfloat16'"):
+        relay_amp.convert(Small, bad)
+    with pytest.raises(ValueError, match="'float16', 'bfloat16'"):
+        relay_amp.ToMixedPrecision(bad)
+
+
+def test_already_converted_module_is_not_converted_twice(dtype):
+    once, first = relay_amp.convert(Small, dtype)
+    twice, second = relay_amp.convert(once, dtype)
+    tvm.ir.assert_structural_equal(once, twice)
+    assert second.casts == 0 and second.constants_converted == 0
+
+
+def test_policy_and_keywords_together_is_an_error():
+    with pytest.raises(TypeError, match="not both"):
+        relay_amp.convert(Small, policy=relay_amp.Policy(), fp32_ops=["matmul"])
+    with pytest.raises(TypeError, match="relay_amp.Policy"):
+        relay_amp.convert(Small, policy={"dtype": "float16"})
+
+
+def test_low_precision_inputs_must_name_parameters():
+    with pytest.raises(ValueError, match=r"\['nope'\]"):
+        relay_amp.convert(Small, "float16", low_precision_inputs=["nope"])

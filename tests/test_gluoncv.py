@@ -1,0 +1,54 @@
+"""GluonCV resnet18_v1 (Xavier init, BatchNorm re-estimated on real photos) through ONNX."""
+
+import numpy as np
+import pytest
+
+import relay_amp
+from relay_amp import data, evaluate, zoo
+
+
+@pytest.fixture(scope="module")
+def resnet18(tmp_path_factory):
+    model = zoo.load_gluon("resnet18_v1", workdir=str(tmp_path_factory.mktemp("zoo")))
+    reference = evaluate.run(evaluate.compile_module(model.mod), model.inputs)
+    return model, reference
+
+
+def test_batchnorm_reestimation_gives_realistic_logits(resnet18):
+    _, reference = resnet18
+    logits = reference[0]
+    assert logits.shape == (1, 1000)
+    assert 0.1 < logits.std() < 100  # plain Xavier init gives ~1e-2 and below
+
+
+@pytest.fixture(scope="module")
+def builtin_error(resnet18):
+    model, reference = resnet18
+    outputs = evaluate.run(evaluate.compile_module(evaluate.builtin_convert(model.mod)),
+                           model.inputs)
+    return evaluate.agreement(reference, outputs)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [("float16", 1e-3), ("bfloat16", 1e-2)])
+def test_resnet18_agrees_with_float32(resnet18, builtin_error, dtype, tolerance):
+    model, reference = resnet18
+    converted, report = relay_amp.convert(model.mod, dtype)
+    assert report.low_precision_mac_fraction() == pytest.approx(1.0)
+    outputs = evaluate.run(evaluate.compile_module(converted), model.inputs)
+    ours = evaluate.agreement(reference, outputs)
+    print(f"resnet18_v1 {dtype}: relay_amp {ours}, TVM built-in float16 {builtin_error}")
+    assert ours.nonfinite == 0
+    assert ours.relative_l2 <= tolerance
+    assert int(np.argmax(outputs[0])) == int(np.argmax(reference[0]))
+    if dtype == "float16":
+        assert ours.relative_l2 <= builtin_error.relative_l2
+
+
+def test_sample_images_are_real_photos():
+    batch = data.sample_images(count=3, size=64)
+    assert batch.shape == (3, 64, 64, 3) and batch.dtype == np.uint8
+    assert batch.std() > 20  # photos, not constant fill
+    normalized = data.normalize(batch)
+    assert normalized.shape == (3, 3, 64, 64) and normalized.dtype == np.float32
+    with pytest.raises(ValueError, match="expected an"):
+        data.normalize(batch[..., :2])
