@@ -89,3 +89,86 @@ def agreement(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) ->
     rel = float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
     cosine = dot / np.sqrt(den * norm_out) if den > 0 and norm_out > 0 else 1.0
     return Agreement(rel, max_abs, float(cosine), 0)
+
+
+_CONSTANT = type(relax.const(0.0))
+
+
+def _astype_source(value):
+    if isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "") == "relax.astype":
+        return value.args[0]
+    return None
+
+
+def module_stats(mod: tvm.IRModule, low: str = "float16") -> dict:
+    """Counts that compare conversions: casts, round trips, parameter bytes, low-precision share.
+
+    A round trip is ``astype(astype(x, low), float32)`` with ``x`` float32: the value comes back
+    with its low-precision rounding and nothing gained.
+    """
+    from .report import estimate_macs  # pylint: disable=import-outside-toplevel
+
+    casts = round_trips = ops = low_ops = 0
+    macs = low_macs = 0
+    param_bytes = 0
+    seen_constants = set()
+    for _, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        bindings = {}
+
+        def visit(expr):
+            nonlocal param_bytes
+            if isinstance(expr, _CONSTANT) and expr not in seen_constants:
+                seen_constants.add(expr)
+                param_bytes += expr.value.numpy().nbytes
+
+        relax.analysis.post_order_visit(func, visit)
+        for binding in _bindings(func.body):
+            bindings[binding.var] = binding.value
+            value = binding.value
+            if not isinstance(value, tvm.ir.Call) or not isinstance(value.op, tvm.ir.Op):
+                continue
+            source = _astype_source(value)
+            if source is not None:
+                casts += 1
+                inner = _astype_source(bindings.get(source)) if isinstance(source, relax.Var) else None
+                if (inner is not None and str(source.ty.dtype) == low
+                        and str(value.ty.dtype) == str(inner.ty.dtype) == "float32"):
+                    round_trips += 1
+                continue
+            ops += 1
+            dtypes = [str(a.ty.dtype) for a in value.args if isinstance(a.ty, relax.TensorType)]
+            is_low = low in dtypes
+            low_ops += is_low
+            op_macs = estimate_macs(value.op.name[len("relax."):], value)
+            macs += op_macs
+            low_macs += op_macs if is_low else 0
+    return {"casts": casts, "round_trips": round_trips, "param_bytes": param_bytes,
+            "ops": ops, "low_ops": low_ops, "low_op_fraction": low_ops / ops if ops else 0.0,
+            "low_mac_fraction": low_macs / macs if macs else None}
+
+
+def _bindings(expr):
+    if isinstance(expr, relax.SeqExpr):
+        for block in expr.blocks:
+            for binding in block.bindings:
+                yield binding
+                if isinstance(binding.value, relax.If):
+                    yield from _bindings(binding.value.true_branch)
+                    yield from _bindings(binding.value.false_branch)
+
+
+def latency_ms(vm, inputs, func: str = "main", budget_s: float = 1.0, max_runs: int = 20) -> float:
+    """Median wall time of ``func`` on ``inputs`` over repeated runs (after one warm-up)."""
+    import time  # pylint: disable=import-outside-toplevel
+
+    args = [tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs]
+    vm[func](*args)
+    times = []
+    start = time.perf_counter()
+    while len(times) < max_runs and (len(times) < 3 or time.perf_counter() - start < budget_s):
+        begin = time.perf_counter()
+        vm[func](*args)
+        times.append(time.perf_counter() - begin)
+    return float(np.median(times) * 1e3)

@@ -1,0 +1,57 @@
+"""The ``relay-amp`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .models import DEFAULT_MODELS, REGISTRY
+
+
+def _sweep(args) -> int:
+    from . import sweep  # pylint: disable=import-outside-toplevel
+
+    if args.list:
+        print(sweep.list_models())
+        return 0
+    names = list(REGISTRY) if args.all else [m for m in args.models.split(",") if m]
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    for dtype in dtypes:
+        if dtype not in ("float16", "bfloat16"):
+            print(f"relay-amp sweep: unknown dtype {dtype!r} (float16, bfloat16)", file=sys.stderr)
+            return 2
+    try:
+        results = sweep.run_sweep(names, dtypes, args.out, args.timeout, args.force,
+                                  progress=not args.quiet)
+    except KeyError as err:
+        print(f"relay-amp sweep: {err.args[0]}", file=sys.stderr)
+        return 2
+    print("\n".join(sweep.summary_lines(results)))
+    print()
+    print(sweep.markdown_table(results, names))
+    print(f"\nwrote {args.out}/results.json, results.csv, results.md and error.png")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="relay-amp", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    sweep = commands.add_parser(
+        "sweep", help="measure models: float32 vs relay_amp float16/bfloat16 vs TVM's pass")
+    sweep.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                       help="comma-separated model names (default: %(default)s)")
+    sweep.add_argument("--all", action="store_true", help="every model in the registry")
+    sweep.add_argument("--dtypes", default="float16,bfloat16", help="default: %(default)s")
+    sweep.add_argument("--out", default="results", help="output folder (default: %(default)s)")
+    sweep.add_argument("--timeout", type=float, default=900.0,
+                       help="seconds per model before it is stopped (default: %(default)s)")
+    sweep.add_argument("--force", action="store_true", help="re-measure finished models")
+    sweep.add_argument("--list", action="store_true", help="list the models and exit")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    sweep.set_defaults(run=_sweep)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

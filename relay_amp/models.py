@@ -1,0 +1,255 @@
+"""The models the sweep measures: GluonCV (seeded init, BatchNorm re-estimated on real photos)
+and real pretrained weights that installed wheels carry (PP-OCRv4, YOLOv8n, mediapipe).
+
+Every loader works offline: weights come from the wheels, inputs are photos shipped by
+scikit-image / scikit-learn or text rendered with the fonts matplotlib ships.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .data import IMAGENET_MEAN, IMAGENET_STD, normalize, sample_images
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One sweep row: how to get the model and what its outputs mean."""
+
+    name: str
+    family: str  # gluoncv | paddleocr | yolov8 | mediapipe
+    task: str  # classification | detection | segmentation | pose | ocr-det | ocr-rec | ocr-cls | raw
+    input_size: tuple  # (height, width)
+    weights: str  # "pretrained" or how the weights were made
+
+
+@dataclass
+class LoadedModel:
+    """A Relax module plus input batches (each a list of arrays in parameter order)."""
+
+    spec: ModelSpec
+    mod: object
+    batches: list
+    notes: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+GLUON_WEIGHTS = "Xavier init, BatchNorm re-estimated on real photos"
+
+_GLUON = [
+    # (name, task, input size)
+    ("resnet18_v1", "classification", 224), ("resnet34_v1", "classification", 224),
+    ("resnet50_v1", "classification", 224), ("resnet101_v1", "classification", 224),
+    ("resnet18_v2", "classification", 224), ("resnet50_v2", "classification", 224),
+    ("resnet18_v1b", "classification", 224), ("resnet50_v1b", "classification", 224),
+    ("resnet50_v1c", "classification", 224), ("resnet50_v1d", "classification", 224),
+    ("resnext50_32x4d", "classification", 224), ("se_resnet18_v1", "classification", 224),
+    ("se_resnext50_32x4d", "classification", 224), ("resnest14", "classification", 224),
+    ("resnest50", "classification", 224), ("mobilenet1.0", "classification", 224),
+    ("mobilenet0.25", "classification", 224), ("mobilenetv2_1.0", "classification", 224),
+    ("mobilenetv2_0.5", "classification", 224), ("mobilenetv3_large", "classification", 224),
+    ("mobilenetv3_small", "classification", 224), ("vgg11", "classification", 224),
+    ("vgg11_bn", "classification", 224), ("vgg16", "classification", 224),
+    ("squeezenet1.0", "classification", 224), ("squeezenet1.1", "classification", 224),
+    ("densenet121", "classification", 224), ("inceptionv3", "classification", 299),
+    ("googlenet", "classification", 224), ("xception", "classification", 299),
+    ("darknet53", "classification", 256), ("hrnet_w18_small_v1_c", "classification", 224),
+    ("alexnet", "classification", 224), ("cifar_resnet20_v1", "classification", 32),
+    ("cifar_resnet56_v1", "classification", 32), ("cifar_resnet20_v2", "classification", 32),
+    ("cifar_wideresnet16_10", "classification", 32),
+    ("cifar_resnext29_16x64d", "classification", 32),
+    ("simple_pose_resnet18_v1b", "pose", (256, 192)),
+    ("ssd_512_resnet50_v1_voc", "detection", 512), ("ssd_300_vgg16_atrous_voc", "detection", 300),
+    ("yolo3_darknet53_voc", "detection", 416), ("yolo3_mobilenet1.0_coco", "detection", 416),
+    ("faster_rcnn_resnet50_v1b_voc", "detection", 512),
+    ("center_net_resnet18_v1b_voc", "detection", 512),
+    ("fcn_resnet50_voc", "segmentation", 480), ("psp_resnet50_voc", "segmentation", 480),
+    ("deeplab_resnet50_voc", "segmentation", 480),
+]
+
+_REAL = [
+    ModelSpec("ppocrv4_det", "paddleocr", "ocr-det", (320, 320), "pretrained"),
+    ModelSpec("ppocrv4_rec", "paddleocr", "ocr-rec", (48, 320), "pretrained"),
+    ModelSpec("ppocr_mobile_v2_cls", "paddleocr", "ocr-cls", (48, 192), "pretrained"),
+    ModelSpec("yolov8n_320", "yolov8", "detection", (320, 320), "pretrained"),
+    ModelSpec("palm_detection_full", "mediapipe", "raw", (192, 192), "pretrained"),
+    ModelSpec("palm_detection_lite", "mediapipe", "raw", (192, 192), "pretrained"),
+    ModelSpec("face_detection_short_range", "mediapipe", "raw", (128, 128), "pretrained"),
+    ModelSpec("face_landmark", "mediapipe", "raw", (192, 192), "pretrained"),
+    ModelSpec("hand_landmark_lite", "mediapipe", "raw", (224, 224), "pretrained"),
+    ModelSpec("hand_landmark_full", "mediapipe", "raw", (224, 224), "pretrained"),
+    ModelSpec("iris_landmark", "mediapipe", "raw", (64, 64), "pretrained"),
+]
+
+MEDIAPIPE_FILES = {
+    "palm_detection_full": "palm_detection/palm_detection_full.tflite",
+    "palm_detection_lite": "palm_detection/palm_detection_lite.tflite",
+    "face_detection_short_range": "face_detection/face_detection_short_range.tflite",
+    "face_landmark": "face_landmark/face_landmark.tflite",
+    "hand_landmark_lite": "hand_landmark/hand_landmark_lite.tflite",
+    "hand_landmark_full": "hand_landmark/hand_landmark_full.tflite",
+    "iris_landmark": "iris_landmark/iris_landmark.tflite",
+}
+
+DEFAULT_MODELS = ("resnet18_v1", "mobilenetv2_1.0")
+
+
+def _size(size) -> tuple:
+    return tuple(size) if isinstance(size, tuple) else (size, size)
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    name: ModelSpec(name, "gluoncv", task, _size(size), GLUON_WEIGHTS) for name, task, size in _GLUON
+}
+REGISTRY.update({spec.name: spec for spec in _REAL})
+
+
+def get_spec(name: str) -> ModelSpec:
+    if name not in REGISTRY:
+        import difflib  # pylint: disable=import-outside-toplevel
+
+        close = difflib.get_close_matches(name, REGISTRY, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise KeyError(f"unknown model {name!r}{hint} (see `relay-amp sweep --list`)")
+    return REGISTRY[name]
+
+
+def load(name: str, workdir: str | None = None) -> LoadedModel:
+    """Load model ``name`` as a Relax module with its input batches."""
+    spec = get_spec(name)
+    workdir = workdir or tempfile.mkdtemp(prefix="relay_amp_")
+    loader = {"gluoncv": _load_gluon, "paddleocr": _load_paddleocr, "yolov8": _load_yolov8,
+              "mediapipe": _load_mediapipe}[spec.family]
+    return loader(spec, workdir)
+
+
+# ------------------------------------------------------------------------------ ONNX import
+def import_onnx(model, input_shapes: dict, notes: list):
+    """``from_onnx`` with pinned input shapes; if that fails, fold shapes with onnxsim first."""
+    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
+
+    try:
+        return from_onnx(model, shape_dict=input_shapes)
+    except Exception as first:  # the importer raises many types; retry after simplification
+        try:
+            import onnxsim  # pylint: disable=import-outside-toplevel
+        except ImportError:
+            raise first from None
+        simplified, ok = onnxsim.simplify(model, overwrite_input_shapes=input_shapes)
+        if not ok:
+            raise first
+        notes.append("shapes folded with onnxsim before import")
+        return from_onnx(simplified, shape_dict=input_shapes)
+
+
+# ------------------------------------------------------------------------------ GluonCV
+def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    import onnx  # pylint: disable=import-outside-toplevel
+    from gluoncv import model_zoo  # pylint: disable=import-outside-toplevel
+
+    from .zoo import reestimate_batchnorm  # pylint: disable=import-outside-toplevel
+
+    mx.random.seed(0)
+    np.random.seed(0)
+    height, width = spec.input_size
+    net = model_zoo.get_model(spec.name, pretrained=False)
+    net.initialize(mx.init.Xavier(magnitude=2.0))
+    photos = sample_images(8, max(height, width))[:, :height, :width]
+    calibration = normalize(photos)
+    net(mx.nd.array(calibration[:1]))
+    reestimate_batchnorm(net, mx.nd.array(calibration))
+    batch = calibration[:2]
+    net.hybridize()
+    net(mx.nd.array(batch))
+    prefix = os.path.join(workdir, spec.name)
+    net.export(prefix)
+    mx.onnx.export_model(prefix + "-symbol.json", prefix + "-0000.params", [batch.shape],
+                         [np.float32], prefix + ".onnx")
+    notes: list = []
+    model = onnx.load(prefix + ".onnx")
+    mod = import_onnx(model, {model.graph.input[0].name: list(batch.shape)}, notes)
+    return LoadedModel(spec, mod, [[batch]], notes)
+
+
+# ------------------------------------------------------------------------------ real weights
+def _package_file(package: str, filename: str) -> str:
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        raise ImportError(f"{package} is not installed (pip install -r requirements.txt)")
+    for root in spec.submodule_search_locations:
+        for directory, _, files in os.walk(root):
+            if filename in files:
+                return os.path.join(directory, filename)
+    raise FileNotFoundError(f"{filename} is not inside the installed {package}")
+
+
+def _load_onnx_model(path: str, shape: list, spec: ModelSpec, batches, extra=None):
+    import onnx  # pylint: disable=import-outside-toplevel
+
+    model = onnx.load(path)
+    notes: list = []
+    mod = import_onnx(model, {model.graph.input[0].name: shape}, notes)
+    return LoadedModel(spec, mod, batches, notes, extra or {})
+
+
+def _load_paddleocr(spec: ModelSpec, workdir: str) -> LoadedModel:
+    from . import ocr  # pylint: disable=import-outside-toplevel
+
+    height, width = spec.input_size
+    if spec.task == "ocr-det":
+        path = _package_file("rapidocr_onnxruntime", "ch_PP-OCRv4_det_infer.onnx")
+        pages = ocr.render_pages(count=3, size=height)
+        batches = [[ocr.det_preprocess(page)] for page in pages]
+        return _load_onnx_model(path, [1, 3, height, width], spec, batches)
+    if spec.task == "ocr-rec":
+        import onnx  # pylint: disable=import-outside-toplevel
+
+        path = _package_file("rapidocr_onnxruntime", "ch_PP-OCRv4_rec_infer.onnx")
+        samples = ocr.render_lines(count=24, height=height, width=width)
+        batches = [[ocr.rec_preprocess(s.image, height, width)] for s in samples]
+        meta = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
+        characters = meta["character"].splitlines()
+        return _load_onnx_model(path, [1, 3, height, width], spec, batches,
+                                {"truth": [s.text for s in samples], "characters": characters})
+    path = _package_file("rapidocr_onnxruntime", "ch_ppocr_mobile_v2.0_cls_infer.onnx")
+    samples = ocr.render_lines(count=8, height=height, width=width, flips=True)
+    batches = [[ocr.rec_preprocess(s.image, height, width)] for s in samples]
+    return _load_onnx_model(path, [1, 3, height, width], spec, batches)
+
+
+def _load_yolov8(spec: ModelSpec, workdir: str) -> LoadedModel:
+    path = _package_file("nudenet", "320n.onnx")
+    height, width = spec.input_size
+    photos = sample_images(4, height)
+    batches = [[np.ascontiguousarray(p.transpose(2, 0, 1)[None].astype(np.float32) / 255.0)]
+               for p in photos]
+    return _load_onnx_model(path, [1, 3, height, width], spec, batches)
+
+
+def _load_mediapipe(spec: ModelSpec, workdir: str) -> LoadedModel:
+    import tflite  # pylint: disable=import-outside-toplevel
+    from tvm.relax.frontend.tflite import from_tflite  # pylint: disable=import-outside-toplevel
+
+    relative = MEDIAPIPE_FILES[spec.name]
+    path = _package_file("mediapipe", os.path.basename(relative))
+    with open(path, "rb") as handle:
+        model = tflite.Model.GetRootAsModel(handle.read(), 0)
+    imported = from_tflite(model)
+    mod = imported[0] if isinstance(imported, tuple) else imported
+    height, width = spec.input_size
+    photos = sample_images(3, max(height, width))[:, :height, :width]
+    # mediapipe models take RGB scaled to [-1, 1] (palm, face) or [0, 1] (landmarks)
+    scale = (photos.astype(np.float32) / 127.5 - 1.0) if "detection" in spec.name else (
+        photos.astype(np.float32) / 255.0)
+    batches = [[np.ascontiguousarray(image[None])] for image in scale]
+    return LoadedModel(spec, mod, batches, [])
+
+
+__all__ = ["ModelSpec", "LoadedModel", "REGISTRY", "DEFAULT_MODELS", "get_spec", "load",
+           "import_onnx", "IMAGENET_MEAN", "IMAGENET_STD"]

@@ -1,0 +1,411 @@
+"""The model-zoo sweep: float32 vs relay_amp float16/bfloat16 vs TVM's built-in pass, per model.
+
+Each model runs in its own process (a crash or a timeout costs one row, never the sweep), and
+finished models are kept in ``results.json`` so a sweep resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import multiprocessing
+import os
+import platform
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+
+import numpy as np
+
+from .models import DEFAULT_MODELS, REGISTRY, get_spec
+
+VARIANTS = ("relay_amp:float16", "relay_amp:bfloat16", "tvm:float16")
+STATUSES = ("ok", "import error", "convert error", "compile error", "run error", "timeout",
+            "crash")
+
+
+def variant_names(dtypes) -> list[str]:
+    names = [f"relay_amp:{d}" for d in dtypes]
+    if "float16" in dtypes:
+        names.append("tvm:float16")
+    return names
+
+
+# ------------------------------------------------------------------------------ one model
+def _error(status: str, err: BaseException) -> dict:
+    message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    return {"status": status, "message": f"{type(err).__name__}: {message}"[:300]}
+
+
+def _run_all(vm, batches):
+    from .evaluate import run  # pylint: disable=import-outside-toplevel
+
+    return [run(vm, batch) for batch in batches]
+
+
+def task_metrics(spec, reference: list, outputs: list, extra: dict) -> dict:
+    """Task agreement of ``outputs`` with ``reference`` (lists of per-batch output lists)."""
+    from . import metrics, ocr  # pylint: disable=import-outside-toplevel
+
+    task = spec.task
+    if task == "classification":
+        ref = np.concatenate([r[0] for r in reference])
+        out = np.concatenate([o[0] for o in outputs])
+        top1, top5 = metrics.topk_agreement(ref, out)
+        return {"top1_agreement": top1, "top5_overlap": top5}
+    if task == "segmentation":
+        return {"pixel_agreement": float(np.mean(
+            [metrics.pixel_agreement(r[0], o[0]) for r, o in zip(reference, outputs)]))}
+    if task == "pose":
+        return {"keypoint_agreement": float(np.mean(
+            [metrics.keypoint_agreement(r[0], o[0]) for r, o in zip(reference, outputs)]))}
+    if task == "ocr-det":
+        return {"pixel_agreement": float(np.mean(
+            [metrics.threshold_agreement(r[0], o[0], 0.3) for r, o in zip(reference, outputs)]))}
+    if task == "ocr-cls":
+        return {"top1_agreement": float(np.mean(
+            [r[0].argmax() == o[0].argmax() for r, o in zip(reference, outputs)]))}
+    if task == "ocr-rec":
+        chars, truth = extra["characters"], extra["truth"]
+        ref_text = [ocr.ctc_decode(r[0], chars) for r in reference]
+        out_text = [ocr.ctc_decode(o[0], chars) for o in outputs]
+        return {"exact_match_vs_fp32": float(np.mean([a == b for a, b in zip(ref_text, out_text)])),
+                "exact_match_vs_truth": float(np.mean([a == b for a, b in zip(out_text, truth)])),
+                "fp32_exact_match_vs_truth": float(np.mean(
+                    [a == b for a, b in zip(ref_text, truth)]))}
+    if task == "detection":
+        recalls, ious = [], []
+        for ref, out in zip(reference, outputs):
+            if spec.family == "yolov8":
+                pairs = [(metrics.decode_yolov8(ref[0]), metrics.decode_yolov8(out[0]))]
+            else:
+                pairs = [(metrics.gluon_detections(*[x[i] for x in ref[:3]]),
+                          metrics.gluon_detections(*[x[i] for x in out[:3]]))
+                         for i in range(ref[0].shape[0])]
+            for ref_dets, out_dets in pairs:
+                recall, iou = metrics.detection_agreement(ref_dets, out_dets)
+                recalls.append(recall)
+                ious.append(iou)
+        return {"detection_recall": float(np.mean(recalls)), "matched_iou": float(np.mean(ious))}
+    return {}
+
+
+def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None = None,
+                  on_row=None) -> dict:
+    """Measure one model: the float32 baseline and every variant. Never raises."""
+    import relay_amp  # pylint: disable=import-outside-toplevel
+    from . import evaluate, models  # pylint: disable=import-outside-toplevel
+
+    spec = get_spec(name)
+    result = {"model": name, "family": spec.family, "task": spec.task, "weights": spec.weights,
+              "input_size": list(spec.input_size), "notes": [], "fp32": {}, "variants": {}}
+    report = on_row or (lambda result: None)
+    try:
+        start = time.perf_counter()
+        loaded = models.load(name, workdir)
+        result["load_s"] = time.perf_counter() - start
+        result["notes"] = loaded.notes
+    except Exception as err:  # any import failure is a row with its reason
+        result["fp32"] = _error("import error", err)
+        report(result)
+        return result
+    try:
+        start = time.perf_counter()
+        vm = evaluate.compile_module(loaded.mod)
+        compile_s = time.perf_counter() - start
+        reference = _run_all(vm, loaded.batches)
+        stats = evaluate.module_stats(loaded.mod)
+        result["fp32"] = {"status": "ok", "compile_s": compile_s,
+                          "latency_ms": evaluate.latency_ms(vm, loaded.batches[0]),
+                          "param_bytes": stats["param_bytes"], "ops": stats["ops"]}
+        if spec.task == "ocr-rec":
+            result["fp32"].update(task_metrics(spec, reference, reference, loaded.extra))
+    except Exception as err:
+        result["fp32"] = _error("compile error" if "vm" not in locals() else "run error", err)
+        report(result)
+        return result
+    report(result)
+    for variant in variant_names(dtypes):
+        tool, dtype = variant.split(":")
+        row: dict = {}
+        try:
+            start = time.perf_counter()
+            if tool == "relay_amp":
+                converted, conversion = relay_amp.convert(loaded.mod, dtype)
+                row["summary"] = conversion.summary()
+            else:
+                converted = evaluate.builtin_convert(loaded.mod)
+            row["convert_s"] = time.perf_counter() - start
+        except Exception as err:
+            result["variants"][variant] = _error("convert error", err)
+            report(result)
+            continue
+        row.update(evaluate.module_stats(converted, dtype))
+        try:
+            start = time.perf_counter()
+            vm = evaluate.compile_module(converted)
+            row["compile_s"] = time.perf_counter() - start
+        except Exception as err:
+            result["variants"][variant] = {**row, **_error("compile error", err)}
+            report(result)
+            continue
+        try:
+            outputs = _run_all(vm, loaded.batches)
+            row["latency_ms"] = evaluate.latency_ms(vm, loaded.batches[0])
+        except Exception as err:
+            result["variants"][variant] = {**row, **_error("run error", err)}
+            report(result)
+            continue
+        agreement = evaluate.agreement([o for batch in reference for o in batch],
+                                       [o for batch in outputs for o in batch])
+        row.update(agreement.as_dict())
+        row.update(task_metrics(spec, reference, outputs, loaded.extra))
+        row["status"] = "ok"
+        result["variants"][variant] = row
+        report(result)
+    return result
+
+
+def _worker(name, dtypes, path, workdir):  # runs in a child process
+    def save(result):
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            json.dump(result, handle, default=float)
+        os.replace(path + ".tmp", path)
+
+    try:
+        measure_model(name, dtypes, workdir, on_row=save)
+    except BaseException:  # pragma: no cover - measure_model catches; this is a last resort
+        traceback.print_exc()
+        raise
+
+
+def measure_isolated(name: str, dtypes, timeout_s: float) -> dict:
+    """:func:`measure_model` in a child process; a timeout or crash marks the missing rows."""
+    context = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="relay_amp_sweep_") as workdir:
+        path = os.path.join(workdir, "result.json")
+        process = context.Process(target=_worker, args=(name, tuple(dtypes), path, workdir))
+        process.start()
+        process.join(timeout_s)
+        status = None
+        if process.is_alive():
+            process.kill()
+            process.join()
+            status = {"status": "timeout", "message": f"no result within {timeout_s:.0f} s"}
+        elif process.exitcode != 0:
+            status = {"status": "crash", "message": f"process exited with code {process.exitcode}"}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as handle:
+                result = json.load(handle)
+        else:
+            spec = get_spec(name)
+            result = {"model": name, "family": spec.family, "task": spec.task,
+                      "weights": spec.weights, "input_size": list(spec.input_size), "notes": [],
+                      "fp32": {}, "variants": {}}
+    if status is not None:
+        if not result["fp32"]:
+            result["fp32"] = dict(status)
+        elif result["fp32"].get("status") == "ok":
+            for variant in variant_names(dtypes):
+                result["variants"].setdefault(variant, dict(status))
+    return result
+
+
+# ------------------------------------------------------------------------------ the sweep
+def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_s=900.0,
+              force=False, progress=True) -> dict:
+    """Measure ``names`` and write results.json/.csv/.md and error.png into ``out_dir``."""
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+
+    for name in names:
+        get_spec(name)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "results.json")
+    results = {"models": {}}
+    if os.path.exists(path) and not force:
+        with open(path, encoding="utf-8") as handle:
+            results = json.load(handle)
+    results.setdefault("models", {})
+    results["meta"] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                       "machine": machine_description(), "dtypes": list(dtypes),
+                       "note": "GluonCV rows use seeded weights with BatchNorm statistics "
+                               "re-estimated on real photos: they measure float16/bfloat16 "
+                               "agreement with float32, not ImageNet accuracy."}
+    todo = [n for n in names if force or not _finished(results["models"].get(n), dtypes)]
+    bar = tqdm(todo, desc="sweep", unit="model", disable=not progress)
+    for name in bar:
+        bar.set_postfix_str(name)
+        results["models"][name] = measure_isolated(name, dtypes, timeout_s)
+        write_outputs(results, out_dir, order=names)
+    write_outputs(results, out_dir, order=names)
+    return results
+
+
+def _finished(result, dtypes) -> bool:
+    if not result or result.get("fp32", {}).get("status") not in ("ok", "import error"):
+        return False
+    if result["fp32"]["status"] != "ok":
+        return True
+    return all(v in result["variants"] for v in variant_names(dtypes))
+
+
+def machine_description() -> str:
+    import tvm  # pylint: disable=import-outside-toplevel
+
+    return (f"{platform.machine()} {tvm.target.codegen.llvm_get_system_cpu()}, "
+            f"{os.cpu_count()} cores, Python {platform.python_version()}, TVM {tvm.__version__}")
+
+
+# ------------------------------------------------------------------------------ outputs
+COLUMNS = ("model", "task", "variant", "status", "relative_l2", "max_abs", "cosine", "nonfinite",
+           "agreement", "low_op_fraction", "low_mac_fraction", "casts", "round_trips",
+           "param_bytes", "convert_s", "compile_s", "latency_ms", "message")
+
+
+def _agreement_text(row: dict) -> str:
+    keys = ("top1_agreement", "top5_overlap", "detection_recall", "matched_iou",
+            "pixel_agreement", "keypoint_agreement", "exact_match_vs_fp32",
+            "exact_match_vs_truth")
+    parts = [f"{k.replace('_agreement', '').replace('_', ' ')} {row[k]:.3f}"
+             for k in keys if row.get(k) is not None]
+    return "; ".join(parts)
+
+
+def flat_rows(results: dict, order=None) -> list[dict]:
+    """One row per model and variant (float32 first)."""
+    names = [n for n in (order or []) if n in results["models"]]
+    names += [n for n in results["models"] if n not in names]
+    rows = []
+    for name in names:
+        result = results["models"][name]
+        base = {"model": name, "task": result.get("task", "")}
+        fp32 = result.get("fp32", {})
+        rows.append({**base, "variant": "fp32", **{k: fp32.get(k) for k in COLUMNS if k in fp32},
+                     "agreement": "", "status": fp32.get("status", "")})
+        for variant, row in result.get("variants", {}).items():
+            rows.append({**base, "variant": variant, **{k: row.get(k) for k in COLUMNS if k in row},
+                         "agreement": _agreement_text(row)})
+    return rows
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        if value == 0:
+            return "0"
+        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.3e}"
+    return str(value).replace("|", "/")
+
+
+def markdown_table(results: dict, order=None) -> str:
+    columns = ("model", "variant", "status", "relative_l2", "max_abs", "nonfinite", "agreement",
+               "low_mac_fraction", "casts", "round_trips", "param_bytes", "convert_s",
+               "latency_ms")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in flat_rows(results, order):
+        cells = [_fmt(row.get(c)) for c in columns]
+        if row.get("status") not in ("ok", None, "") and row.get("message"):
+            cells[2] = f"{row['status']}: {_fmt(row['message'])[:120]}"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary_lines(results: dict) -> list[str]:
+    """Headline counts: rows per status, and where relay_amp's float16 error beats TVM's."""
+    models = results["models"].values()
+    imported = [m for m in models if m.get("fp32", {}).get("status") == "ok"]
+    lines = [f"{len(results['models'])} models, {len(imported)} imported and ran in float32"]
+    ours_nonfinite = sum(1 for m in imported for v, r in m["variants"].items()
+                         if v.startswith("relay_amp") and r.get("nonfinite", 0))
+    ours_failed = sum(1 for m in imported for v, r in m["variants"].items()
+                      if v.startswith("relay_amp") and r.get("status") != "ok")
+    both = [(m["variants"]["relay_amp:float16"], m["variants"]["tvm:float16"]) for m in imported
+            if m["variants"].get("relay_amp:float16", {}).get("status") == "ok"
+            and m["variants"].get("tvm:float16", {}).get("status") == "ok"]
+    better = sum(1 for ours, theirs in both if ours["relative_l2"] <= theirs["relative_l2"])
+    builtin_failed = sum(1 for m in imported
+                         if m["variants"].get("tvm:float16", {}).get("status", "ok") != "ok")
+    builtin_nonfinite = sum(1 for m in imported
+                            if m["variants"].get("tvm:float16", {}).get("nonfinite", 0))
+    lines.append(f"relay_amp: {ours_failed} failed rows, {ours_nonfinite} rows with NaN/Inf")
+    lines.append(f"TVM built-in float16: {builtin_failed} failed, {builtin_nonfinite} with NaN/Inf")
+    lines.append(f"relay_amp float16 error <= built-in on {better}/{len(both)} models where both ran")
+    return lines
+
+
+def write_outputs(results: dict, out_dir: str, order=None) -> None:
+    with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=1, default=float)
+    rows = flat_rows(results, order)
+    with open(os.path.join(out_dir, "results.csv"), "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    meta = results.get("meta", {})
+    text = [f"# relay_amp sweep ({meta.get('date', '')})", "", f"Machine: {meta.get('machine', '')}",
+            "", meta.get("note", ""), "", *[f"- {line}" for line in summary_lines(results)], "",
+            markdown_table(results, order), ""]
+    with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as handle:
+        handle.write("\n".join(text))
+    plot_errors(results, os.path.join(out_dir, "error.png"), order)
+
+
+def plot_errors(results: dict, path: str, order=None) -> None:
+    """Relative L2 error per model, relay_amp vs TVM's built-in pass, log scale; NaN/Inf and
+    failures drawn as marked points at the top."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    names = [n for n in (order or []) if n in results["models"]]
+    names += [n for n in results["models"] if n not in names]
+    names = [n for n in names if results["models"][n].get("fp32", {}).get("status") == "ok"]
+    if not names:
+        return
+    styles = {"relay_amp:float16": ("o", "tab:blue"), "relay_amp:bfloat16": ("s", "tab:green"),
+              "tvm:float16": ("x", "tab:red")}
+    values = [r.get("relative_l2") for n in names for r in results["models"][n]["variants"].values()
+              if isinstance(r.get("relative_l2"), float) and np.isfinite(r["relative_l2"])
+              and r["relative_l2"] > 0]
+    top = max(values) * 10 if values else 1.0
+    fig, axis = plt.subplots(figsize=(max(6, 0.35 * len(names) + 2), 4.5))
+    for variant, (marker, color) in styles.items():
+        xs, ys, bad_x = [], [], []
+        for i, name in enumerate(names):
+            row = results["models"][name]["variants"].get(variant)
+            if row is None:
+                continue
+            error = row.get("relative_l2")
+            if row.get("status") == "ok" and error is not None and np.isfinite(error):
+                xs.append(i)
+                ys.append(max(error, 1e-8))
+            else:
+                bad_x.append(i)
+        label = variant.replace("relay_amp:", "relay_amp ").replace("tvm:", "TVM built-in ")
+        axis.scatter(xs, ys, marker=marker, color=color, label=label, zorder=3)
+        if bad_x:
+            axis.scatter(bad_x, [top] * len(bad_x), marker="v", color=color, s=60,
+                         label=f"{label}: NaN/Inf or failed", zorder=3)
+    axis.set_yscale("log")
+    axis.set_xticks(range(len(names)))
+    axis.set_xticklabels(names, rotation=70, ha="right", fontsize=8)
+    axis.set_ylabel("relative L2 error vs float32")
+    axis.set_title("Output error per model (lower is better)")
+    axis.grid(True, axis="y", which="both", alpha=0.3)
+    axis.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def list_models() -> str:
+    lines = []
+    for name, spec in REGISTRY.items():
+        default = " (default)" if name in DEFAULT_MODELS else ""
+        lines.append(f"{name:32s} {spec.family:10s} {spec.task:15s} {spec.weights}{default}")
+    return "\n".join(lines)
