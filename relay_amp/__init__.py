@@ -5,6 +5,7 @@
 >>> seq = tvm.transform.Sequential([relay_amp.ToMixedPrecision("bfloat16")])  # doctest: +SKIP
 """
 
+from . import evaluate
 from .op_tables import Category
 from .policy import Policy, amp_config, current_policy
 from .report import BindingRecord, Report

@@ -129,22 +129,29 @@ def load(name: str, workdir: str | None = None) -> LoadedModel:
 
 
 # ------------------------------------------------------------------------------ ONNX import
-def import_onnx(model, input_shapes: dict, notes: list):
-    """``from_onnx`` with pinned input shapes; if that fails, fold shapes with onnxsim first."""
+def import_onnx(model, input_shapes: dict, notes: list, simplify: bool = False):
+    """``from_onnx`` with pinned input shapes; if that fails (or ``simplify``), fold shapes and
+    constants with onnxsim first."""
     from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
 
+    def simplified():
+        import onnxsim  # pylint: disable=import-outside-toplevel
+
+        result, ok = onnxsim.simplify(model, overwrite_input_shapes=input_shapes)
+        if not ok:
+            raise RuntimeError("onnxsim could not verify the simplified model")
+        notes.append("shapes folded with onnxsim before import")
+        return from_onnx(result, shape_dict=input_shapes)
+
+    if simplify:
+        return simplified()
     try:
         return from_onnx(model, shape_dict=input_shapes)
     except Exception as first:  # the importer raises many types; retry after simplification
         try:
-            import onnxsim  # pylint: disable=import-outside-toplevel
+            return simplified()
         except ImportError:
             raise first from None
-        simplified, ok = onnxsim.simplify(model, overwrite_input_shapes=input_shapes)
-        if not ok:
-            raise first
-        notes.append("shapes folded with onnxsim before import")
-        return from_onnx(simplified, shape_dict=input_shapes)
 
 
 # ------------------------------------------------------------------------------ GluonCV
@@ -189,12 +196,13 @@ def _package_file(package: str, filename: str) -> str:
     raise FileNotFoundError(f"{filename} is not inside the installed {package}")
 
 
-def _load_onnx_model(path: str, shape: list, spec: ModelSpec, batches, extra=None):
+def _load_onnx_model(path: str, shape: list, spec: ModelSpec, batches, extra=None,
+                     simplify: bool = False):
     import onnx  # pylint: disable=import-outside-toplevel
 
     model = onnx.load(path)
     notes: list = []
-    mod = import_onnx(model, {model.graph.input[0].name: shape}, notes)
+    mod = import_onnx(model, {model.graph.input[0].name: shape}, notes, simplify)
     return LoadedModel(spec, mod, batches, notes, extra or {})
 
 
@@ -229,7 +237,8 @@ def _load_yolov8(spec: ModelSpec, workdir: str) -> LoadedModel:
     photos = sample_images(4, height)
     batches = [[np.ascontiguousarray(p.transpose(2, 0, 1)[None].astype(np.float32) / 255.0)]
                for p in photos]
-    return _load_onnx_model(path, [1, 3, height, width], spec, batches)
+    # the exported graph keeps dynamic shapes that TVM cannot compile: fold them first
+    return _load_onnx_model(path, [1, 3, height, width], spec, batches, simplify=True)
 
 
 def _load_mediapipe(spec: ModelSpec, workdir: str) -> LoadedModel:

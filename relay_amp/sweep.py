@@ -68,8 +68,8 @@ def task_metrics(spec, reference: list, outputs: list, extra: dict) -> dict:
             [r[0].argmax() == o[0].argmax() for r, o in zip(reference, outputs)]))}
     if task == "ocr-rec":
         chars, truth = extra["characters"], extra["truth"]
-        ref_text = [ocr.ctc_decode(r[0], chars) for r in reference]
-        out_text = [ocr.ctc_decode(o[0], chars) for o in outputs]
+        ref_text = [ocr.ctc_decode(r[0], chars).strip() for r in reference]
+        out_text = [ocr.ctc_decode(o[0], chars).strip() for o in outputs]
         return {"exact_match_vs_fp32": float(np.mean([a == b for a, b in zip(ref_text, out_text)])),
                 "exact_match_vs_truth": float(np.mean([a == b for a, b in zip(out_text, truth)])),
                 "fp32_exact_match_vs_truth": float(np.mean(

@@ -1,0 +1,147 @@
+"""The sweep: metrics, BatchNorm re-estimation, text rendering, and a one-model run end to end."""
+
+import csv
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from relay_amp import metrics, ocr, sweep
+from relay_amp.models import REGISTRY, get_spec
+
+
+# ----------------------------------------------------------------------------- metrics
+def test_topk_agreement():
+    reference = np.array([[0.1, 0.9, 0.0, 0.5], [0.8, 0.1, 0.3, 0.2]])
+    same = metrics.topk_agreement(reference, reference + 1e-3, k=2)
+    assert same == (1.0, 1.0)
+    swapped = np.array([[0.9, 0.1, 0.0, 0.5], [0.8, 0.1, 0.3, 0.2]])
+    top1, top2 = metrics.topk_agreement(reference, swapped, k=2)
+    assert top1 == 0.5 and top2 == 0.75
+
+
+def test_box_iou_nms_and_detection_agreement():
+    a = np.array([[0, 0, 10, 10], [20, 20, 30, 30]], float)
+    b = np.array([[0, 0, 10, 5], [100, 100, 110, 110]], float)
+    iou = metrics.box_iou(a, b)
+    assert iou[0, 0] == pytest.approx(0.5) and iou[1, 1] == 0.0
+    boxes = np.array([[0, 0, 10, 10], [1, 1, 10, 10], [50, 50, 60, 60]], float)
+    keep = metrics.nms(boxes, np.array([0.9, 0.8, 0.7]))
+    assert keep.tolist() == [0, 2]
+    reference = (a, np.array([0.9, 0.8]), np.array([1, 2]))
+    assert metrics.detection_agreement(reference, reference) == (1.0, 1.0)
+    wrong_class = (a, np.array([0.9, 0.8]), np.array([1, 3]))
+    assert metrics.detection_agreement(reference, wrong_class)[0] == 0.5
+    empty = (np.zeros((0, 4)), np.zeros(0), np.zeros(0, np.int64))
+    assert metrics.detection_agreement(empty, empty)[0] == 1.0
+    assert metrics.detection_agreement(reference, empty) == (0.0, 0.0)
+
+
+def test_decode_yolov8_finds_the_planted_box():
+    head = np.zeros((1, 4 + 3, 10), np.float32)
+    head[0, :4, 7] = [50, 60, 20, 10]  # cx, cy, w, h
+    head[0, 4 + 2, 7] = 0.9
+    boxes, scores, classes = metrics.decode_yolov8(head)
+    assert boxes.tolist() == [[40.0, 55.0, 60.0, 65.0]]
+    assert classes.tolist() == [2] and scores[0] == pytest.approx(0.9)
+
+
+def test_pixel_threshold_and_keypoint_agreement():
+    reference = np.zeros((1, 3, 2, 2))
+    reference[0, 1] = 1.0
+    output = reference.copy()
+    output[0, 2, 0, 0] = 2.0
+    assert metrics.pixel_agreement(reference, output) == 0.75
+    assert metrics.threshold_agreement(np.array([0.1, 0.5]), np.array([0.4, 0.6]), 0.3) == 0.5
+    heat = np.zeros((1, 2, 4, 4))
+    heat[0, 0, 1, 1] = heat[0, 1, 2, 3] = 1
+    moved = heat.copy()
+    moved[0, 1, 0, 0] = 5
+    assert metrics.keypoint_agreement(heat, moved) == 0.5
+
+
+def test_gluon_detections_drop_padding_and_low_scores():
+    ids = np.array([[[3], [1], [-1]]], float)
+    scores = np.array([[[0.9], [0.2], [-1]]], float)
+    boxes = np.arange(12, dtype=float).reshape(1, 3, 4)
+    kept = metrics.gluon_detections(ids[0], scores[0], boxes[0])
+    assert kept[2].tolist() == [3] and kept[0].tolist() == [[0, 1, 2, 3]]
+
+
+# ----------------------------------------------------------------------------- OCR inputs
+def test_rendered_text_and_ctc_decoding():
+    samples = ocr.render_lines(6, seed=3)
+    assert len({s.text for s in samples}) == 6
+    assert all(s.image.dtype == np.uint8 and s.image.std() > 10 for s in samples)
+    batch = ocr.rec_preprocess(samples[0].image, 48, 320)
+    assert batch.shape == (1, 3, 48, 320) and -1.0 <= batch.min() and batch.max() <= 1.0
+    characters = list("abc")
+    # blank, a, a, blank, b, c, c, space -> "abc " (repeats collapse, blank separates)
+    steps = [0, 1, 1, 0, 2, 3, 3, 4]
+    probabilities = np.eye(5)[steps][None]
+    assert ocr.ctc_decode(probabilities, characters) == "abc "
+    assert ocr.font_paths(), "matplotlib ships DejaVu fonts"
+
+
+# ----------------------------------------------------------------------------- BN re-estimation
+def test_batchnorm_reestimation_normalizes_each_layer():
+    import mxnet as mx
+    from mxnet.gluon import nn
+
+    from relay_amp.zoo import reestimate_batchnorm
+
+    mx.random.seed(0)
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(8, 3, padding=1), nn.BatchNorm(), nn.Conv2D(4, 3, padding=1),
+            nn.BatchNorm())
+    net.initialize(mx.init.Xavier())
+    batch = mx.nd.array(np.random.default_rng(0).normal(3.0, 5.0, (4, 3, 8, 8)))
+    net(batch)
+    assert reestimate_batchnorm(net, batch) == 2
+    out = net(batch).asnumpy()  # inference mode: uses the re-estimated running statistics
+    assert np.abs(out.mean(axis=(0, 2, 3))).max() < 1e-3
+    assert np.abs(out.std(axis=(0, 2, 3)) - 1).max() < 1e-2
+
+
+# ----------------------------------------------------------------------------- registry
+def test_registry_covers_the_issue_and_names_are_checked():
+    gluon = [s for s in REGISTRY.values() if s.family == "gluoncv"]
+    real = [s for s in REGISTRY.values() if s.weights == "pretrained"]
+    assert len(gluon) >= 40 and len(real) >= 5
+    assert {"detection", "segmentation", "pose", "classification"} <= {s.task for s in gluon}
+    with pytest.raises(KeyError, match="did you mean resnet18_v2, resnet18_v1"):
+        get_spec("resnet18_v")
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_one_model_sweep_end_to_end(tmp_path):
+    out = str(tmp_path)
+    results = sweep.run_sweep(["cifar_resnet20_v1"], ("float16", "bfloat16"), out,
+                              timeout_s=600, progress=False)
+    for name in ("results.json", "results.csv", "results.md", "error.png"):
+        assert os.path.getsize(os.path.join(out, name)) > 0, name
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as handle:
+        saved = json.load(handle)
+    assert saved["models"].keys() == results["models"].keys() == {"cifar_resnet20_v1"}
+    model = saved["models"]["cifar_resnet20_v1"]
+    assert model["fp32"]["status"] == "ok" and model["fp32"]["param_bytes"] > 0
+    assert set(model["variants"]) == set(sweep.VARIANTS)
+    for variant, row in model["variants"].items():
+        assert row["status"] == "ok", (variant, row)
+        assert math.isfinite(row["relative_l2"]) and row["nonfinite"] == 0
+        assert 0 <= row["top1_agreement"] <= 1
+        assert row["latency_ms"] > 0 and row["compile_s"] > 0
+    ours, theirs = model["variants"]["relay_amp:float16"], model["variants"]["tvm:float16"]
+    assert ours["relative_l2"] <= theirs["relative_l2"]
+    assert ours["round_trips"] == 0 and ours["casts"] < theirs["casts"]
+    assert ours["param_bytes"] < 0.6 * model["fp32"]["param_bytes"]
+    with open(os.path.join(out, "results.csv"), encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["variant"] for r in rows] == ["fp32", *sweep.VARIANTS]
+    assert "relay_amp float16 error <= built-in on 1/1" in open(
+        os.path.join(out, "results.md"), encoding="utf-8").read()
+    # resumable: a second run measures nothing new and keeps the rows
+    again = sweep.run_sweep(["cifar_resnet20_v1"], ("float16", "bfloat16"), out, progress=False)
+    assert again["models"]["cifar_resnet20_v1"] == model
