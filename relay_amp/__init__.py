@@ -6,6 +6,7 @@
 """
 
 from . import evaluate
+from .calibrate import Calibration, calibrate
 from .op_tables import Category
 from .policy import Policy, amp_config, current_policy
 from .report import BindingRecord, Report
@@ -17,4 +18,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ToMixedPrecision", "convert", "Report", "BindingRecord", "Policy", "Category",
     "amp_config", "current_policy", "TargetCaps", "target_caps", "UnsupportedDtypeError",
+    "Calibration", "calibrate",
 ]

@@ -22,7 +22,7 @@ def _sweep(args) -> int:
             return 2
     try:
         results = sweep.run_sweep(names, dtypes, args.out, args.timeout, args.force,
-                                  progress=not args.quiet)
+                                  progress=not args.quiet, calibrated=not args.no_calibration)
     except KeyError as err:
         print(f"relay-amp sweep: {err.args[0]}", file=sys.stderr)
         return 2
@@ -46,6 +46,8 @@ def main(argv=None) -> int:
     sweep.add_argument("--timeout", type=float, default=900.0,
                        help="seconds per model before it is stopped (default: %(default)s)")
     sweep.add_argument("--force", action="store_true", help="re-measure finished models")
+    sweep.add_argument("--no-calibration", action="store_true",
+                       help="convert without calibrated ranges (relay_amp calibrates by default)")
     sweep.add_argument("--list", action="store_true", help="list the models and exit")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.set_defaults(run=_sweep)

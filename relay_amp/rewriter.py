@@ -111,8 +111,12 @@ class _Plan:
 class FunctionPlanner:
     """Steps 1 and 2 of the algorithm for one function."""
 
-    def __init__(self, policy: Policy, low: str, target_rule, constant_check, params_low: set):
+    def __init__(self, policy: Policy, low: str, target_rule, constant_check, params_low: set,
+                 observed=None, margin: float = 1.0):
         self.policy = policy
+        self.observed = observed  # var -> calibrated max |x| (None: not calibrated)
+        self.margin = margin
+        self.hot: dict = {}  # var -> why its value cannot be stored in the low dtype
         self.low = low
         self.target_rule = target_rule
         self.constant_check = constant_check
@@ -168,10 +172,12 @@ class FunctionPlanner:
             self.can_low[var] = True
         if isinstance(binding, MatchCast):
             return
+        self._check_observed(var)
         if isinstance(value, Call) and _op_name(value) is not None:
             plan = self._plan_call(var, value)
             self.plans[var] = plan
-            self.can_low[var] = self.can_low.get(var, False) or self._call_can_low(plan, value)
+            self.can_low[var] = var not in self.hot and (
+                self.can_low.get(var, False) or self._call_can_low(plan, value))
             self.f32_ready[var] = self._call_f32_ready(plan, var, value)
         elif isinstance(value, If):
             self.forward(value.true_branch)
@@ -188,6 +194,24 @@ class FunctionPlanner:
             self.can_low[var] = self.can_low.get(var, False) or self.can_low.get(
                 value.tuple_value, False)
             self.f32_ready[var] = self._is_f32_ready(value.tuple_value)
+
+    def _check_observed(self, var):
+        if self.observed is None or tensor_dtype(var) != "float32":
+            return
+        largest = self.observed(var)
+        if largest is None:
+            return
+        from .dtypes import finfo  # pylint: disable=import-outside-toplevel
+
+        info = finfo(self.low)
+        margin = self.margin
+        if largest * margin > float(info.max):
+            margin_words = f" (with a {margin:g}x margin)" if margin != 1 else ""
+            self.hot[var] = (f"observed max {largest:.3g} exceeds {self.low} max "
+                             f"{float(info.max):.6g}{margin_words}")
+        elif 0 < largest < float(info.smallest_normal):
+            self.hot[var] = (f"observed max {largest:.3g} is below {self.low}'s smallest normal "
+                             f"{float(info.smallest_normal):.3g}")
 
     def _plan_call(self, var, call) -> _Plan:
         op = _op_name(call)
@@ -214,6 +238,16 @@ class FunctionPlanner:
                 if bad is not None and category != Category.STORAGE:
                     return self._keep(plan, f"fp32: constant {bad:.4g} "
                                             f"{_range_words(bad, self.low)}")
+        if category in LOW_CATEGORIES + (Category.STORAGE,):
+            for leaf, _ in float_leaves:
+                if leaf in self.hot:
+                    return self._keep(plan, f"fp32: input {leaf.name} {self.hot[leaf]}")
+        if var in self.hot:
+            if category == Category.LOW_PRECISION_FP32_ACCUMULATE and (
+                    plan.decision.accumulation_dtype == "float32"):
+                plan.rule += f"; result kept float32: {self.hot[var]}"
+            else:
+                return self._keep(plan, f"fp32: {self.hot[var]}")
         for arg in call.args:
             scalar = _scalar_value(arg)
             if scalar is not None and out_of_range_value(np.array(scalar), self.low) is not None:
@@ -232,6 +266,8 @@ class FunctionPlanner:
 
     def _call_can_low(self, plan: _Plan, call) -> bool:
         category = plan.category
+        if any(leaf in self.hot for leaf, _ in self._float_leaves(call)):
+            return False
         if category in LOW_CATEGORIES:
             return True
         if category == Category.ACCUMULATE:
@@ -397,9 +433,10 @@ def _range_words(value: float, low: str) -> str:
 class MixedPrecisionRewriter(PyExprMutator):
     """Step 3 of the algorithm: rewrites functions of one module and records the report rows."""
 
-    def __init__(self, mod, policy: Policy, low: str):
+    def __init__(self, mod, policy: Policy, low: str, calibration=None):
         super().__init__(mod)
         self.policy = policy
+        self.calibration = calibration
         self.low = low
         self.records: list[BindingRecord] = []
         self._cache_stack: list[dict] = []
@@ -426,8 +463,13 @@ class MixedPrecisionRewriter(PyExprMutator):
                 self.set_var_remap(param, new_param)
             else:
                 new_params.append(param)
+        observed, margin = None, 1.0
+        if self.calibration is not None:
+            calibration = self.calibration
+            observed = lambda var: calibration.observed_max(name, var.name)  # noqa: E731
+            margin = calibration.margin
         planner = FunctionPlanner(self.policy, self.low, target_rule, self.constant_out_of_range,
-                                  params_low)
+                                  params_low, observed, margin)
         planner.forward(func.body, func.params)
         planner.backward(func.body, signature_low)
         self._planner, self._function_name = planner, name

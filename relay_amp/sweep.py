@@ -92,8 +92,11 @@ def task_metrics(spec, reference: list, outputs: list, extra: dict) -> dict:
 
 
 def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None = None,
-                  on_row=None) -> dict:
-    """Measure one model: the float32 baseline and every variant. Never raises."""
+                  on_row=None, calibrated: bool = True) -> dict:
+    """Measure one model: the float32 baseline and every variant. Never raises.
+
+    With ``calibrated``, relay_amp converts with ranges from :func:`relay_amp.calibrate` run on
+    the model's own input batches (TVM's built-in pass has no such input)."""
     import relay_amp  # pylint: disable=import-outside-toplevel
     from . import evaluate, models  # pylint: disable=import-outside-toplevel
 
@@ -125,6 +128,15 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
         result["fp32"] = _error("compile error" if "vm" not in locals() else "run error", err)
         report(result)
         return result
+    calibration = None
+    if calibrated:
+        try:
+            start = time.perf_counter()
+            calibration = relay_amp.calibrate(loaded.mod, loaded.batches)
+            result["calibrate_s"] = time.perf_counter() - start
+        except Exception as err:  # the row says so; the variants run uncalibrated
+            result["notes"].append(f"calibration failed: {_error('run error', err)['message']}")
+    result["calibrated"] = calibration is not None
     report(result)
     for variant in variant_names(dtypes):
         tool, dtype = variant.split(":")
@@ -132,7 +144,8 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
         try:
             start = time.perf_counter()
             if tool == "relay_amp":
-                converted, conversion = relay_amp.convert(loaded.mod, dtype)
+                converted, conversion = relay_amp.convert(loaded.mod, dtype,
+                                                          calibration=calibration)
                 row["summary"] = conversion.summary()
             else:
                 converted = evaluate.builtin_convert(loaded.mod)
@@ -167,25 +180,26 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
     return result
 
 
-def _worker(name, dtypes, path, workdir):  # runs in a child process
+def _worker(name, dtypes, path, workdir, calibrated):  # runs in a child process
     def save(result):
         with open(path + ".tmp", "w", encoding="utf-8") as handle:
             json.dump(result, handle, default=float)
         os.replace(path + ".tmp", path)
 
     try:
-        measure_model(name, dtypes, workdir, on_row=save)
+        measure_model(name, dtypes, workdir, on_row=save, calibrated=calibrated)
     except BaseException:  # pragma: no cover - measure_model catches; this is a last resort
         traceback.print_exc()
         raise
 
 
-def measure_isolated(name: str, dtypes, timeout_s: float) -> dict:
+def measure_isolated(name: str, dtypes, timeout_s: float, calibrated: bool = True) -> dict:
     """:func:`measure_model` in a child process; a timeout or crash marks the missing rows."""
     context = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="relay_amp_sweep_") as workdir:
         path = os.path.join(workdir, "result.json")
-        process = context.Process(target=_worker, args=(name, tuple(dtypes), path, workdir))
+        process = context.Process(target=_worker,
+                                  args=(name, tuple(dtypes), path, workdir, calibrated))
         process.start()
         process.join(timeout_s)
         status = None
@@ -214,7 +228,7 @@ def measure_isolated(name: str, dtypes, timeout_s: float) -> dict:
 
 # ------------------------------------------------------------------------------ the sweep
 def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_s=900.0,
-              force=False, progress=True) -> dict:
+              force=False, progress=True, calibrated: bool = True) -> dict:
     """Measure ``names`` and write results.json/.csv/.md and error.png into ``out_dir``."""
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
@@ -231,12 +245,13 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
                        "machine": machine_description(), "dtypes": list(dtypes),
                        "note": "GluonCV rows use seeded weights with BatchNorm statistics "
                                "re-estimated on real photos: they measure float16/bfloat16 "
-                               "agreement with float32, not ImageNet accuracy."}
+                               "agreement with float32, not ImageNet accuracy.",
+                       "calibrated": calibrated}
     todo = [n for n in names if force or not _finished(results["models"].get(n), dtypes)]
     bar = tqdm(todo, desc="sweep", unit="model", disable=not progress)
     for name in bar:
         bar.set_postfix_str(name)
-        results["models"][name] = measure_isolated(name, dtypes, timeout_s)
+        results["models"][name] = measure_isolated(name, dtypes, timeout_s, calibrated)
         write_outputs(results, out_dir, order=names)
     write_outputs(results, out_dir, order=names)
     return results

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .calibrate import Calibration
 from .dtypes import check_low_precision_dtype
 from .policy import Policy, current_policy
 from .report import Report
@@ -43,7 +44,7 @@ def _called_functions(mod: tvm.IRModule) -> set:
 
 
 def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=None,
-            **policy_kwargs) -> tuple[tvm.IRModule, Report]:
+            calibration=None, **policy_kwargs) -> tuple[tvm.IRModule, Report]:
     """Convert the Relax functions of ``mod`` to mixed precision.
 
     Parameters
@@ -57,6 +58,10 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     target : tvm.target.Target or dict, optional
         Sets the target defaults. Default: ``Target.current()``, else each function's
         ``target`` attribute, else none (the built-in defaults alone).
+    calibration : relay_amp.Calibration, optional
+        Observed value ranges from :func:`relay_amp.calibrate`: values that would overflow (or
+        underflow) the low-precision dtype stay float32, and so do the ops that would read them
+        in low precision.
     **policy_kwargs
         MXNet-compatible keywords (``target_dtype_ops``, ``fp32_ops``, ``widest_dtype_ops``,
         ``conditional_fp32_ops``, ``excluded_sym_names``, ``cast_params_offline``,
@@ -82,7 +87,10 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     low = policy.dtype
     explicit_target = as_target(target) or tvm.target.Target.current(allow_none=True)
     report = Report(low)
-    rewriter = MixedPrecisionRewriter(mod, policy, low)
+    if calibration is not None and not isinstance(calibration, Calibration):
+        raise TypeError("calibration must be a relay_amp.Calibration from relay_amp.calibrate(); "
+                        f"got {type(calibration).__name__}")
+    rewriter = MixedPrecisionRewriter(mod, policy, low, calibration)
     called = _called_functions(mod)
     low_inputs = set(policy.low_precision_inputs)
     relax_functions = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
@@ -130,6 +138,8 @@ class ToMixedPrecision:
     target : tvm.target.Target or dict, optional
         The target whose defaults apply (default: ``Target.current()`` or each function's
         ``target`` attribute).
+    calibration : relay_amp.Calibration, optional
+        Observed ranges from :func:`relay_amp.calibrate`.
     **policy_kwargs
         MXNet-compatible policy keywords, as for :func:`relay_amp.convert`.
 
@@ -144,13 +154,15 @@ class ToMixedPrecision:
     """
 
     def __init__(self, dtype: str | None = None, policy: Policy | None = None, target=None,
-                 **policy_kwargs):
+                 calibration=None, **policy_kwargs):
         self.dtype = None if dtype is None else check_low_precision_dtype(dtype)
         self.policy = resolve_policy(dtype, policy or current_policy(), **policy_kwargs) if (
             policy is not None or policy_kwargs or current_policy() is not None) else None
         self.target = as_target(target)
+        self.calibration = calibration
         self.last_report: Report | None = None
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        new_mod, self.last_report = convert(mod, self.dtype, self.policy, self.target)
+        new_mod, self.last_report = convert(mod, self.dtype, self.policy, self.target,
+                                            self.calibration)
         return new_mod
