@@ -5,7 +5,7 @@
 >>> seq = tvm.transform.Sequential([relay_amp.ToMixedPrecision("bfloat16")])  # doctest: +SKIP
 """
 
-from . import evaluate
+from . import codegen, evaluate
 from .calibrate import Calibration, calibrate
 from .op_tables import Category
 from .policy import Policy, amp_config, current_policy
@@ -14,6 +14,10 @@ from .targets import TargetCaps, UnsupportedDtypeError, target_caps
 from .transform import ToMixedPrecision, convert
 
 __version__ = "0.1.0"
+
+# Converted modules use half/bfloat16 in CUDA kernels: make TVM's CUDA sources compile even where
+# they do arithmetic on volatile half values (see relay_amp.codegen.cuda).
+codegen.cuda.enable()
 
 __all__ = [
     "ToMixedPrecision", "convert", "Report", "BindingRecord", "Policy", "Category",

@@ -164,7 +164,7 @@ def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
     import onnx  # pylint: disable=import-outside-toplevel
     from gluoncv import model_zoo  # pylint: disable=import-outside-toplevel
 
-    from .zoo import reestimate_batchnorm  # pylint: disable=import-outside-toplevel
+    from .zoo import gluon_to_relax, reestimate_batchnorm  # pylint: disable=import-outside-toplevel
 
     mx.random.seed(0)
     np.random.seed(0)
@@ -175,16 +175,13 @@ def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
     calibration = normalize(photos)
     net(mx.nd.array(calibration[:1]))
     reestimate_batchnorm(net, mx.nd.array(calibration))
-    batch = calibration[:2]
-    net.hybridize()
-    net(mx.nd.array(batch))
-    prefix = os.path.join(workdir, spec.name)
-    net.export(prefix)
-    mx.onnx.export_model(prefix + "-symbol.json", prefix + "-0000.params", [batch.shape],
-                         [np.float32], prefix + ".onnx")
+    batch = calibration[:1] if max(height, width) >= 300 else calibration[:2]
     notes: list = []
-    model = onnx.load(prefix + ".onnx")
-    mod = import_onnx(model, {model.graph.input[0].name: list(batch.shape)}, notes)
+    try:
+        mod, _ = gluon_to_relax(net, batch, workdir, spec.name)
+    except Exception:  # the export stands; retry its import with shapes folded
+        model = onnx.load(os.path.join(workdir, spec.name + ".onnx"))
+        mod = import_onnx(model, {model.graph.input[0].name: list(batch.shape)}, notes, True)
     return LoadedModel(spec, mod, [[batch]], notes)
 
 

@@ -63,13 +63,30 @@ def reestimate_batchnorm(net, batch) -> int:
     return len(norms)
 
 
+def gluon_to_relax(net, batch: np.ndarray, workdir: str, name: str = "model"):
+    """Hybridize ``net``, export it with ``mx.onnx.export_model`` and import it into Relax.
+
+    Returns ``(IRModule, onnx_path)``.
+    """
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    import onnx  # pylint: disable=import-outside-toplevel
+    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
+
+    net.hybridize()
+    net(mx.nd.array(batch))
+    prefix = os.path.join(workdir, name)
+    net.export(prefix)
+    onnx_path = prefix + ".onnx"
+    mx.onnx.export_model(prefix + "-symbol.json", prefix + "-0000.params", [batch.shape],
+                         [np.float32], onnx_path)
+    return from_onnx(onnx.load(onnx_path)), onnx_path
+
+
 def load_gluon(name: str, batch_size: int = 1, image_size: int = 224, seed: int = 0,
                workdir: str | None = None) -> ZooModel:
     """Build GluonCV model ``name``, initialize it and import it into Relax through ONNX."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel
-    import onnx  # pylint: disable=import-outside-toplevel
     from gluoncv import model_zoo  # pylint: disable=import-outside-toplevel
-    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
 
     mx.random.seed(seed)
     np.random.seed(seed)
@@ -79,13 +96,6 @@ def load_gluon(name: str, batch_size: int = 1, image_size: int = 224, seed: int 
     net(mx.nd.array(calibration[:1]))  # finish deferred initialization
     reestimate_batchnorm(net, mx.nd.array(calibration))
     inputs = calibration[:batch_size]
-    net.hybridize()
-    net(mx.nd.array(inputs))
     workdir = workdir or tempfile.mkdtemp(prefix="relay_amp_")
-    prefix = os.path.join(workdir, name)
-    net.export(prefix)
-    onnx_path = prefix + ".onnx"
-    mx.onnx.export_model(prefix + "-symbol.json", prefix + "-0000.params", [inputs.shape],
-                         [np.float32], onnx_path)
-    mod = from_onnx(onnx.load(onnx_path))
+    mod, onnx_path = gluon_to_relax(net, inputs, workdir, name)
     return ZooModel(name, mod, [inputs], onnx_path)

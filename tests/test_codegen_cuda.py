@@ -1,0 +1,223 @@
+"""CUDA codegen of converted modules, proven with nvcc (no GPU needed)."""
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import relay_amp
+from relay_amp.codegen import cuda
+
+NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
+
+# The shape older TVM emitted for a warp reduction over volatile shared memory: the RFC's error.
+REDUCTION = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+extern "C" __global__ void __launch_bounds__(32) reduce(T* __restrict__ A, T* __restrict__ out) {
+  __shared__ T red_buf0[32];
+  ((volatile T*)red_buf0)[threadIdx.x] = A[threadIdx.x];
+  __syncwarp();
+  if (threadIdx.x < 16) {
+    ((volatile T*)red_buf0)[threadIdx.x] = (((volatile T*)red_buf0)[threadIdx.x]
+                                            + ((volatile T*)red_buf0)[(threadIdx.x + 16)]);
+    ((volatile T*)red_buf0)[threadIdx.x] = (((volatile T*)red_buf0)[threadIdx.x]
+                                            * ((volatile T*)red_buf0)[(threadIdx.x + 8)]);
+    if (((volatile T*)red_buf0)[threadIdx.x] < ((volatile T*)red_buf0)[(threadIdx.x + 4)]) {
+      ((volatile T*)red_buf0)[threadIdx.x] += ((volatile T*)red_buf0)[(threadIdx.x + 4)];
+    }
+  }
+  __syncwarp();
+  if (threadIdx.x == 0) out[0] = A[0] - ((volatile T*)red_buf0)[0] / ((volatile T*)red_buf0)[1];
+}
+"""
+CUDA_TYPES = {"float16": "half", "bfloat16": "__nv_bfloat16"}
+
+
+def nvcc_compile(code: str, tmp_path, archs=("sm_80", "sm_90")):
+    source = tmp_path / "kernel.cu"
+    source.write_text(code)
+    gencode = [f for a in archs for f in ("-gencode", f"arch=compute_{a[3:]},code={a}")]
+    result = subprocess.run([NVCC, "-fatbin", *gencode, "-o", str(tmp_path / "kernel.fatbin"),
+                             str(source)], capture_output=True, text=True, check=False)
+    return result.returncode, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_volatile_reduction_fails_without_the_hook_and_compiles_with_it(dtype, tmp_path):
+    code = REDUCTION.replace("T*", CUDA_TYPES[dtype] + "*").replace("T red", CUDA_TYPES[dtype] + " red")
+    status, log = nvcc_compile(code, tmp_path)
+    assert status != 0
+    assert f'no operator "+" matches these operands' in log
+    assert f"volatile {CUDA_TYPES[dtype]} + volatile {CUDA_TYPES[dtype]}" in log
+    patched = cuda.patch_source(code)
+    assert cuda.MARKER in patched
+    status, log = nvcc_compile(patched, tmp_path)
+    assert status == 0, log
+    assert os.path.getsize(tmp_path / "kernel.fatbin") > 0
+
+
+def _libnvrtc():
+    """libnvrtc from the CUDA toolkit, or from the nvidia-cuda-nvrtc wheel (requirements.txt)."""
+    import importlib.util
+
+    patterns = ["/usr/local/cuda*/lib64/libnvrtc.so*", "/usr/local/cuda*/targets/*/lib/libnvrtc.so*"]
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations if spec else []):
+        patterns.append(os.path.join(root, "cu*", "lib", "libnvrtc.so*"))
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern)):
+            if "alt" not in os.path.basename(path):
+                return path
+    return ctypes.util.find_library("nvrtc")
+
+
+def test_patched_source_also_compiles_under_nvrtc():
+    path = _libnvrtc()
+    if path is None:
+        pytest.skip("libnvrtc is not installed with this CUDA toolkit")
+    for builtins in glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so*")):
+        if "alt" not in os.path.basename(builtins):
+            ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)  # nvrtc loads it by soname
+    nvrtc = ctypes.CDLL(path)
+    code = REDUCTION.replace("T*", "half*").replace("T red", "half red")
+    code = cuda.patch_source(code)
+    program = ctypes.c_void_p()
+    assert nvrtc.nvrtcCreateProgram(ctypes.byref(program), code.encode(), b"k.cu", 0, None,
+                                    None) == 0
+    headers = sorted(glob.glob("/usr/local/cuda*/targets/*/include/cuda_fp16.h")
+                     + glob.glob("/usr/local/cuda*/include/cuda_fp16.h"))
+    assert headers, "the CUDA headers that nvcc uses"
+    options = [b"--gpu-architecture=sm_90", f"-I{os.path.dirname(headers[0])}".encode()]
+    array = (ctypes.c_char_p * len(options))(*options)
+    status = nvrtc.nvrtcCompileProgram(program, len(options), array)
+    size = ctypes.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetProgramLog(program, log)
+    nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+    assert status == 0, log.value.decode()
+
+
+def test_patch_is_idempotent_and_only_where_needed():
+    plain = 'extern "C" __global__ void k(half* a) { a[0] = a[0] + a[1]; }'
+    assert cuda.needed(plain) == [] and cuda.patch_source(plain) == plain
+    code = REDUCTION.replace("T*", "half*").replace("T red", "half red")
+    assert cuda.needed(code) == ["float16"]
+    once = cuda.patch_source(code)
+    assert cuda.patch_source(once) == once and once.count(cuda.MARKER) == 1
+    assert once.index(cuda.MARKER) < once.index("__global__")
+
+
+def test_hook_chains_to_a_previous_callback_and_switches():
+    calls = []
+
+    def previous(code, target):
+        calls.append(target)
+        return code + "\n// previous ran"
+
+    hook = cuda._Hook()  # pylint: disable=protected-access
+    hook.previous, hook.enabled, hook.registered = previous, True, True
+    code = REDUCTION.replace("T*", "half*").replace("T red", "half red")
+    out = hook(code, "target")
+    assert calls == ["target"] and "// previous ran" in out and cuda.MARKER in out
+    hook.enabled = False
+    assert cuda.MARKER not in hook(code, None)
+    # the registered global is relay_amp's, switched on by importing relay_amp
+    assert cuda.is_enabled()
+    with cuda.volatile_half_operators(False):
+        assert not cuda.is_enabled()
+        with cuda.volatile_half_operators():
+            assert cuda.is_enabled()
+        assert not cuda.is_enabled()
+    assert cuda.is_enabled()
+    registered = tvm.get_global_func(cuda.CALLBACK)
+    assert cuda.MARKER in registered(code, None)
+
+
+# ----------------------------------------------------------------------------- converted models
+def _models():
+    @I.ir_module
+    class MatmulSoftmax:
+        @R.function
+        def main(x: R.Tensor((64, 128), "float32"), w: R.Tensor((128, 128), "float32")):
+            with R.dataflow():
+                lv = R.matmul(x, w)
+                gv = R.nn.softmax(lv)
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class ConvReduction:
+        @R.function
+        def main(x: R.Tensor((1, 16, 16, 16), "float32"), w: R.Tensor((32, 16, 3, 3), "float32")):
+            with R.dataflow():
+                lv = R.nn.conv2d(x, w, padding=[1, 1])
+                lv1 = R.nn.relu(lv)
+                gv = R.mean(lv1, axis=[2, 3])
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class Attention:
+        @R.function
+        def main(q: R.Tensor((1, 32, 4, 32), "float32"), k: R.Tensor((1, 32, 4, 32), "float32"),
+                 v: R.Tensor((1, 32, 4, 32), "float32")):
+            with R.dataflow():
+                gv = R.nn.attention(q, k, v, scale=0.2, causal_mask="TopLeft")
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class LayerNorm:
+        @R.function
+        def main(x: R.Tensor((8, 64), "float32"), g: R.Tensor((64,), "float32"),
+                 b: R.Tensor((64,), "float32"), w: R.Tensor((64, 64), "float32")):
+            with R.dataflow():
+                lv = R.nn.layer_norm(x, g, b, axes=[-1])
+                gv = R.matmul(lv, w)
+                R.output(gv)
+            return gv
+
+    return {"matmul_softmax": MatmulSoftmax, "conv_reduction": ConvReduction,
+            "attention": Attention, "layer_norm": LayerNorm}
+
+
+@pytest.fixture(scope="module")
+def resnet_block(tmp_path_factory):
+    import mxnet as mx
+    from gluoncv.model_zoo.resnet import BasicBlockV1
+
+    from relay_amp.zoo import gluon_to_relax
+
+    mx.random.seed(0)
+    block = BasicBlockV1(32, 1, downsample=False, in_channels=32)
+    block.initialize(mx.init.Xavier())
+    batch = np.random.default_rng(0).normal(size=(1, 32, 16, 16)).astype("float32")
+    mod, _ = gluon_to_relax(block, batch, str(tmp_path_factory.mktemp("block")), "block")
+    return mod
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["matmul_softmax", "conv_reduction", "attention", "layer_norm",
+                                  "resnet_block"])
+def test_converted_models_compile_to_cubin_for_sm80_and_sm90(name, dtype, resnet_block, tmp_path):
+    mod = resnet_block if name == "resnet_block" else _models()[name]
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    converted, report = relay_amp.convert(mod, dtype, target=target)
+    assert report.converted
+    executable = tvm.compile(converted, target=target)
+    (device_module,) = executable.mod.imports[0].imports
+    source = device_module.inspect_source("cuda")
+    assert "__global__" in source and CUDA_TYPES[dtype].strip("_") in source
+    status, log = nvcc_compile(source, tmp_path)
+    assert status == 0, log[-2000:]
