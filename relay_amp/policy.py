@@ -125,6 +125,7 @@ class Decision:
     category: Category | None  # None: the op is unknown to every layer
     rule: str
     accumulation_dtype: str = "float32"
+    accumulation_from_user: bool = False  # set by set_accumulation_dtype: targets keep it
 
 
 class Policy:
@@ -401,7 +402,7 @@ class Policy:
             return Decision(None, f"kept: unknown op {op}, its dtypes are left as they are")
         decision = Decision(group.category,
                             f"{group.category}: {op} is in the built-in {group.category} list "
-                            f"({group.reason})", accumulation)
+                            f"({group.reason})", accumulation, op in self._accumulation)
         if target_rule is not None:
             decision = target_rule(op, decision)
         return decision

@@ -41,6 +41,9 @@ class TargetCaps:
     fp16_compute: bool
     bf16_compute: bool
     bf16_supported: bool = True  # False: bfloat16 is an error without an explicit fallback
+    #: The CPU's float16 FMA (aarch64 ``fmla v.8h``, x86 ``vfmadd...ph``) accumulates in float16:
+    #: float32 accumulation would widen every element, so dot products accumulate in float16.
+    fp16_native_accumulation: bool = False
 
     def computes(self, dtype: str) -> bool:
         return self.fp16_compute if dtype == "float16" else self.bf16_compute
@@ -84,10 +87,14 @@ def target_caps(target: tvm.target.Target) -> TargetCaps:
         if not triple:
             triple = tvm.target.codegen.llvm_get_system_triple()
         if triple.startswith(("aarch64", "arm64")):
-            return TargetCaps(name, _llvm_has("fullfp16", target), _llvm_has("bf16", target))
+            fp16 = _llvm_has("fullfp16", target)
+            return TargetCaps(name, fp16, _llvm_has("bf16", target),
+                              fp16_native_accumulation=fp16)
         if triple.startswith(("x86_64", "i686", "i386")):
-            return TargetCaps(name, _llvm_has("avx512fp16", target),
-                              _llvm_has("avx512bf16", target) or _llvm_has("amx-bf16", target))
+            fp16 = _llvm_has("avx512fp16", target)
+            return TargetCaps(name, fp16,
+                              _llvm_has("avx512bf16", target) or _llvm_has("amx-bf16", target),
+                              fp16_native_accumulation=fp16)
         return TargetCaps(name, False, False)
     if kind == "rocm":
         cpu = str(attrs["mcpu"]) if "mcpu" in attrs else ""
@@ -116,12 +123,20 @@ def target_rule(target, dtype: str, fallback: str | None):
             "compute in float32"
         )
     if caps.computes(dtype):
+        native = dtype == "float16" and caps.fp16_native_accumulation
+
         def fast(op: str, decision: Decision) -> Decision:
-            if decision.category in LOW_CATEGORIES:
+            if decision.category not in LOW_CATEGORIES:
+                return decision
+            if (native and decision.category == Category.LOW_PRECISION_FP32_ACCUMULATE
+                    and not decision.accumulation_from_user):
                 return Decision(decision.category,
-                                f"{decision.rule}; target {caps.name} computes {dtype} fast",
-                                decision.accumulation_dtype)
-            return decision
+                                f"{decision.rule}; target {caps.name} accumulates in float16: "
+                                "its half FMA (fmla v.8h) would otherwise widen every element",
+                                "float16")
+            return Decision(decision.category,
+                            f"{decision.rule}; target {caps.name} computes {dtype} fast",
+                            decision.accumulation_dtype, decision.accumulation_from_user)
         return fast
 
     def storage_only(op: str, decision: Decision) -> Decision:
