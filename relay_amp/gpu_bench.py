@@ -1,0 +1,221 @@
+"""GPU benchmark: GluonCV ResNet-50 and a BERT-base-sized encoder in float32, relay_amp
+float16/bfloat16 and TVM's built-in float16, checked against float32 and timed side by side.
+
+Weights are function parameters, generated from a seed where the benchmark runs, so no weight
+file has to travel to the GPU host; each variant takes them in its own dtype (relay_amp's
+``low_precision_inputs``, TVM's ``fp16_input_names``), so no variant pays a run-time weight cast.
+
+``build`` (any host with nvcc) converts and compiles every variant for a CUDA arch and proves the
+generated CUDA compiles with nvcc; ``run`` (a host with an NVIDIA GPU and a CUDA-enabled TVM)
+compiles, runs and times them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+VARIANTS = ("fp32", "relay_amp:float16", "relay_amp:bfloat16", "tvm:float16")
+
+
+@dataclass
+class BenchModel:
+    name: str
+    mod: tvm.IRModule
+    data: dict  # name -> input array (the non-weight parameters)
+    weights: list  # weight parameter names
+
+
+# ------------------------------------------------------------------------------ models
+def bert_encoder(layers=12, hidden=768, heads=12, ffn=3072, seq=128, batch=1) -> BenchModel:
+    """A BERT-base-sized Transformer encoder (post-norm, GELU) with weights as parameters."""
+    builder = relax.BlockBuilder()
+    head_dim = hidden // heads
+    x = relax.Var("x", relax.TensorType((batch, seq, hidden), "float32"))
+    weights = []
+
+    def weight(name, shape):
+        var = relax.Var(name, relax.TensorType(shape, "float32"))
+        weights.append(var)
+        return var
+
+    specs = []
+    for i in range(layers):
+        specs.append({k: weight(f"l{i}.{k}", s) for k, s in (
+            ("wq", (hidden, hidden)), ("bq", (hidden,)), ("wk", (hidden, hidden)), ("bk", (hidden,)),
+            ("wv", (hidden, hidden)), ("bv", (hidden,)), ("wo", (hidden, hidden)), ("bo", (hidden,)),
+            ("g1", (hidden,)), ("b1", (hidden,)), ("w1", (hidden, ffn)), ("c1", (ffn,)),
+            ("w2", (ffn, hidden)), ("c2", (hidden,)), ("g2", (hidden,)), ("b2", (hidden,)))})
+    op = relax.op
+    with builder.function("main", [x] + weights):
+        with builder.dataflow():
+            h = x
+            for p in specs:
+                def project(value, w, b):
+                    return builder.emit(op.add(op.matmul(value, w), b))
+
+                def split_heads(value):
+                    return builder.emit(op.reshape(value, (batch, seq, heads, head_dim)))
+
+                q = split_heads(project(h, p["wq"], p["bq"]))
+                k = split_heads(project(h, p["wk"], p["bk"]))
+                v = split_heads(project(h, p["wv"], p["bv"]))
+                context = builder.emit(op.nn.attention(q, k, v, scale=head_dim ** -0.5))
+                context = builder.emit(op.reshape(context, (batch, seq, hidden)))
+                attended = builder.emit(op.add(h, project(context, p["wo"], p["bo"])))
+                h = builder.emit(op.nn.layer_norm(attended, p["g1"], p["b1"], axes=[-1]))
+                inner = builder.emit(op.nn.gelu(project(h, p["w1"], p["c1"])))
+                out = builder.emit(op.add(h, project(inner, p["w2"], p["c2"])))
+                h = builder.emit(op.nn.layer_norm(out, p["g2"], p["b2"], axes=[-1]))
+            result = builder.emit_output(h)
+        builder.emit_func_output(result)
+    data = {"x": np.random.default_rng(0).normal(size=(batch, seq, hidden)).astype("float32")}
+    return BenchModel("bert_base_encoder" if layers == 12 else f"bert_{layers}x{hidden}",
+                      builder.get(), data, [w.name for w in weights])
+
+
+def gluon_model(name="resnet50_v1", size=224, workdir=None) -> BenchModel:
+    """A GluonCV model through ONNX, its weights lifted to parameters."""
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    import onnx  # pylint: disable=import-outside-toplevel
+    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
+
+    from .zoo import load_gluon  # pylint: disable=import-outside-toplevel
+
+    model = load_gluon(name, image_size=size, workdir=workdir or tempfile.mkdtemp())
+    mod = from_onnx(onnx.load(model.onnx_path), keep_params_in_input=True)
+    data_name = mod["main"].params[0].name
+    weights = [p.name for p in mod["main"].params[1:]]
+    return BenchModel(name, mod, {data_name: model.inputs[0]}, weights)
+
+
+def make_weights(mod: tvm.IRModule, names, seed: int = 0) -> dict:
+    """Deterministic float32 weights of plausible magnitude for the named parameters."""
+    rng = np.random.default_rng(seed)
+    params = {p.name: p for p in mod["main"].params}
+    weights = {}
+    for name in names:
+        shape = tuple(int(d) for d in params[name].ty.shape.values)
+        lower = name.lower()
+        if "var" in lower:
+            value = rng.uniform(0.5, 1.5, shape)
+        elif any(k in lower for k in ("gamma", ".g1", ".g2")):
+            value = 1 + 0.1 * rng.normal(size=shape)
+        elif len(shape) <= 1:
+            value = 0.1 * rng.normal(size=shape)
+        else:
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 2 else shape[0]
+            value = rng.normal(size=shape) / np.sqrt(max(fan_in, 1))
+        weights[name] = value.astype("float32")
+    return weights
+
+
+# ------------------------------------------------------------------------------ variants
+def variant_module(model: BenchModel, variant: str, target) -> tvm.IRModule:
+    """The module of one variant; weights come in as parameters of the variant's dtype."""
+    import relay_amp  # pylint: disable=import-outside-toplevel
+
+    if variant == "fp32":
+        return model.mod
+    tool, dtype = variant.split(":")
+    if tool == "relay_amp":
+        return relay_amp.convert(model.mod, dtype, target=target,
+                                 low_precision_inputs=model.weights)[0]
+    return relax.transform.ToMixedPrecision(out_dtype="float32",
+                                            fp16_input_names=model.weights)(model.mod)
+
+
+def _weight_dtypes(mod) -> dict:
+    return {p.name: str(p.ty.dtype) for p in mod["main"].params}
+
+
+def build(model: BenchModel, arch: str = "sm_90", out_dir: str | None = None,
+          check_with_nvcc: bool = True) -> dict:
+    """Convert and compile every variant for CUDA ``arch``; return per-variant build facts.
+
+    With ``check_with_nvcc``, the CUDA source TVM generates is compiled to a cubin with nvcc, the
+    proof that it builds on a GPU host. Runs on any machine with nvcc (no GPU needed).
+    """
+    import os  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    facts = {}
+    for variant in VARIANTS:
+        start = time.perf_counter()
+        mod = variant_module(model, variant, target)
+        executable = tvm.compile(mod, target=target)
+        fact = {"compile_s": time.perf_counter() - start,
+                "input_dtypes": sorted(set(_weight_dtypes(mod).values()))}
+        source = "\n".join(m.inspect_source("cuda") for m in executable.mod.imports[0].imports
+                           if m.kind == "cuda")
+        fact["kernels"] = source.count("__global__")
+        if check_with_nvcc:
+            folder = out_dir or tempfile.mkdtemp(prefix="relay_amp_gpu_")
+            path = os.path.join(folder, f"{model.name}-{variant.replace(':', '-')}.cu")
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(source)
+            result = subprocess.run(
+                ["nvcc", "-cubin", f"-arch={arch}", "-o", path[:-3] + ".cubin", path],
+                capture_output=True, text=True, check=False)
+            fact["nvcc"] = "ok" if result.returncode == 0 else result.stderr[-500:]
+        facts[variant] = fact
+    return facts
+
+
+def run(model: BenchModel, arch: str | None = None, repeats: int = 50, seed: int = 0) -> dict:
+    """Compile, run and time every variant on the first CUDA GPU (needs a CUDA-enabled TVM)."""
+    from .evaluate import agreement  # pylint: disable=import-outside-toplevel
+
+    device = tvm.cuda(0)
+    if not device.exist:
+        raise RuntimeError("no CUDA GPU is visible to TVM on this machine")
+    arch = arch or f"sm_{device.compute_version.replace('.', '')}"
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    weights = make_weights(model.mod, model.weights, seed)
+    results, reference = {}, None
+    for variant in VARIANTS:
+        mod = variant_module(model, variant, target)
+        vm = relax.VirtualMachine(tvm.compile(mod, target=target), device)
+        dtypes = _weight_dtypes(mod)
+        args = []
+        for param in mod["main"].params:
+            value = model.data.get(param.name, weights.get(param.name))
+            args.append(tvm.runtime.tensor(_cast(value, dtypes[param.name]), device))
+        output = vm["main"](*args)
+        outputs = [output.numpy().astype("float32")]
+        timer = vm.time_evaluator("main", device, number=repeats, repeat=3)
+        latency = float(np.median(timer(*args).results) * 1e3)
+        if variant == "fp32":
+            reference = outputs
+        err = agreement(reference, outputs)
+        results[variant] = {"latency_ms": latency, "relative_l2": err.relative_l2,
+                            "nonfinite": err.nonfinite}
+    base = results["fp32"]["latency_ms"]
+    for row in results.values():
+        row["speedup_vs_fp32"] = base / row["latency_ms"]
+    return results
+
+
+def _cast(value: np.ndarray, dtype: str) -> np.ndarray:
+    from .dtypes import numpy_dtype  # pylint: disable=import-outside-toplevel
+
+    return np.ascontiguousarray(value.astype(numpy_dtype(dtype)))
+
+
+def format_table(name: str, results: dict) -> str:
+    lines = [f"{name}", f"{'variant':22s} {'latency ms':>11s} {'speedup':>8s} {'rel L2':>10s}"]
+    for variant, row in results.items():
+        if "latency_ms" in row:
+            lines.append(f"{variant:22s} {row['latency_ms']:11.3f} {row['speedup_vs_fp32']:8.2f} "
+                         f"{row['relative_l2']:10.2e}")
+        else:
+            lines.append(f"{variant:22s} compile {row['compile_s']:.1f} s, {row['kernels']} "
+                         f"kernels, nvcc {row.get('nvcc', 'not run')}")
+    return "\n".join(lines)

@@ -1,0 +1,51 @@
+"""The CPU-side parts of scripts/bench_gpu.py: models, weights, and building every variant."""
+
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+
+from relay_amp import gpu_bench
+
+
+@pytest.fixture(scope="module")
+def tiny_bert():
+    return gpu_bench.bert_encoder(layers=2, hidden=64, heads=4, ffn=128, seq=16)
+
+
+def test_encoder_shape_and_weights(tiny_bert):
+    params = tiny_bert.mod["main"].params
+    assert params[0].name == "x" and len(tiny_bert.weights) == 2 * 16
+    weights = gpu_bench.make_weights(tiny_bert.mod, tiny_bert.weights, seed=3)
+    again = gpu_bench.make_weights(tiny_bert.mod, tiny_bert.weights, seed=3)
+    assert all(np.array_equal(weights[k], again[k]) for k in weights)
+    assert weights["l0.wq"].std() == pytest.approx(1 / 8, rel=0.2)  # 1/sqrt(fan_in=64)
+    assert abs(weights["l0.g1"].mean() - 1) < 0.1
+
+
+def test_variants_take_weights_in_their_own_dtype(tiny_bert):
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
+    for variant, dtype in (("fp32", "float32"), ("relay_amp:float16", "float16"),
+                           ("relay_amp:bfloat16", "bfloat16"), ("tvm:float16", "float16")):
+        mod = gpu_bench.variant_module(tiny_bert, variant, target)
+        dtypes = {p.name: str(p.ty.dtype) for p in mod["main"].params}
+        assert dtypes["x"] == "float32" and dtypes["l1.w2"] == dtype, variant
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_build_compiles_every_variant_with_nvcc(tiny_bert, tmp_path):
+    facts = gpu_bench.build(tiny_bert, "sm_80", str(tmp_path))
+    assert list(facts) == list(gpu_bench.VARIANTS)
+    for variant, fact in facts.items():
+        assert fact["nvcc"] == "ok", (variant, fact["nvcc"])
+        assert fact["kernels"] > 0
+    table = gpu_bench.format_table(tiny_bert.name, facts)
+    assert "relay_amp:bfloat16" in table and "nvcc ok" in table
+
+
+def test_run_needs_a_gpu(tiny_bert):
+    if tvm.cuda(0).exist:
+        pytest.skip("a GPU is present: run() is exercised by scripts/bench_gpu.py")
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        gpu_bench.run(tiny_bert)
