@@ -34,6 +34,11 @@ def sample_images(count: int = 8, size: int = 224) -> np.ndarray:
     return batch
 
 
+def photo_list() -> list[np.ndarray]:
+    """The bundled photos as a list of uint8 ``(H, W, 3)`` arrays of their own sizes."""
+    return _photos()
+
+
 def _photos() -> list[np.ndarray]:
     import skimage.data  # pylint: disable=import-outside-toplevel
 
@@ -61,3 +66,67 @@ def normalize(batch: np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> np.nda
     scaled = batch.astype(np.float32) / 255.0
     scaled = (scaled - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return np.ascontiguousarray(scaled.transpose(0, 3, 1, 2))
+
+
+#: ImageNet normalization in the units of uint8 pixels, for ``input_normalization``:
+#: ``(x - mean) / std`` per RGB channel equals ``(x / 255 - IMAGENET_MEAN) / IMAGENET_STD``.
+IMAGENET_UINT8 = {"mean": [255.0 * m for m in IMAGENET_MEAN],
+                  "std": [255.0 * s for s in IMAGENET_STD]}
+
+
+class ImageBatches:
+    """uint8 image batches of a fixed size, ready for a model whose input is declared uint8.
+
+    Images are file paths or ``(H, W, 3)`` uint8 arrays; each is centre-cropped to a square and
+    resized with Pillow. Pixels stay uint8 all the way: no float copy is made on the host.
+
+    Parameters
+    ----------
+    images : sequence of str or numpy.ndarray
+    size : int
+        Output height and width.
+    batch_size : int
+    layout : {"NCHW", "NHWC"}
+
+    Examples
+    --------
+    >>> batches = ImageBatches(sample_images(4, 64), size=32, batch_size=2)
+    >>> [b.shape for b in batches]
+    [(2, 3, 32, 32), (2, 3, 32, 32)]
+    """
+
+    def __init__(self, images, size: int, batch_size: int = 1, layout: str = "NCHW"):
+        if layout not in ("NCHW", "NHWC"):
+            raise ValueError(f"layout must be 'NCHW' or 'NHWC'; got {layout!r}")
+        if size < 1 or batch_size < 1:
+            raise ValueError(f"size and batch_size must be positive; got {size}, {batch_size}")
+        self.images = list(images)
+        if not self.images:
+            raise ValueError("ImageBatches needs at least one image")
+        self.size, self.batch_size, self.layout = size, batch_size, layout
+
+    def __len__(self) -> int:
+        return -(-len(self.images) // self.batch_size)
+
+    def _load(self, image) -> np.ndarray:
+        from PIL import Image  # pylint: disable=import-outside-toplevel
+
+        if isinstance(image, (str, bytes)) or hasattr(image, "__fspath__"):
+            picture = Image.open(image).convert("RGB")
+        else:
+            array = np.asarray(image)
+            if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+                raise ValueError("image arrays must be (H, W, 3) uint8; got "
+                                 f"{array.shape} {array.dtype}")
+            picture = Image.fromarray(array)
+        side = min(picture.size)
+        left, top = (picture.width - side) // 2, (picture.height - side) // 2
+        picture = picture.crop((left, top, left + side, top + side))
+        return np.asarray(picture.resize((self.size, self.size), Image.BILINEAR), dtype=np.uint8)
+
+    def __iter__(self):
+        for start in range(0, len(self.images), self.batch_size):
+            batch = np.stack([self._load(i) for i in self.images[start:start + self.batch_size]])
+            if self.layout == "NCHW":
+                batch = batch.transpose(0, 3, 1, 2)
+            yield np.ascontiguousarray(batch)

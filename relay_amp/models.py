@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .data import IMAGENET_MEAN, IMAGENET_STD, normalize, sample_images
+from .data import (IMAGENET_MEAN, IMAGENET_STD, IMAGENET_UINT8, ImageBatches, normalize,
+                   photo_list, sample_images)
 
 
 @dataclass(frozen=True)
@@ -171,18 +172,27 @@ def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
     height, width = spec.input_size
     net = model_zoo.get_model(spec.name, pretrained=False)
     net.initialize(mx.init.Xavier(magnitude=2.0))
-    photos = sample_images(8, max(height, width))[:, :height, :width]
-    calibration = normalize(photos)
+    if height == width:  # uint8 batches from the loader; float32 normalized on the host
+        pixels = next(iter(ImageBatches(photo_list(), height, batch_size=8, layout="NHWC")))
+    else:
+        pixels = sample_images(8, max(height, width))[:, :height, :width]
+    calibration = normalize(pixels)
     net(mx.nd.array(calibration[:1]))
     reestimate_batchnorm(net, mx.nd.array(calibration))
-    batch = calibration[:1] if max(height, width) >= 300 else calibration[:2]
+    size = 1 if max(height, width) >= 300 else 2
+    batch = calibration[:size]
     notes: list = []
     try:
         mod, _ = gluon_to_relax(net, batch, workdir, spec.name)
     except Exception:  # the export stands; retry its import with shapes folded
         model = onnx.load(os.path.join(workdir, spec.name + ".onnx"))
         mod = import_onnx(model, {model.graph.input[0].name: list(batch.shape)}, notes, True)
-    return LoadedModel(spec, mod, [[batch]], notes)
+    extra = {}
+    if height == width:
+        extra["uint8"] = {"input": mod["main"].params[0].name,
+                          "batches": [[np.ascontiguousarray(pixels[:size].transpose(0, 3, 1, 2))]],
+                          "normalization": IMAGENET_UINT8}
+    return LoadedModel(spec, mod, [[batch]], notes, extra)
 
 
 # ------------------------------------------------------------------------------ real weights

@@ -118,6 +118,11 @@ BUILTIN_GROUPS: tuple[OpGroup, ...] = (
     ),
     OpGroup(
         Category.FOLLOW,
+        "quantization: the float side takes the dtype of its neighbours",
+        ("quantize", "dequantize"),
+    ),
+    OpGroup(
+        Category.FOLLOW,
         "comparisons and tests: the result is not a float",
         ("isfinite", "isinf", "isnan", "equal", "not_equal", "greater", "greater_equal", "less",
          "less_equal", "argmax", "argmin", "argsort"),
@@ -157,6 +162,8 @@ TVM_LIMITATIONS: dict[str, dict[str, str]] = {
         "nn.group_norm": "TVM rejects bfloat16 group_norm at type inference",
         "nn.instance_norm": "TVM's topi instance_norm supports only float32 and float16",
         "power": "TVM's power accepts only float16/float32/float64 inputs",
+        "quantize": "TVM's quantize accepts only float16/float32 inputs",
+        "dequantize": "TVM's dequantize produces only float16/float32",
     },
 }
 

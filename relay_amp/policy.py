@@ -155,6 +155,15 @@ class Policy:
     fallback : {None, "storage"}
         What to do when the target cannot compute in ``dtype``: None raises, ``"storage"`` keeps
         computation in float32 and stores weights in ``dtype``.
+    input_dtypes : dict of str to str, optional
+        Function parameters fed as integers (``{"data": "uint8"}``): the converted function takes
+        them in that dtype and casts them once, straight to ``dtype``. A parameter whose consumer
+        is a ``quantize`` to the same integer type is passed through (the data is already
+        quantized).
+    input_normalization : dict of str to dict, optional
+        Per integer input, ``{"mean": [...], "std": [...], "axis": 1}`` (per channel, in the
+        units of the integer values) or ``{"scale": s, "offset": o}``: folded into that first
+        cast as ``(x - mean) / std`` or ``x * scale + offset``.
 
     Examples
     --------
@@ -180,6 +189,8 @@ class Policy:
         keep_io_dtypes: bool = True,
         low_precision_inputs: Sequence[str] = (),
         fallback: str | None = None,
+        input_dtypes: dict | None = None,
+        input_normalization: dict | None = None,
     ):
         self.dtype = check_low_precision_dtype(dtype)
         self._categories: dict[str, Category] = {}
@@ -211,6 +222,9 @@ class Policy:
         if fallback not in _FALLBACKS:
             raise ValueError(f"fallback must be one of {_FALLBACKS}; got {fallback!r}")
         self.fallback = fallback
+        self.input_dtypes = _check_input_dtypes(input_dtypes or {})
+        self.input_normalization = _check_normalization(input_normalization or {},
+                                                        self.input_dtypes)
 
     # ----------------------------------------------------------------- fluent setters
     def _set(self, ops: Iterable[str], category: Category, where: str) -> "Policy":
@@ -309,6 +323,8 @@ class Policy:
             "keep_io_dtypes": self.keep_io_dtypes,
             "low_precision_inputs": list(self.low_precision_inputs),
             "fallback": self.fallback,
+            "input_dtypes": dict(self.input_dtypes),
+            "input_normalization": {k: dict(v) for k, v in self.input_normalization.items()},
         }
 
     @classmethod
@@ -327,6 +343,8 @@ class Policy:
             keep_io_dtypes=data.get("keep_io_dtypes", True),
             low_precision_inputs=data.get("low_precision_inputs", ()),
             fallback=data.get("fallback"),
+            input_dtypes=data.get("input_dtypes"),
+            input_normalization=data.get("input_normalization"),
         )
         for op, category in data.get("op_categories", {}).items():
             policy.set_category(op, category)
@@ -456,6 +474,51 @@ def _as_bool(value, where: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{where} must be True or False; got {value!r}")
     return value
+
+
+INTEGER_INPUT_DTYPES = ("uint8", "int8", "uint16", "int16")
+
+
+def _check_input_dtypes(input_dtypes) -> dict:
+    if not isinstance(input_dtypes, dict):
+        raise TypeError(f"input_dtypes must be a dict of parameter name to dtype; got "
+                        f"{type(input_dtypes).__name__}")
+    for name, dtype in input_dtypes.items():
+        if dtype not in INTEGER_INPUT_DTYPES:
+            kind = "a float dtype" if str(dtype).startswith(("float", "bfloat")) else "not supported"
+            raise ValueError(
+                f"input_dtypes[{name!r}] = {dtype!r} is {kind}: integer inputs are "
+                f"{', '.join(INTEGER_INPUT_DTYPES)} (feed float inputs in the low-precision dtype "
+                "with low_precision_inputs)")
+    return dict(input_dtypes)
+
+
+def _check_normalization(normalization, input_dtypes) -> dict:
+    if not isinstance(normalization, dict):
+        raise TypeError("input_normalization must be a dict of parameter name to "
+                        f"{{'mean', 'std', 'axis'}} or {{'scale', 'offset'}}; got "
+                        f"{type(normalization).__name__}")
+    checked = {}
+    for name, spec in normalization.items():
+        if name not in input_dtypes:
+            raise ValueError(f"input_normalization names {name!r}, which is not in input_dtypes "
+                             "(normalization is folded into the cast of an integer input)")
+        keys = set(spec)
+        if keys <= {"mean", "std", "axis"} and {"mean", "std"} <= keys:
+            mean, std = list(map(float, spec["mean"])), list(map(float, spec["std"]))
+            if len(mean) != len(std) or not mean:
+                raise ValueError(f"input_normalization[{name!r}]: mean has {len(mean)} values "
+                                 f"and std {len(std)}; give one per channel")
+            if any(s == 0 for s in std):
+                raise ValueError(f"input_normalization[{name!r}]: std contains 0")
+            checked[name] = {"mean": mean, "std": std, "axis": int(spec.get("axis", 1))}
+        elif keys <= {"scale", "offset"} and "scale" in keys:
+            checked[name] = {"scale": float(spec["scale"]), "offset": float(spec.get("offset", 0))}
+        else:
+            raise ValueError(f"input_normalization[{name!r}] must have 'mean' and 'std' (and "
+                             f"optionally 'axis'), or 'scale' (and optionally 'offset'); got "
+                             f"{sorted(keys)}")
+    return checked
 
 
 def _as_category(category) -> Category:

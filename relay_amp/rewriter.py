@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.ir import Call
 from tvm.relax import (
@@ -49,6 +50,8 @@ _FloatImm = tvm.tirx.FloatImm if hasattr(tvm, "tirx") else tvm.tir.FloatImm
 _PrimValue = getattr(relax, "PrimValue", None)
 
 _LOW = "low"  # mode: float32 operands are brought to the low-precision dtype
+_IDENTITY = "identity"  # mode: the binding is its (integer) input, unchanged
+_QDQ_OPS = ("quantize", "dequantize")
 _ORIGINAL = "original"  # mode: every operand keeps (or gets back) its original dtype
 _STORAGE = "storage"  # mode: original, but float32 constants are stored low and widened
 
@@ -112,7 +115,7 @@ class FunctionPlanner:
     """Steps 1 and 2 of the algorithm for one function."""
 
     def __init__(self, policy: Policy, low: str, target_rule, constant_check, params_low: set,
-                 observed=None, margin: float = 1.0):
+                 observed=None, margin: float = 1.0, int_inputs=None):
         self.policy = policy
         self.observed = observed  # var -> calibrated max |x| (None: not calibrated)
         self.margin = margin
@@ -122,6 +125,8 @@ class FunctionPlanner:
         self.constant_check = constant_check
         self.params = set()
         self.params_low = params_low
+        self.int_inputs = int_inputs or {}  # original float32 param -> integer dtype it is fed in
+        self.bound: dict = {}  # var -> the value bound to it (for pattern checks)
         self.can_low: dict = {}
         self.f32_ready: dict = {}  # var -> its float32 value exists without a cast
         self.demand: dict = {}
@@ -168,6 +173,7 @@ class FunctionPlanner:
 
     def _forward_binding(self, binding):
         var, value = binding.var, binding.value
+        self.bound[var] = value
         if self._orig_dtype(var) == self.low:
             self.can_low[var] = True
         if isinstance(binding, MatchCast):
@@ -223,6 +229,11 @@ class FunctionPlanner:
         float_leaves = list(self._float_leaves(call))
         out_dtypes = {tensor_dtype(t) for t in _type_leaves(var.ty)}
         plan.float_output = any(d.startswith(("float", "bfloat")) for d in out_dtypes)
+        if op == "quantize":
+            identity = self._quantize_identity(call)
+            if identity is not None:
+                plan.mode, plan.rule = _IDENTITY, identity
+                return plan
         limitation = TVM_LIMITATIONS.get(self.low, {}).get(op)
         if limitation and category in LOW_CATEGORIES + (Category.FOLLOW,):
             return self._keep(plan, f"fp32: {limitation}")
@@ -259,6 +270,27 @@ class FunctionPlanner:
                 return self._keep(plan, f"kept: out_dtype {original} is not float32")
         return plan
 
+    def _quantize_identity(self, call) -> str | None:
+        """The rule text if ``quantize`` of this call returns its data's integers unchanged."""
+        data, out_dtype = call.args[0], str(call.attrs.out_dtype)
+        if data in self.int_inputs:
+            declared = self.int_inputs[data]
+            if declared != out_dtype:
+                raise ValueError(
+                    f"input {data.name!r} is declared {declared} in input_dtypes, but the "
+                    f"quantize that reads it produces {out_dtype}: declare it {out_dtype}")
+            return f"identity: input {data.name} already holds {out_dtype} values: quantize passes " \
+                   "them through"
+        producer = self.bound.get(data)
+        if (isinstance(producer, Call) and _op_name(producer) == "dequantize"
+                and tensor_dtype(producer.args[0]) == out_dtype
+                and int(producer.attrs.axis) == int(call.attrs.axis)
+                and all(tvm_ffi.structural_equal(a, b)
+                        for a, b in zip(producer.args[1:3], call.args[1:3]))):
+            return ("identity: quantize(dequantize(q)) with the same scale and zero point "
+                    "returns q")
+        return None
+
     def _keep(self, plan: _Plan, rule: str) -> _Plan:
         plan.category = Category.FP32
         plan.rule = rule
@@ -268,6 +300,8 @@ class FunctionPlanner:
         category = plan.category
         if any(leaf in self.hot for leaf, _ in self._float_leaves(call)):
             return False
+        if plan.op == "dequantize" and category == Category.FOLLOW:
+            return True  # out_dtype makes it produce the low-precision dtype directly
         if category in LOW_CATEGORIES:
             return True
         if category == Category.ACCUMULATE:
@@ -330,7 +364,11 @@ class FunctionPlanner:
                     self.want_original(arg)
                 return
             self._choose_mode(plan, var, demand)
-            for arg in value.args:
+            if plan.mode == _IDENTITY:
+                return
+            for index, arg in enumerate(value.args):
+                if plan.op in _QDQ_OPS and (plan.mode != _LOW or index > 0):
+                    continue  # integers, scales and zero points keep their dtypes
                 if plan.mode == _LOW:
                     for leaf in _leaves(arg):
                         if isinstance(leaf, Var) and self._orig_dtype(leaf) in ("float32", self.low):
@@ -373,6 +411,27 @@ class FunctionPlanner:
 
     def _choose_mode(self, plan: _Plan, var, demand: set):
         category = plan.category
+        if plan.mode == _IDENTITY:
+            return
+        if plan.op == "dequantize" and category == Category.FOLLOW:
+            if self.low in demand and "float32" not in demand:
+                plan.mode = _LOW
+                plan.rule += f"; produces {self.low} directly (out_dtype): its consumers want it"
+            elif demand:
+                plan.rule += "; produces float32: a consumer wants float32"
+            else:
+                plan.rule += "; no consumer reads it any more"
+            return
+        if plan.op == "quantize" and category == Category.FOLLOW:
+            producer = self.bound.get(self.bound[var].args[0])
+            from_dequantize = isinstance(producer, Call) and _op_name(producer) == "dequantize"
+            if self.can_low.get(var, False) and (
+                    not self.f32_ready.get(var, False) or from_dequantize):
+                plan.mode = _LOW
+                plan.rule += f"; reads its input in {self.low}"
+            else:
+                plan.rule += "; reads its input in float32"
+            return
         if category in LOW_CATEGORIES:
             plan.mode = _LOW
             plan.accumulation = (plan.decision.accumulation_dtype
@@ -448,15 +507,36 @@ class MixedPrecisionRewriter(PyExprMutator):
         self._casts = 0  # astype bindings emitted for the binding being rewritten
         self.total_casts = 0
         self.constants_converted = 0
+        self.notes: list[str] = []
+        self._int_params: dict = {}
+        self._prologue: list = []
 
     # ------------------------------------------------------------------ entry
     def rewrite_function(self, name: str, func: Function, target_rule, signature_low: bool,
-                         low_inputs=()) -> Function:
-        """Convert one Relax function; ``signature_low`` converts its float32 inputs and results."""
-        outer = (self._planner, self._function_name)
+                         low_inputs=(), int_inputs=None, normalization=None) -> Function:
+        """Convert one Relax function; ``signature_low`` converts its float32 inputs and results.
+
+        ``int_inputs`` maps parameter names to the integer dtype they are fed in; they are cast
+        once, at the top of the function, straight to the low-precision dtype (with
+        ``normalization`` folded in)."""
+        outer = (self._planner, self._function_name, self._int_params, self._prologue)
+        int_inputs, normalization = int_inputs or {}, normalization or {}
         new_params, params_low = [], set()
+        int_params, prologue = {}, []
         for param in func.params:
-            if (signature_low or param.name in low_inputs) and tensor_dtype(param) == "float32":
+            if param.name in int_inputs and tensor_dtype(param) == int_inputs[param.name]:
+                new_params.append(param)  # converted before: the input is already integer
+            elif param.name in int_inputs:
+                if tensor_dtype(param) != "float32":
+                    raise ValueError(f"input_dtypes names {param.name!r}, a "
+                                     f"{tensor_dtype(param) or 'non-tensor'} parameter; only "
+                                     "float32 tensor inputs can be fed as integers")
+                params_low.add(param)
+                new_param = Var(param.name, TensorType(param.ty.shape, int_inputs[param.name]))
+                new_params.append(new_param)
+                int_params[param] = new_param
+                prologue.append((param, new_param, normalization.get(param.name)))
+            elif (signature_low or param.name in low_inputs) and tensor_dtype(param) == "float32":
                 params_low.add(param)
                 new_param = Var(param.name, _lowered_type(param.ty, self.low))
                 new_params.append(new_param)
@@ -469,15 +549,18 @@ class MixedPrecisionRewriter(PyExprMutator):
             observed = lambda var: calibration.observed_max(name, var.name)  # noqa: E731
             margin = calibration.margin
         planner = FunctionPlanner(self.policy, self.low, target_rule, self.constant_out_of_range,
-                                  params_low, observed, margin)
+                                  params_low, observed, margin,
+                                  {p: int_inputs[p.name] for p in int_params})
         planner.forward(func.body, func.params)
         planner.backward(func.body, signature_low)
         self._planner, self._function_name = planner, name
+        self._int_params = int_params
+        self._prologue = [entry for entry in prologue if planner.demand.get(entry[0])]
         want = _lowered_type(func.ret_ty, self.low) if signature_low else func.ret_ty
         self.builder_.begin_scope(new_params)
         body = self.rewrite_seq(func.body, want)
         self.builder_.end_scope()
-        self._planner, self._function_name = outer
+        self._planner, self._function_name, self._int_params, self._prologue = outer
         ret_ty = want if signature_low else func.ret_ty
         new_func = Function(new_params, body, ret_ty, func.is_pure, func.attrs, func.span)
         return self.builder_.normalize(new_func)
@@ -493,6 +576,12 @@ class MixedPrecisionRewriter(PyExprMutator):
     def rewrite_seq(self, seq: SeqExpr, want_type) -> SeqExpr:
         self._push_layer(False)
         blocks = []
+        if self._prologue:
+            self.builder_._begin_binding_block()  # pylint: disable=protected-access
+            for param, int_param, normalization in self._prologue:
+                self.set_var_remap(param, self._integer_input(param, int_param, normalization))
+            self._prologue = []
+            blocks.append(self.builder_._end_block())  # pylint: disable=protected-access
         for block in seq.blocks:
             is_dataflow = isinstance(block, DataflowBlock)
             if is_dataflow:
@@ -514,6 +603,48 @@ class MixedPrecisionRewriter(PyExprMutator):
             blocks.append(tail)
         self._pop_layer()
         return SeqExpr(blocks, result)
+
+    def _integer_input(self, param, int_param, normalization):
+        """Cast an integer input once, straight to the low-precision dtype, folding in its
+        normalization: one kernel reads the integers, applies ``x * scale + offset`` in float32
+        registers and writes the low-precision dtype, so the value is rounded once and no
+        float32 tensor of the input exists."""
+        from tvm import topi  # pylint: disable=import-outside-toplevel
+
+        low, ndim = self.low, param.ty.ndim
+        note = f"{param.name}: fed as {int_param.ty.dtype}, cast once to {low}"
+        self.total_casts += 1
+        if not normalization:
+            self.notes.append(note)
+            return self.builder_.emit(relax.op.astype(int_param, low), f"{param.name}_{_short(low)}")
+        if "scale" in normalization:
+            scale = np.float32(normalization["scale"])
+            offset = np.float32(normalization["offset"])
+            note += f" with x * {normalization['scale']:g} + {normalization['offset']:g} folded in"
+        else:
+            axis = normalization["axis"] % ndim
+            channels = int(param.ty.shape.values[axis])
+            if len(normalization["mean"]) != channels:
+                raise ValueError(
+                    f"input_normalization[{param.name!r}] has {len(normalization['mean'])} "
+                    f"values, but axis {normalization['axis']} of {param.name} has {channels} "
+                    "channels")
+            shape = [1] * ndim
+            shape[axis] = channels
+            mean = np.asarray(normalization["mean"], np.float64).reshape(shape)
+            std = np.asarray(normalization["std"], np.float64).reshape(shape)
+            scale, offset = (1.0 / std).astype(np.float32), (-mean / std).astype(np.float32)
+            note += " with (x - mean) / std per channel folded in"
+        self.notes.append(note)
+
+        def normalize(data, scale_t, offset_t):
+            widened = topi.cast(data, "float32")
+            return topi.cast(topi.add(topi.multiply(widened, scale_t), offset_t), low)
+
+        return self.builder_.emit_te(normalize, int_param, relax.const(scale, "float32"),
+                                     relax.const(offset, "float32"),
+                                     primfunc_name_hint=f"relay_amp_input_{param.name}",
+                                     name_hint=f"{param.name}_{_short(low)}")
 
     # ------------------------------------------------------------------ casts
     def constant_out_of_range(self, const) -> float | None:
@@ -653,17 +784,28 @@ class MixedPrecisionRewriter(PyExprMutator):
 
     def _rewrite_call(self, var, call: Call, plan: _Plan, output: bool):
         low = self.low
+        if plan.mode == _IDENTITY:
+            data = call.args[0]
+            producer = self._planner.bound.get(data)
+            source = producer.args[0] if data not in self._int_params else data
+            new_var = self._emit(self.visit_expr(source) if data not in self._int_params
+                                 else self._int_params[data], var.name, output)
+            self._record(var, call, new_var, call, plan)
+            return new_var
         new_args = []
-        for arg in call.args:
+        for index, arg in enumerate(call.args):
             visited = self.visit_expr(arg)
-            if plan.mode == _LOW:
+            if plan.op in _QDQ_OPS and (plan.mode != _LOW or plan.op == "dequantize" or index):
+                new_args.append(self.cast_to_type(visited, arg.ty))
+            elif plan.mode == _LOW:
                 new_args.append(self.cast_to_type(visited, _lowered_type(arg.ty, low)))
             elif plan.mode == _STORAGE and isinstance(arg, _GenericConst) and tensor_dtype(arg) == "float32":
                 new_args.append(self.storage_constant(arg))
             else:
                 new_args.append(self.cast_to_type(visited, arg.ty))
         attrs = call.attrs
-        if plan.mode == _LOW and attrs is not None and hasattr(attrs, "out_dtype"):
+        if (plan.mode == _LOW and attrs is not None and hasattr(attrs, "out_dtype")
+                and plan.op != "quantize"):  # quantize's out_dtype is its integer result
             attrs = _replace_attrs(attrs, out_dtype=plan.accumulation or low)
         new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
         try:
@@ -703,6 +845,8 @@ class MixedPrecisionRewriter(PyExprMutator):
             stored += sorted(d for d in demand if d in ("float32", self.low) and d != out_dtype)
         if plan.mode == _LOW:
             compute = self.low
+        elif plan.mode == _IDENTITY:
+            compute = "-"
         elif out_dtype and out_dtype.startswith(("float", "bfloat")):
             compute = out_dtype
         else:

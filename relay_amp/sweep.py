@@ -148,9 +148,17 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
         row: dict = {}
         try:
             start = time.perf_counter()
+            batches = loaded.batches
             if tool == "relay_amp":
+                integer = loaded.extra.get("uint8")
+                options = {}
+                if integer:  # images go in as uint8 from relay_amp.data.ImageBatches
+                    options = {"input_dtypes": {integer["input"]: "uint8"},
+                               "input_normalization": {integer["input"]: integer["normalization"]}}
+                    batches = integer["batches"]
+                    row["input"] = "uint8 (relay_amp.data.ImageBatches, normalization folded in)"
                 converted, conversion = relay_amp.convert(loaded.mod, dtype,
-                                                          calibration=calibration)
+                                                          calibration=calibration, **options)
                 row["summary"] = conversion.summary()
             else:
                 converted = evaluate.builtin_convert(loaded.mod)
@@ -169,9 +177,8 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
             report(result)
             continue
         try:
-            outputs, first_run = _run_all(vm, loaded.batches)
-            row["latency_ms"] = evaluate.latency_ms(vm, loaded.batches[0],
-                                                    previous_run_s=first_run)
+            outputs, first_run = _run_all(vm, batches)
+            row["latency_ms"] = evaluate.latency_ms(vm, batches[0], previous_run_s=first_run)
         except Exception as err:
             result["variants"][variant] = {**row, **_error("run error", err)}
             report(result)

@@ -97,6 +97,13 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     if not relax_functions:
         report.notes.append("the module has no Relax function: nothing was converted")
         return mod, report
+    parameters = {p.name for _, f in relax_functions for p in f.params}
+    for what, names in (("low_precision_inputs", low_inputs),
+                        ("input_dtypes", set(policy.input_dtypes))):
+        missing = set(names) - parameters
+        if missing:
+            raise ValueError(f"{what} names {sorted(missing)}, which are not parameters of any "
+                             f"Relax function (parameters: {sorted(parameters)})")
     for gvar, func in sorted(relax_functions, key=lambda item: item[0].name_hint):
         target = explicit_target
         if target is None and func.attrs is not None and "target" in func.attrs:
@@ -110,15 +117,13 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
         if not policy.keep_io_dtypes and gvar.name_hint in called:
             report.notes.append(f"{gvar.name_hint}: signature kept, other functions call it")
         new_func = rewriter.rewrite_function(gvar.name_hint, func, rule, signature_low,
-                                             low_inputs)
+                                             low_inputs, policy.input_dtypes,
+                                             policy.input_normalization)
         rewriter.builder_.update_func(gvar, new_func)
-    missing = low_inputs - {p.name for _, f in relax_functions for p in f.params}
-    if missing:
-        raise ValueError(f"low_precision_inputs names {sorted(missing)}, which are not "
-                         "parameters of any Relax function")
     new_mod = rewriter.builder_.get()
     relax.analysis.well_formed(new_mod)
     report.rows = rewriter.records
+    report.notes.extend(rewriter.notes)
     report.casts = rewriter.total_casts
     report.constants_converted = rewriter.constants_converted
     return new_mod, report

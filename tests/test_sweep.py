@@ -134,6 +134,7 @@ def test_one_model_sweep_end_to_end(tmp_path):
         assert 0 <= row["top1_agreement"] <= 1
         assert row["latency_ms"] > 0 and row["compile_s"] > 0
     ours, theirs = model["variants"]["relay_amp:float16"], model["variants"]["tvm:float16"]
+    assert ours["input"].startswith("uint8 (relay_amp.data.ImageBatches") and "input" not in theirs
     assert ours["relative_l2"] <= theirs["relative_l2"]
     assert ours["round_trips"] == 0 and ours["casts"] < theirs["casts"]
     assert ours["param_bytes"] < 0.6 * model["fp32"]["param_bytes"]

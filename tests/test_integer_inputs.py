@@ -1,0 +1,251 @@
+"""Integer inputs straight in: uint8/int8 data, folded normalization, and QDQ graphs."""
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import relay_amp
+from relay_amp import evaluate
+from relay_amp.data import IMAGENET_UINT8, ImageBatches, normalize, sample_images
+from helpers import convert_checked, run_module
+
+
+@I.ir_module
+class Conv:
+    @R.function
+    def main(data: R.Tensor((1, 3, 16, 16), "float32"), w: R.Tensor((8, 3, 3, 3), "float32")):
+        with R.dataflow():
+            lv = R.nn.conv2d(data, w, padding=[1, 1])
+            lv1 = R.nn.relu(lv)
+            gv = R.mean(lv1, axis=[2, 3])
+            R.output(gv)
+        return gv
+
+
+def test_uint8_input_is_cast_once_straight_to_the_compute_dtype(dtype):
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(data: R.Tensor((1, 3, 16, 16), "uint8"), w: R.Tensor((8, 3, 3, 3), "float32")):
+            data1 = R.astype(data, dtype)
+            with R.dataflow():
+                w1 = R.astype(w, dtype)
+                lv = R.nn.conv2d(data1, w1, padding=[1, 1], out_dtype="float32")
+                lv1 = R.nn.relu(lv)
+                gv = R.mean(lv1, axis=[2, 3])
+                R.output(gv)
+            return gv
+
+    new, report = convert_checked(Conv, dtype, input_dtypes={"data": "uint8"})
+    tvm.ir.assert_structural_equal(new, Expected)
+    assert report.notes == [f"data: fed as uint8, cast once to {dtype}"]
+
+
+def test_normalization_is_folded_into_the_one_cast(dtype):
+    new, report = convert_checked(Conv, dtype, input_dtypes={"data": "uint8"},
+                                  input_normalization={"data": IMAGENET_UINT8})
+    prologue = new["main"].body.blocks[0].bindings
+    assert len(prologue) == 1
+    call = prologue[0].value
+    assert call.op.name == "relax.call_tir"
+    data, scale, offset = call.args[1].fields
+    assert str(data.ty.dtype) == "uint8" and str(prologue[0].var.ty.dtype) == dtype
+    assert scale.value.numpy().reshape(-1) == pytest.approx(1 / np.array(IMAGENET_UINT8["std"]))
+    assert offset.value.numpy().reshape(-1) == pytest.approx(
+        -np.array(IMAGENET_UINT8["mean"]) / np.array(IMAGENET_UINT8["std"]))
+    assert "(x - mean) / std per channel folded in" in report.notes[0]
+
+
+def _float32_tensors(mod):
+    found = []
+
+    def visit(expr):
+        ty = getattr(expr, "ty", None)
+        if isinstance(ty, tvm.relax.TensorType) and str(ty.dtype) == "float32":
+            found.append(expr)
+
+    tvm.relax.analysis.post_order_visit(mod["main"], visit)
+    return found
+
+
+def test_no_float32_copy_of_the_input_exists():
+    new, _ = relay_amp.convert(Conv, "float16", input_dtypes={"data": "uint8"},
+                               input_normalization={"data": IMAGENET_UINT8})
+    shapes = {tuple(int(d) for d in e.ty.shape.values) for e in _float32_tensors(new)
+              if e.ty.shape is not None}
+    assert (1, 3, 16, 16) not in shapes
+
+
+def test_loader_and_uint8_model_match_host_normalized_float32(dtype):
+    photos = sample_images(4, 64)
+    batches = list(ImageBatches(photos, size=16, batch_size=1))
+    rng = np.random.default_rng(0)
+    weight = rng.normal(0, 0.3, (8, 3, 3, 3)).astype("float32")
+    converted, _ = relay_amp.convert(Conv, dtype, input_dtypes={"data": "uint8"},
+                                     input_normalization={"data": IMAGENET_UINT8})
+    reference_vm = evaluate.compile_module(Conv)
+    converted_vm = evaluate.compile_module(converted)
+    reference, outputs = [], []
+    for batch in batches:
+        assert batch.dtype == np.uint8 and batch.shape == (1, 3, 16, 16)
+        host = normalize(batch.transpose(0, 2, 3, 1))  # the float32 pipeline normalizes on host
+        reference += evaluate.run(reference_vm, [host, weight])
+        outputs += evaluate.run(converted_vm, [batch, weight])
+    agreement = evaluate.agreement(reference, outputs)
+    assert agreement.nonfinite == 0
+    assert agreement.relative_l2 < {"float16": 1e-3, "bfloat16": 1e-2}[dtype], agreement
+
+
+# ----------------------------------------------------------------------------- QDQ
+@I.ir_module
+class QDQ:
+    @R.function
+    def main(x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((4, 4, 3, 3), "float32")):
+        with R.dataflow():
+            q = R.quantize(x, R.const(0.05, "float32"), R.const(0, "int8"), axis=1,
+                           out_dtype="int8")
+            d = R.dequantize(q, R.const(0.05, "float32"), R.const(0, "int8"), axis=1,
+                             out_dtype="float32")
+            c = R.nn.conv2d(d, w, padding=[1, 1])
+            q2 = R.quantize(c, R.const(0.1, "float32"), R.const(0, "int8"), axis=1,
+                            out_dtype="int8")
+            d2 = R.dequantize(q2, R.const(0.1, "float32"), R.const(0, "int8"), axis=1,
+                              out_dtype="float32")
+            q3 = R.quantize(d2, R.const(0.1, "float32"), R.const(0, "int8"), axis=1,
+                            out_dtype="int8")
+            d3 = R.dequantize(q3, R.const(0.1, "float32"), R.const(0, "int8"), axis=1,
+                              out_dtype="float32")
+            q4 = R.quantize(d3, R.const(0.3, "float32"), R.const(0, "int8"), axis=1,
+                            out_dtype="int8")
+            gv = R.dequantize(q4, R.const(0.3, "float32"), R.const(0, "int8"), axis=1,
+                              out_dtype="float32")
+            R.output(gv)
+        return gv
+
+
+def test_qdq_identity_requantize_and_dequantize_to_float16():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 4, 8, 8), "int8"), w: R.Tensor((4, 4, 3, 3), "float32")):
+            with R.dataflow():
+                q = x
+                d = R.dequantize(q, R.const(0.05, "float32"), R.const(0, "int8"), axis=1,
+                                 out_dtype="float16")
+                w1 = R.astype(w, "float16")
+                c = R.nn.conv2d(d, w1, padding=[1, 1], out_dtype="float32")
+                q2 = R.quantize(c, R.const(0.1, "float32"), R.const(0, "int8"), axis=1,
+                                out_dtype="int8")
+                d2 = R.dequantize(q2, R.const(0.1, "float32"), R.const(0, "int8"), axis=1,
+                                  out_dtype="float32")
+                q3 = q2
+                d3 = R.dequantize(q3, R.const(0.1, "float32"), R.const(0, "int8"), axis=1,
+                                  out_dtype="float16")
+                q4 = R.quantize(d3, R.const(0.3, "float32"), R.const(0, "int8"), axis=1,
+                                out_dtype="int8")
+                gv = R.dequantize(q4, R.const(0.3, "float32"), R.const(0, "int8"), axis=1,
+                                  out_dtype="float32")
+                R.output(gv)
+            return gv
+
+    new, report = convert_checked(QDQ, "float16", input_dtypes={"x": "int8"})
+    tvm.ir.assert_structural_equal(new, Expected)
+    assert report.find("q").rule.startswith("identity: input x already holds int8")
+    assert report.find("q3").rule.startswith("identity: quantize(dequantize(q))")
+    assert "float16 directly (out_dtype)" in report.find("d").rule
+    assert report.find("q4").input_dtypes[0] == "float16"  # requantize without float32
+
+
+def test_qdq_numerics_match_float32():
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-3, 3, (1, 4, 8, 8)).astype("float32")
+    w = rng.normal(0, 0.3, (4, 4, 3, 3)).astype("float32")
+    reference = run_module(QDQ, [x, w])
+    new, _ = relay_amp.convert(QDQ, "float16")
+    outputs = run_module(new, [x, w])
+    # a few values may land on the other side of a quantization step: compare in steps of 0.3
+    steps = np.abs(reference[0] - outputs[0]) / 0.3
+    assert steps.max() <= 1.0 + 1e-5 and np.mean(steps > 0.5) < 0.05
+    quantized = np.clip(np.round(x / 0.05), -128, 127).astype("int8")
+    identity, _ = relay_amp.convert(QDQ, "float16", input_dtypes={"x": "int8"})
+    assert np.array_equal(run_module(identity, [quantized, w])[0], outputs[0])
+
+
+def test_qdq_resnet_block_from_onnx(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm.relax.frontend.onnx import from_onnx
+
+    rng = np.random.default_rng(2)
+    c = 8
+    inits = []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    nodes = []
+    scale = const("s", np.float32(0.05))
+    zero = const("z", np.int8(0))
+
+    def qdq(src, dst):
+        nodes.append(helper.make_node("QuantizeLinear", [src, scale, zero], [dst + "_q"]))
+        nodes.append(helper.make_node("DequantizeLinear", [dst + "_q", scale, zero], [dst]))
+
+    for i in (1, 2):
+        weight_q = rng.integers(-20, 20, (c, c, 3, 3)).astype(np.int8)
+        const(f"w{i}_q", weight_q)
+        const(f"w{i}_s", np.float32(0.01))
+        nodes.append(helper.make_node("DequantizeLinear", [f"w{i}_q", f"w{i}_s", zero], [f"w{i}"]))
+    qdq("x", "xd")
+    nodes.append(helper.make_node("Conv", ["xd", "w1"], ["c1"], pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("Relu", ["c1"], ["r1"]))
+    qdq("r1", "r1d")
+    nodes.append(helper.make_node("Conv", ["r1d", "w2"], ["c2"], pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("Add", ["c2", "xd"], ["sum"]))
+    nodes.append(helper.make_node("Relu", ["sum"], ["y"]))
+    graph = helper.make_graph(nodes, "qdq_block",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    mod = from_onnx(model)
+    x = rng.uniform(-2, 2, (1, c, 8, 8)).astype("float32")
+    reference = run_module(mod, [x])
+    new, report = convert_checked(mod, "float16")
+    dequantize_rows = [r for r in report.rows if r.op == "dequantize"]
+    assert any(r.output_dtype == "float16" for r in dequantize_rows)
+    assert all(r.compute_dtype == "float16" for r in report.rows if r.op == "nn.conv2d")
+    agreement = evaluate.agreement(reference, run_module(new, [x]))
+    assert agreement.nonfinite == 0 and agreement.relative_l2 < 1e-2, agreement
+
+
+def test_bfloat16_keeps_qdq_in_float32():
+    _, report = relay_amp.convert(QDQ, "bfloat16")
+    assert report.find("d").compute_dtype == "float32"
+    assert "TVM's dequantize produces only float16/float32" in report.find("d").rule
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_integer_input_declarations_are_clear_errors():
+    before = tvm_ffi.structural_hash(Conv)
+    with pytest.raises(ValueError, match="'float16' is a float dtype"):
+        relay_amp.convert(Conv, "float16", input_dtypes={"data": "float16"})
+    with pytest.raises(ValueError, match=r"input_dtypes names \['image'\], which are not "):
+        relay_amp.convert(Conv, "float16", input_dtypes={"image": "uint8"})
+    with pytest.raises(ValueError, match="has 4 values, but axis 1 of data has 3 channels"):
+        relay_amp.convert(Conv, "float16", input_dtypes={"data": "uint8"},
+                          input_normalization={"data": {"mean": [1, 2, 3, 4], "std": [1, 1, 1, 1]}})
+    with pytest.raises(ValueError, match="mean has 2 values and std 3"):
+        relay_amp.Policy(input_dtypes={"data": "uint8"},
+                         input_normalization={"data": {"mean": [1, 2], "std": [1, 1, 1]}})
+    with pytest.raises(ValueError, match="not in input_dtypes"):
+        relay_amp.Policy(input_normalization={"data": {"scale": 0.1}})
+    with pytest.raises(ValueError, match="declared uint8 in input_dtypes, but the quantize that "
+                                         "reads it produces int8"):
+        relay_amp.convert(QDQ, "float16", input_dtypes={"x": "uint8"})
+    assert tvm_ffi.structural_hash(Conv) == before
