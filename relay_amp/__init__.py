@@ -7,6 +7,7 @@
 
 from . import codegen, evaluate
 from .calibrate import Calibration, calibrate
+from .fallback import auto_mixed_precision, bisect_fallback
 from .op_tables import Category
 from .policy import Policy, amp_config, current_policy
 from .report import BindingRecord, Report
@@ -22,5 +23,5 @@ codegen.cuda.enable()
 __all__ = [
     "ToMixedPrecision", "convert", "Report", "BindingRecord", "Policy", "Category",
     "amp_config", "current_policy", "TargetCaps", "target_caps", "UnsupportedDtypeError",
-    "Calibration", "calibrate",
+    "Calibration", "calibrate", "auto_mixed_precision", "bisect_fallback",
 ]

@@ -54,6 +54,7 @@ class Report:
     casts: int = 0
     constants_converted: int = 0
     notes: list = field(default_factory=list)
+    search: object = None  # a relay_amp.fallback.SearchResult, after auto_mixed_precision
 
     @property
     def ops(self) -> list:
@@ -122,6 +123,7 @@ class Report:
             "constants_converted": self.constants_converted, "notes": list(self.notes),
             "low_precision_mac_fraction": self.low_precision_mac_fraction(),
             "unknown_ops": self.unknown_ops,
+            "search": self.search.to_dict() if self.search is not None else None,
             "rows": [{**asdict(r), "input_dtypes": list(r.input_dtypes)} for r in self.rows],
         }
 

@@ -44,7 +44,8 @@ def _called_functions(mod: tvm.IRModule) -> set:
 
 
 def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=None,
-            calibration=None, **policy_kwargs) -> tuple[tvm.IRModule, Report]:
+            calibration=None, debug_guard: bool = False,
+            **policy_kwargs) -> tuple[tvm.IRModule, Report]:
     """Convert the Relax functions of ``mod`` to mixed precision.
 
     Parameters
@@ -62,6 +63,9 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
         Observed value ranges from :func:`relay_amp.calibrate`: values that would overflow (or
         underflow) the low-precision dtype stay float32, and so do the ops that would read them
         in low precision.
+    debug_guard : bool
+        Check every low-precision result for NaN/Inf at run time; the first binding that
+        produces one stops the run with an error that names it. Off by default (no cost).
     **policy_kwargs
         MXNet-compatible keywords (``target_dtype_ops``, ``fp32_ops``, ``widest_dtype_ops``,
         ``conditional_fp32_ops``, ``excluded_sym_names``, ``cast_params_offline``,
@@ -123,10 +127,74 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     new_mod = rewriter.builder_.get()
     relax.analysis.well_formed(new_mod)
     report.rows = rewriter.records
+    if debug_guard:
+        new_mod = add_debug_guards(new_mod, report)
+        relax.analysis.well_formed(new_mod)
+        report.notes.append("debug_guard: every low-precision result is checked for NaN/Inf")
     report.notes.extend(rewriter.notes)
     report.casts = rewriter.total_casts
     report.constants_converted = rewriter.constants_converted
     return new_mod, report
+
+
+def add_debug_guards(mod: tvm.IRModule, report: Report) -> tvm.IRModule:
+    """After each low-precision binding, assert that its value is finite.
+
+    The guarded functions become non-dataflow and impure (``assert_op`` has an effect); the
+    assertion message names the binding, its op and dtype.
+    """
+    guarded = {(r.function, r.name): r for r in report.rows if r.compute_dtype == report.dtype}
+    mod = relax.transform.ToNonDataflow()(mod)
+    builder = relax.BlockBuilder()
+    updated = {}
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        name = gvar.name_hint
+        blocks = []
+        for block in func.body.blocks:
+            bindings = []
+            for binding in block.bindings:
+                bindings.append(binding)
+                row = guarded.get((name, binding.var.name))
+                ty = binding.var.ty
+                value = binding.value
+                stored = (isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "")
+                          == "relax.astype" and isinstance(ty, relax.TensorType)
+                          and str(ty.dtype) == report.dtype and isinstance(value.args[0], relax.Var))
+                if not (row or stored) or not isinstance(ty, relax.TensorType) or not str(
+                        ty.dtype).startswith(("float", "bfloat")):
+                    continue
+                if row is not None:
+                    what = f"binding {binding.var.name} ({row.op}, computed in {row.compute_dtype})"
+                else:
+                    what = f"the {report.dtype} copy of {value.args[0].name}"
+
+                def bind(expr, label):
+                    value = builder.normalize(expr)
+                    var = relax.Var(label, value.ty)
+                    bindings.append(relax.VarBinding(var, value))
+                    return var
+
+                finite_each = bind(relax.op.isfinite(binding.var), "guard_finite")
+                bad = bind(relax.op.logical_not(finite_each), "guard_bad")
+                flags = bind(relax.op.astype(bad, "int32"), "guard_int")
+                count = bind(relax.op.max(flags), "guard_any")
+                finite = bind(relax.op.equal(count, relax.const(0, "int32")), "guard_ok")
+                message = f"relay_amp debug_guard: {what} in {name} produced NaN or Inf"
+                bind(relax.op.assert_op(finite, [], message), "guard")
+            blocks.append(relax.BindingBlock(bindings))
+        body = relax.SeqExpr(blocks, func.body.body)
+        updated[gvar] = relax.Function(func.params, body, func.ret_ty, False, func.attrs)
+    for gvar, func in updated.items():
+        mod = _replace(mod, gvar, func)
+    return relax.transform.Normalize()(mod)
+
+
+def _replace(mod: tvm.IRModule, gvar, func) -> tvm.IRModule:
+    functions = {gv: f for gv, f in mod.functions_items()}
+    functions[gvar] = func
+    return tvm.IRModule(functions, attrs=mod.attrs)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relay_amp.ToMixedPrecision")

@@ -1,0 +1,320 @@
+"""Accuracy-driven fallback: the smallest float32 set that meets a tolerance.
+
+relay_amp's method needs one *paired run*: a copy of the float32 function computes, next to every
+binding that the conversion puts in low precision, the same op in low precision on the exact
+float32 operands, and returns each binding's local relative error. Bindings are ranked by that
+error; an exponential and then a binary search over the ranking finds the shortest prefix that,
+kept in float32, meets the tolerance. A planted sensitive op costs two or three full
+evaluations. :func:`bisect_fallback` is the baseline users know (ONNX's auto-mixed-precision
+bisects node segments), implemented in the same harness so that the evaluation counts compare.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .calibrate import _as_batches, _check_batch, calibrate
+from .evaluate import agreement, compile_module
+from .policy import Policy
+from .report import Report
+from .transform import convert, resolve_policy
+
+METRICS = ("relative_l2", "max_abs")
+
+
+@dataclasses.dataclass
+class SearchResult:
+    """What a fallback search did: the float32 set it chose and what that cost."""
+
+    method: str
+    tolerance: float
+    metric_value: float
+    met: bool
+    evaluations: int
+    fp32_bindings: list
+    low_bindings: int
+    seconds: float
+    history: list  # (number of float32 bindings, metric value) per evaluation
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class _Harness:
+    """Converts with a set of float32 bindings, compiles, runs, and scores against float32."""
+
+    def __init__(self, mod, batches, metric, dtype, policy, target, calibration, run_target):
+        self.mod, self.batches, self.dtype = mod, batches, dtype
+        self.policy, self.target, self.calibration = policy, target, calibration
+        self.run_target = run_target
+        self.metric = _metric(metric)
+        vm = compile_module(mod, run_target)
+        from .evaluate import run  # pylint: disable=import-outside-toplevel
+
+        self.run = run
+        self.reference = [out for batch in batches for out in run(vm, batch)]
+        self.evaluations = 0
+        self.history = []
+
+    def convert(self, fp32: list) -> tuple:
+        policy = self.policy.with_dtype(self.dtype)
+        if fp32:
+            policy.exclude(*fp32)
+        return convert(self.mod, self.dtype, policy=policy, target=self.target,
+                       calibration=self.calibration)
+
+    def score(self, fp32: list) -> float:
+        converted, _ = self.convert(fp32)
+        vm = compile_module(converted, self.run_target)
+        outputs = [out for batch in self.batches for out in self.run(vm, batch)]
+        value = float(self.metric(self.reference, outputs))
+        self.evaluations += 1
+        self.history.append((len(fp32), value))
+        return value
+
+
+def _metric(metric) -> Callable:
+    if callable(metric):
+        return metric
+    if metric == "relative_l2":
+        return lambda ref, out: agreement(ref, out).relative_l2
+    if metric == "max_abs":
+        return lambda ref, out: agreement(ref, out).max_abs
+    raise ValueError(f"metric must be one of {METRICS} or a callable(reference, outputs); "
+                     f"got {metric!r}")
+
+
+def _check(mod, inputs, tolerance, max_evaluations):
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"expected a tvm.IRModule; got {type(mod).__name__}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not (
+            math.isfinite(tolerance) and tolerance > 0):
+        raise ValueError(f"tolerance must be a positive finite number; got {tolerance!r}")
+    if not isinstance(max_evaluations, int) or max_evaluations < 1:
+        raise ValueError(f"max_evaluations must be a positive integer; got {max_evaluations!r}")
+    batches = _as_batches(inputs)
+    if not batches:
+        raise ValueError("auto_mixed_precision needs at least one batch of inputs")
+    return [_check_batch(mod["main"], batch, i) for i, batch in enumerate(batches)]
+
+
+def _low_bindings(report: Report) -> list:
+    return [r.name for r in report.rows if r.compute_dtype == report.dtype and r.function == "main"]
+
+
+# ------------------------------------------------------------------------------ paired run
+def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None) -> dict:
+    """Each named binding's local relative L2 error in ``dtype``, from one paired run.
+
+    The float32 function is extended, for each named call binding, with the same op computed in
+    ``dtype`` on its (exact, float32) operands; its squared error and norm come back as extra
+    outputs, summed over all batches.
+    """
+    from .dtypes import numpy_dtype  # pylint: disable=import-outside-toplevel
+
+    func = mod["main"]
+    builder = relax.BlockBuilder()
+    wanted, stats, measured, blocks = set(names), [], [], []
+    for block in func.body.blocks:
+        dataflow = isinstance(block, relax.DataflowBlock)
+        bindings = list(block.bindings)
+        local = relax.DataflowVar if dataflow else relax.Var
+
+        def bind(expr, name, kind=None):
+            value = builder.normalize(expr)
+            var = (kind or local)(name, value.ty)
+            bindings.append(relax.VarBinding(var, value))
+            return var
+
+        for binding in block.bindings:
+            value = binding.value
+            if binding.var.name not in wanted or not isinstance(value, tvm.ir.Call):
+                continue
+            if not isinstance(binding.var.ty, relax.TensorType) or not isinstance(value.op, tvm.ir.Op):
+                continue
+            args = []
+            for arg in value.args:
+                if isinstance(arg.ty, relax.TensorType) and str(arg.ty.dtype) == "float32":
+                    if isinstance(arg, type(relax.const(0.0))):
+                        args.append(relax.const(arg.value.numpy().astype(numpy_dtype(dtype)), dtype))
+                    else:
+                        args.append(bind(relax.op.astype(arg, dtype), "pair_in"))
+                else:
+                    args.append(arg)
+            attrs = value.attrs
+            if attrs is not None and hasattr(attrs, "out_dtype") and value.op.name != "relax.quantize":
+                from .rewriter import _replace_attrs  # pylint: disable=import-outside-toplevel
+
+                attrs = _replace_attrs(attrs, out_dtype="float32")
+            try:
+                shadow = bind(tvm.ir.Call(value.op, args, attrs, value.ty_args), "pair_low")
+            except Exception:  # the op does not take low-precision operands: nothing to measure
+                continue
+            wide = bind(relax.op.astype(shadow, "float32"), "pair_wide")
+            diff = bind(relax.op.subtract(wide, binding.var), "pair_diff")
+            squared = bind(relax.op.multiply(diff, diff), "pair_sq")
+            err = bind(relax.op.sum(squared), "pair_err", relax.Var)
+            magnitude = bind(relax.op.multiply(binding.var, binding.var), "pair_n2")
+            norm = bind(relax.op.sum(magnitude), "pair_norm", relax.Var)
+            stats += [err, norm]
+            measured.append(binding.var.name)
+        blocks.append((relax.DataflowBlock if dataflow else relax.BindingBlock)(bindings))
+    scalar = relax.TensorType((), "float32")
+    ret = tvm.ir.type.TupleType([func.ret_ty, tvm.ir.type.TupleType([scalar] * len(stats))])
+    body = relax.SeqExpr(blocks, relax.Tuple([func.body.body, relax.Tuple(stats)]))
+    paired = relax.Function(func.params, body, ret, func.is_pure, func.attrs)
+    probe = tvm.IRModule({**{gv.name_hint: f for gv, f in mod.functions_items()}, "main": paired})
+    vm = compile_module(relax.transform.Normalize()(probe), run_target)
+    totals = np.zeros(len(stats), np.float64)
+    for batch in batches:
+        result = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(x)) for x in batch])
+        totals += [float(result[1][i].numpy()) for i in range(len(stats))]
+    return {name: float(np.sqrt(totals[2 * i] / totals[2 * i + 1])) if totals[2 * i + 1] > 0
+            else float(np.sqrt(totals[2 * i])) for i, name in enumerate(measured)}
+
+
+# ------------------------------------------------------------------------------ the searches
+def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="relative_l2",
+                         dtype: str = "float16", target=None, max_evaluations: int = 16,
+                         policy: Policy | None = None, calibrated: bool = True,
+                         run_target=None) -> tuple[tvm.IRModule, Report]:
+    """Convert ``mod`` so that it meets ``tolerance`` on ``inputs`` with few float32 ops.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        The float32 module (function ``main``).
+    inputs : list of batches, or one batch
+        Calibration inputs: arrays in parameter order, or dicts by parameter name.
+    tolerance : float
+        The largest acceptable ``metric`` between float32 and converted outputs.
+    metric : {"relative_l2", "max_abs"} or callable
+        ``callable(reference_outputs, outputs) -> float`` for a task metric.
+    dtype, target, policy
+        As for :func:`relay_amp.convert`; the policy is the starting point.
+    max_evaluations : int
+        Full conversion + compile + run cycles allowed (the paired run is not one of them).
+    calibrated : bool
+        Start from calibrated ranges (:func:`relay_amp.calibrate`), one more float32 run.
+    run_target : tvm.target.Target, optional
+        Where the evaluations run (default: this machine's CPU).
+
+    Returns
+    -------
+    (tvm.IRModule, Report)
+        The module and its report; ``report.search`` is the :class:`SearchResult`.
+
+    Raises
+    ------
+    ValueError
+        Bad tolerance, metric or max_evaluations, no inputs, or inputs that do not fit.
+    RuntimeError
+        The tolerance was not met within ``max_evaluations``.
+    """
+    start = time.perf_counter()
+    batches = _check(mod, inputs, tolerance, max_evaluations)
+    policy = resolve_policy(dtype, policy)
+    calibration = calibrate(mod, batches) if calibrated else None
+    harness = _Harness(mod, batches, metric, dtype, policy, target, calibration, run_target)
+    _, first = harness.convert([])
+    candidates = _low_bindings(first)
+
+    def finish(fp32, value):
+        converted, report = harness.convert(fp32)
+        errors = locals_by_name
+        rows = []
+        for row in report.rows:
+            if row.name in fp32 and row.function == "main":
+                row = dataclasses.replace(row, rule=(
+                    f"fp32: auto_mixed_precision fallback (local {dtype} error "
+                    f"{errors.get(row.name, float('nan')):.3g}, rank {fp32.index(row.name) + 1})"))
+            rows.append(row)
+        report.rows = rows
+        report.search = SearchResult("sensitivity", float(tolerance), value, value <= tolerance,
+                                     harness.evaluations, list(fp32), len(_low_bindings(report)),
+                                     time.perf_counter() - start, harness.history)
+        return converted, report
+
+    locals_by_name: dict = {}
+    value = harness.score([])
+    if value <= tolerance:
+        return finish([], value)
+    locals_by_name = local_errors(mod, batches, candidates, dtype, run_target)
+    ranked = sorted(locals_by_name, key=lambda n: -locals_by_name[n])
+    ranked = [n for n in ranked if locals_by_name[n] > 0]
+    # exponential search for a prefix that meets the tolerance, then binary search below it
+    good, bad = None, 0
+    k = 1
+    while harness.evaluations < max_evaluations:
+        k = min(k, len(ranked))
+        value_k = harness.score(ranked[:k])
+        if value_k <= tolerance:
+            good = (k, value_k)
+            break
+        bad = k
+        if k == len(ranked):
+            break
+        k *= 2
+    if good is None:
+        raise RuntimeError(f"tolerance {tolerance:g} not met within {harness.evaluations} "
+                           f"evaluations (best {min(v for _, v in harness.history):.3g})")
+    low_k, (high_k, best) = bad, good
+    while high_k - low_k > 1 and harness.evaluations < max_evaluations:
+        middle = (low_k + high_k) // 2
+        value_m = harness.score(ranked[:middle])
+        if value_m <= tolerance:
+            high_k, best = middle, value_m
+        else:
+            low_k = middle
+    return finish(ranked[:high_k], best)
+
+
+def bisect_fallback(mod: tvm.IRModule, inputs, tolerance: float, metric="relative_l2",
+                    dtype: str = "float16", target=None, max_evaluations: int = 1000,
+                    policy: Policy | None = None, calibrated: bool = True,
+                    run_target=None) -> SearchResult:
+    """Segment bisection (the ONNX auto-mixed-precision strategy), as the baseline.
+
+    Converts the whole candidate list; if the result misses the tolerance, splits it in halves
+    and recurses, each trial a full conversion + compile + run. Returns the search result.
+    """
+    start = time.perf_counter()
+    batches = _check(mod, inputs, tolerance, max_evaluations)
+    policy = resolve_policy(dtype, policy)
+    calibration = calibrate(mod, batches) if calibrated else None
+    harness = _Harness(mod, batches, metric, dtype, policy, target, calibration, run_target)
+    _, first = harness.convert([])
+    candidates = _low_bindings(first)
+
+    def trial(low: list) -> bool:
+        if harness.evaluations >= max_evaluations:
+            return False
+        fp32 = [n for n in candidates if n not in set(low)]
+        return harness.score(fp32) <= tolerance
+
+    def search(segment: list, fixed: list) -> list:
+        if not segment:
+            return []
+        if trial(fixed + segment):
+            return list(segment)
+        if len(segment) == 1:
+            return []
+        half = len(segment) // 2
+        left = search(segment[:half], fixed)
+        return left + search(segment[half:], fixed + left)
+
+    low = search(candidates, [])
+    fp32 = [n for n in candidates if n not in set(low)]
+    value = min((v for n, v in harness.history if n == len(fp32)), default=float("inf"))
+    if harness.history and not any(n == len(fp32) for n, _ in harness.history):
+        value = harness.score(fp32)
+    return SearchResult("bisection", float(tolerance), value, value <= tolerance,
+                        harness.evaluations, fp32, len(low), time.perf_counter() - start,
+                        harness.history)

@@ -1,0 +1,121 @@
+"""Accuracy-driven fallback, the bisection baseline, and the NaN/Inf debug guard."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import relay_amp
+from relay_amp import fallback
+from helpers import run_module
+
+
+@I.ir_module
+class Planted:
+    """``a`` is the planted sensitive op: its dot products cancel (weights +-1000 plus small
+    parts that float16 rounds away); every other op is benign."""
+
+    @R.function
+    def main(x: R.Tensor((4, 16), "float32"), pairs: R.Tensor((4, 16), "float32"),
+             wc: R.Tensor((16, 16), "float32"), w: R.Tensor((16, 16), "float32")):
+        with R.dataflow():
+            a = R.matmul(pairs, wc)
+            b = R.matmul(x, w)
+            c = R.add(a, b)
+            d = R.nn.relu(c)
+            e = R.matmul(d, w)
+            f = R.nn.relu(e)
+            gv = R.matmul(f, w)
+            R.output(gv)
+        return gv
+
+
+def _batches(count=2, seed=0):
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(count):
+        x = rng.normal(size=(4, 16)).astype("float32")
+        pairs = np.repeat(rng.normal(size=(4, 8)), 2, axis=1).astype("float32")
+        wc = np.empty((16, 16), "float32")
+        wc[0::2] = 1000 + rng.normal(0, 0.3, (8, 16))
+        wc[1::2] = -1000 + rng.normal(0, 0.3, (8, 16))
+        batches.append([x, pairs, wc, rng.normal(0, 0.3, (16, 16)).astype("float32")])
+    return batches
+
+
+def test_local_errors_single_out_the_planted_op():
+    errors = fallback.local_errors(Planted, _batches(), ["a", "b", "e", "gv"], "float16")
+    assert errors["a"] > 0.1
+    assert max(errors[n] for n in ("b", "e", "gv")) < 1e-3
+
+
+def test_auto_fallback_keeps_only_the_planted_op_in_float32():
+    batches = _batches()
+    plain, _ = relay_amp.convert(Planted, "float16")
+    reference = [run_module(Planted, b)[0] for b in batches]
+    converted_all = [run_module(plain, b)[0] for b in batches]
+    assert relay_amp.evaluate.agreement(reference, converted_all).relative_l2 > 0.1
+    new, report = fallback.auto_mixed_precision(Planted, batches, tolerance=1e-2)
+    search = report.search
+    assert search.met and search.fp32_bindings == ["a"] and search.evaluations <= 3
+    assert report.find("a").compute_dtype == "float32"
+    assert report.find("a").rule.startswith("fp32: auto_mixed_precision fallback")
+    assert all(report.find(n).compute_dtype == "float16" for n in ("b", "e", "gv"))
+    outputs = [run_module(new, b)[0] for b in batches]
+    assert relay_amp.evaluate.agreement(reference, outputs).relative_l2 <= 1e-2
+    baseline = fallback.bisect_fallback(Planted, batches, tolerance=1e-2)
+    assert baseline.met and baseline.fp32_bindings == ["a"]
+    assert baseline.evaluations > search.evaluations
+
+
+def test_tolerance_met_without_fallback_costs_one_evaluation():
+    _, report = fallback.auto_mixed_precision(Planted, _batches(), tolerance=10.0)
+    assert report.search.evaluations == 1 and report.search.fp32_bindings == []
+
+
+def test_bad_fallback_arguments_are_clear_errors():
+    batches = _batches(1)
+    for bad in (0, -1.0, float("nan"), float("inf"), "0.1", True):
+        with pytest.raises(ValueError, match="tolerance must be a positive finite number"):
+            fallback.auto_mixed_precision(Planted, batches, tolerance=bad)
+    with pytest.raises(ValueError, match="at least one batch"):
+        fallback.auto_mixed_precision(Planted, [], tolerance=0.1)
+    with pytest.raises(ValueError, match="input 'wc' has shape"):
+        fallback.auto_mixed_precision(Planted, [[b if b.shape != (16, 16) else b[:8] for b in
+                                                 batches[0]]], tolerance=0.1)
+    with pytest.raises(ValueError, match="metric must be one of"):
+        fallback.auto_mixed_precision(Planted, batches, tolerance=0.1, metric="cosine")
+    with pytest.raises(ValueError, match="max_evaluations"):
+        fallback.auto_mixed_precision(Planted, batches, tolerance=0.1, max_evaluations=0)
+    with pytest.raises(RuntimeError, match="not met within 1 evaluations"):
+        fallback.auto_mixed_precision(Planted, batches, tolerance=1e-9, max_evaluations=1)
+
+
+@I.ir_module
+class Overflow:
+    @R.function
+    def main(x: R.Tensor((2, 8), "float32"), w: R.Tensor((8, 8), "float32")):
+        with R.dataflow():
+            lv = R.matmul(x, w)
+            lv1 = R.nn.relu(lv)
+            lv2 = R.matmul(lv1, w)
+            gv = R.nn.softmax(lv2)
+            R.output(gv)
+        return gv
+
+
+def test_debug_guard_names_the_first_overflowing_binding():
+    guarded, report = relay_amp.convert(Overflow, "float16", debug_guard=True)
+    assert not guarded["main"].is_pure
+    assert "debug_guard" in report.notes[-1]
+    fine = [np.full((2, 8), 0.1, "float32"), np.full((8, 8), 0.1, "float32")]
+    np.testing.assert_allclose(run_module(guarded, fine)[0], run_module(Overflow, fine)[0],
+                               rtol=1e-3)
+    big = [np.full((2, 8), 100.0, "float32"), np.full((8, 8), 100.0, "float32")]
+    with pytest.raises(Exception, match="debug_guard: the float16 copy of lv in main "
+                                        "produced NaN or Inf"):
+        run_module(guarded, big)
+    plain, _ = relay_amp.convert(Overflow, "float16")
+    assert plain["main"].is_pure  # off by default: nothing added
+    assert "assert_op" not in plain.script()
