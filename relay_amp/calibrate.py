@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .evaluate import compile_module
+from .evaluate import compile_module, contiguous
 
 
 @dataclass
@@ -151,7 +151,7 @@ def calibrate(mod: tvm.IRModule, inputs, func: str = "main", target=None,
     vm = compile_module(relax.transform.Normalize()(probe), target)
     calibration = Calibration(margin=margin)
     for batch in ordered:
-        result = vm[func](*[tvm.runtime.tensor(np.ascontiguousarray(x)) for x in batch])
+        result = vm[func](*[tvm.runtime.tensor(contiguous(x)) for x in batch])
         stats = result[1]
         for i, name in enumerate(names):
             key = (func, name)

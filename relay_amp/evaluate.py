@@ -22,6 +22,12 @@ def compile_module(mod: tvm.IRModule, target=None):
     return relax.VirtualMachine(executable, tvm.cpu())
 
 
+def contiguous(array) -> np.ndarray:
+    """A C-contiguous copy-if-needed of ``array`` that keeps 0-d arrays 0-d."""
+    array = np.asarray(array)
+    return array if array.flags["C_CONTIGUOUS"] else np.ascontiguousarray(array)
+
+
 def _flatten(value) -> list[np.ndarray]:
     if isinstance(value, (tuple, list)) or type(value).__name__ == "Array":
         return [array for item in value for array in _flatten(item)]
@@ -35,7 +41,7 @@ def run(vm, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray], func: str =
     """Run ``func`` on ``inputs`` and return its outputs as a flat list of numpy arrays."""
     if isinstance(inputs, Mapping):
         inputs = list(inputs.values())
-    args = [tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs]
+    args = [tvm.runtime.tensor(contiguous(x)) for x in inputs]
     return _flatten(vm[func](*args))
 
 
@@ -168,7 +174,7 @@ def latency_ms(vm, inputs, func: str = "main", budget_s: float = 2.0, max_runs: 
 
     if previous_run_s is not None and previous_run_s > budget_s / 2:
         return float(previous_run_s * 1e3)
-    args = [tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs]
+    args = [tvm.runtime.tensor(contiguous(x)) for x in inputs]
     begin = time.perf_counter()
     vm[func](*args)
     warmup = time.perf_counter() - begin

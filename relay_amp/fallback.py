@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from .calibrate import _as_batches, _check_batch, calibrate
-from .evaluate import agreement, compile_module
+from .evaluate import agreement, compile_module, contiguous
 from .policy import Policy
 from .report import Report
 from .transform import convert, resolve_policy
@@ -174,7 +174,7 @@ def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None)
     vm = compile_module(relax.transform.Normalize()(probe), run_target)
     totals = np.zeros(len(stats), np.float64)
     for batch in batches:
-        result = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(x)) for x in batch])
+        result = vm["main"](*[tvm.runtime.tensor(contiguous(x)) for x in batch])
         totals += [float(result[1][i].numpy()) for i in range(len(stats))]
     return {name: float(np.sqrt(totals[2 * i] / totals[2 * i + 1])) if totals[2 * i + 1] > 0
             else float(np.sqrt(totals[2 * i])) for i, name in enumerate(measured)}

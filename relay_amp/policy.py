@@ -81,10 +81,16 @@ def _normalize_op_name(name, where: str) -> str:
 
 
 def _op_attribute_names(op: str) -> list[str]:
+    """The attribute names of ``op``; many TVM 0.27 ops do not register their attrs type, so
+    those are matched by name (``matmul`` -> ``relax.attrs.MatmulAttrs``)."""
     global _ATTR_FIELDS  # pylint: disable=global-statement
     if _ATTR_FIELDS is None:
         _ATTR_FIELDS = _attr_fields_by_type_key()
-    type_key = tvm.ir.Op.get("relax." + op).attrs_type_key
+    type_key = str(tvm.ir.Op.get("relax." + op).attrs_type_key)
+    if not type_key:
+        by_name = {key.lower(): key for key in _ATTR_FIELDS}
+        guess = "relax.attrs." + op.split(".")[-1].replace("_", "") + "attrs"
+        type_key = by_name.get(guess, "")
     return _ATTR_FIELDS.get(type_key, [])
 
 

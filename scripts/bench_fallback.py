@@ -1,0 +1,34 @@
+"""Fallback search benchmark: relay_amp's paired-run sensitivity search vs segment bisection.
+
+python scripts/bench_fallback.py --models palm_detection_full,light_squeezenet --out results/fallback.json
+Each model is searched at a tolerance of half the error of its plain (calibrated) conversion.
+"""
+
+import argparse
+import json
+import sys
+
+from tqdm import tqdm
+
+from relay_amp import bench_fallback
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="palm_detection_full,face_detection_short_range,"
+                        "ppocr_mobile_v2_cls,light_squeezenet,light_shufflenet")
+    parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--out", default="results/fallback.json")
+    args = parser.parse_args(argv)
+    rows = []
+    for name in tqdm(args.models.split(","), desc="fallback", unit="model"):
+        rows.append(bench_fallback.measure(name, args.dtype))
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(rows, handle, indent=1, default=float)
+    print(bench_fallback.table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
