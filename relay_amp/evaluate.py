@@ -130,7 +130,7 @@ def module_stats(mod: tvm.IRModule, low: str = "float16") -> dict:
                 param_bytes += expr.value.numpy().nbytes
 
         relax.analysis.post_order_visit(func, visit)
-        for binding in _bindings(func.body):
+        for binding in all_bindings(func.body):
             bindings[binding.var] = binding.value
             value = binding.value
             if not isinstance(value, tvm.ir.Call) or not isinstance(value.op, tvm.ir.Op):
@@ -155,14 +155,15 @@ def module_stats(mod: tvm.IRModule, low: str = "float16") -> dict:
             "low_mac_fraction": low_macs / macs if macs else None}
 
 
-def _bindings(expr):
+def all_bindings(expr):
+    """Every binding of a SeqExpr, If branches included, in program order."""
     if isinstance(expr, relax.SeqExpr):
         for block in expr.blocks:
             for binding in block.bindings:
                 yield binding
                 if isinstance(binding.value, relax.If):
-                    yield from _bindings(binding.value.true_branch)
-                    yield from _bindings(binding.value.false_branch)
+                    yield from all_bindings(binding.value.true_branch)
+                    yield from all_bindings(binding.value.false_branch)
 
 
 def latency_ms(vm, inputs, func: str = "main", budget_s: float = 2.0, max_runs: int = 20,

@@ -181,6 +181,17 @@ def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None)
 
 
 # ------------------------------------------------------------------------------ the searches
+def _prepare(mod, inputs, tolerance, metric, dtype, target, max_evaluations, policy, calibrated,
+             run_target):
+    """Check the arguments; return the harness, the low-precision candidates and the batches."""
+    batches = _check(mod, inputs, tolerance, max_evaluations)
+    policy = resolve_policy(dtype, policy)
+    calibration = calibrate(mod, batches) if calibrated else None
+    harness = _Harness(mod, batches, metric, dtype, policy, target, calibration, run_target)
+    _, first = harness.convert([])
+    return harness, _low_bindings(first), batches
+
+
 def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="relative_l2",
                          dtype: str = "float16", target=None, max_evaluations: int = 16,
                          policy: Policy | None = None, calibrated: bool = True,
@@ -219,12 +230,8 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
         The tolerance was not met within ``max_evaluations``.
     """
     start = time.perf_counter()
-    batches = _check(mod, inputs, tolerance, max_evaluations)
-    policy = resolve_policy(dtype, policy)
-    calibration = calibrate(mod, batches) if calibrated else None
-    harness = _Harness(mod, batches, metric, dtype, policy, target, calibration, run_target)
-    _, first = harness.convert([])
-    candidates = _low_bindings(first)
+    harness, candidates, batches = _prepare(mod, inputs, tolerance, metric, dtype, target,
+                                            max_evaluations, policy, calibrated, run_target)
 
     def finish(fp32, value):
         converted, report = harness.convert(fp32)
@@ -286,12 +293,8 @@ def bisect_fallback(mod: tvm.IRModule, inputs, tolerance: float, metric="relativ
     and recurses, each trial a full conversion + compile + run. Returns the search result.
     """
     start = time.perf_counter()
-    batches = _check(mod, inputs, tolerance, max_evaluations)
-    policy = resolve_policy(dtype, policy)
-    calibration = calibrate(mod, batches) if calibrated else None
-    harness = _Harness(mod, batches, metric, dtype, policy, target, calibration, run_target)
-    _, first = harness.convert([])
-    candidates = _low_bindings(first)
+    harness, candidates, _ = _prepare(mod, inputs, tolerance, metric, dtype, target,
+                                      max_evaluations, policy, calibrated, run_target)
 
     def trial(low: list) -> bool:
         if harness.evaluations >= max_evaluations:

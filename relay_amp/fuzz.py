@@ -168,7 +168,9 @@ def check_invariants(case: Case, dtype: str) -> tuple:
     original = set()
     relax.analysis.post_order_visit(old_func, lambda e: original.add(e.name)
                                     if isinstance(e, relax.Var) else None)
-    for binding in _all_bindings(new_func.body):
+    from .evaluate import all_bindings  # pylint: disable=import-outside-toplevel
+
+    for binding in all_bindings(new_func.body):
         value = binding.value
         if not isinstance(value, tvm.ir.Call) or not isinstance(value.op, tvm.ir.Op):
             continue
@@ -178,15 +180,6 @@ def check_invariants(case: Case, dtype: str) -> tuple:
         if any(str(a.ty.dtype) == dtype for a in args):
             assert binding.var.name in reported, f"{binding.var.name} is low precision but unreported"
     return new, report
-
-
-def _all_bindings(expr):
-    for block in expr.blocks:
-        for binding in block.bindings:
-            yield binding
-            if isinstance(binding.value, relax.If):
-                yield from _all_bindings(binding.value.true_branch)
-                yield from _all_bindings(binding.value.false_branch)
 
 
 def check_numerics(case: Case, converted: tvm.IRModule, dtype: str) -> float:
