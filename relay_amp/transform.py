@@ -32,6 +32,15 @@ def resolve_policy(dtype=None, policy=None, **policy_kwargs) -> Policy:
     return policy
 
 
+def _well_formed_problem(mod: tvm.IRModule) -> str | None:
+    try:
+        relax.analysis.well_formed(mod)
+    except Exception as err:  # TVM raises InternalError/ValueError with the reason
+        lines = str(err).strip().splitlines()
+        return lines[-1][:200] if lines else type(err).__name__
+    return None
+
+
 def _called_functions(mod: tvm.IRModule) -> set:
     """Names of the Relax functions that other functions of ``mod`` call."""
     called = set()
@@ -125,7 +134,13 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
                                              policy.input_normalization)
         rewriter.builder_.update_func(gvar, new_func)
     new_mod = rewriter.builder_.get()
-    relax.analysis.well_formed(new_mod)
+    input_problem = _well_formed_problem(mod)
+    if input_problem is None:
+        relax.analysis.well_formed(new_mod)  # raises: relay_amp never makes a module ill-formed
+    else:
+        output_problem = _well_formed_problem(new_mod)
+        report.notes.append(f"the input module is not well-formed ({input_problem})"
+                            + ("; the output has the same problem" if output_problem else ""))
     report.rows = rewriter.records
     if debug_guard:
         new_mod = add_debug_guards(new_mod, report)

@@ -191,3 +191,29 @@ def test_converting_float16_output_again_to_bfloat16_leaves_float16_alone():
     once, _ = relay_amp.convert(Net, "float16")
     again, report = _unchanged(once, "bfloat16")
     assert "float16" in again.script() and report.find("lv").input_dtypes == ("float16", "float16")
+
+
+def test_ill_formed_input_from_an_importer_still_converts_with_a_note():
+    """TVM's ONNX importer emits an impure call_packed inside a pure function for Expand with a
+    shape tensor; relay_amp converts it and says the input was not well-formed."""
+    data = relax.Var("data", relax.TensorType((3, 1), "float32"))
+    shape = relax.Var("new_shape", relax.TensorType((2,), "int64"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [data, shape]):
+        with builder.dataflow():
+            builder.emit(tvm.ir.Call(relax.ExternFunc("vm.builtin.tensor_to_shape"), [shape],
+                                     None, [relax.ShapeType(ndim=2)]))
+            out = builder.emit_output(relax.op.add(data, data))
+        builder.emit_func_output(out)
+    mod = builder.get()
+    with pytest.raises(Exception, match="impure call"):
+        relax.analysis.well_formed(mod)
+    new, report = _unchanged_ill_formed(mod)
+    assert any("input module is not well-formed" in note for note in report.notes)
+
+
+def _unchanged_ill_formed(mod):
+    before = tvm_ffi.structural_hash(mod)
+    new, report = relay_amp.convert(mod, "float16")
+    assert tvm_ffi.structural_hash(mod) == before
+    return new, report
