@@ -1,8 +1,9 @@
 # The algorithm, per Relax function (If branches and nested functions are scopes of their own):
 #
 # 1. Decide. Forward over the bindings, the policy gives each call a category and a rule; operand
-#    checks (constants or scalars the low-precision dtype cannot hold, dtypes other than float32)
-#    can overrule it. From the categories follows `can_low`: whether a value can exist in low
+#    checks (constants or scalars the low-precision dtype cannot hold, dtypes other than float32,
+#    calibrated ranges that would overflow) can overrule it, and quantize(x) of values that are
+#    already those integers becomes the identity. From the categories follows `can_low`: whether a value can exist in low
 #    precision without losing what float32 protected (dot products, accumulate ops, and follow
 #    ops whose float activation inputs can all be low; constants and parameters adapt).
 # 2. Demand. Backward over the bindings, each binding records the dtypes its operands must have:
@@ -784,12 +785,13 @@ class MixedPrecisionRewriter(PyExprMutator):
 
     def _rewrite_call(self, var, call: Call, plan: _Plan, output: bool):
         low = self.low
-        if plan.mode == _IDENTITY:
+        if plan.mode == _IDENTITY:  # quantize of values that are already those integers
             data = call.args[0]
-            producer = self._planner.bound.get(data)
-            source = producer.args[0] if data not in self._int_params else data
-            new_var = self._emit(self.visit_expr(source) if data not in self._int_params
-                                 else self._int_params[data], var.name, output)
+            if data in self._int_params:
+                source = self._int_params[data]
+            else:  # quantize(dequantize(q)) with the same parameters
+                source = self.visit_expr(self._planner.bound[data].args[0])
+            new_var = self._emit(source, var.name, output)
             self._record(var, call, new_var, call, plan)
             return new_var
         new_args = []

@@ -437,3 +437,32 @@ def list_models() -> str:
         default = " (default)" if name in DEFAULT_MODELS else ""
         lines.append(f"{name:32s} {spec.family:10s} {spec.task:15s} {spec.weights}{default}")
     return "\n".join(lines)
+
+
+def accuracy_markdown(results: dict, command: str, fallback_rows=None, plot_name="error.png",
+                      order=None) -> str:
+    """docs/ACCURACY.md: headline counts, the error plot, the full table, the fallback table."""
+    meta = results.get("meta", {})
+    done = len(results["models"])
+    lines = ["# Accuracy: relay_amp vs TVM's built-in pass", "",
+             f"Command: `{command}`  ", f"Date: {meta.get('date', '')}  ",
+             f"Machine: {meta.get('machine', '')}", "",
+             meta.get("note", ""), "",
+             f"Models measured: {done} of {len(REGISTRY)} in the registry. relay_amp converts "
+             "with calibrated ranges (one float32 run on the model's own inputs); GluonCV rows "
+             "feed relay_amp uint8 batches from `relay_amp.data.ImageBatches` with the ImageNet "
+             "normalization folded into the first cast, while the float32 reference and TVM's "
+             "pass get the same pixels normalized on the host.", "",
+             *[f"- {line}" for line in summary_lines(results)], "",
+             f"![error per model]({plot_name})", "", markdown_table(results, order), ""]
+    if fallback_rows:
+        from .bench_fallback import table  # pylint: disable=import-outside-toplevel
+
+        lines += ["## Accuracy-driven fallback: relay_amp's search vs segment bisection", "",
+                  "`python scripts/bench_fallback.py` — each model is searched at a tolerance of "
+                  "half the relative L2 error of its plain (calibrated) float16 conversion, so "
+                  "both methods must keep some ops in float32. An evaluation is a full "
+                  "conversion + compile + run; relay_amp's paired run and calibration are not "
+                  "counted as evaluations but are included in its wall time.", "",
+                  table(fallback_rows), ""]
+    return "\n".join(lines)

@@ -1,0 +1,35 @@
+"""Write docs/ACCURACY.md from a sweep's results.json (and a fallback benchmark's JSON)."""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+from relay_amp import sweep
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--results", default="results/results.json")
+    parser.add_argument("--fallback", default="results/fallback.json")
+    parser.add_argument("--command", default="relay-amp sweep --all --out results/")
+    parser.add_argument("--out", default="docs/ACCURACY.md")
+    args = parser.parse_args(argv)
+    with open(args.results, encoding="utf-8") as handle:
+        results = json.load(handle)
+    fallback = None
+    if os.path.exists(args.fallback):
+        with open(args.fallback, encoding="utf-8") as handle:
+            fallback = json.load(handle)
+    folder = os.path.dirname(args.out) or "."
+    sweep.plot_errors(results, os.path.join(folder, "accuracy_error.png"))
+    text = sweep.accuracy_markdown(results, args.command, fallback, "accuracy_error.png")
+    with open(args.out, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
