@@ -29,8 +29,12 @@ def contiguous(array) -> np.ndarray:
 
 
 def _flatten(value) -> list[np.ndarray]:
-    if isinstance(value, (tuple, list)) or type(value).__name__ == "Array":
+    if isinstance(value, (tuple, list)) or type(value).__name__ in ("Array", "Shape"):
+        if type(value).__name__ == "Shape":
+            return [np.array(list(value), dtype=np.int64)]
         return [array for item in value for array in _flatten(item)]
+    if isinstance(value, (bool, int, float)) or not hasattr(value, "numpy"):
+        return [np.array(value)]
     array = value.numpy()
     if array.dtype.kind == "V" or str(array.dtype) == "bfloat16":
         array = array.astype(np.float32)
