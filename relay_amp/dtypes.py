@@ -49,10 +49,12 @@ def out_of_range_value(values: np.ndarray, dtype: str):
     non-zero but rounds to zero underflows (an epsilon of 1e-12 becoming 0 changes what an
     expression means; a tiny entry in a weight tensor does not, so only scalars are checked).
     """
-    values = np.asarray(values, dtype=np.float64)
-    finite = values[np.isfinite(values)]
-    if finite.size:
-        peak = float(np.max(np.abs(finite)))
+    values = np.asarray(values)
+    if values.size:
+        peak = float(np.max(np.abs(values)))
+        if not np.isfinite(peak):  # infinities and NaN are representable: look past them
+            finite = values[np.isfinite(values)]
+            peak = float(np.max(np.abs(finite))) if finite.size else 0.0
         if peak > max_finite(dtype):
             return peak
     if values.size == 1:

@@ -59,7 +59,10 @@ _STORAGE = "storage"  # mode: original, but float32 constants are stored low and
 
 def tensor_dtype(expr_or_type) -> str | None:
     ty = expr_or_type if isinstance(expr_or_type, tvm.ir.Type) else expr_or_type.ty
-    return str(ty.dtype) if isinstance(ty, TensorType) else None
+    if not isinstance(ty, TensorType):
+        return None
+    dtype = ty.dtype  # a PrimType; its .dtype is the plain name (str() would run the printer)
+    return str(getattr(dtype, "dtype", dtype))
 
 
 def _op_name(call: Call) -> str | None:

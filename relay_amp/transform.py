@@ -134,13 +134,13 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
                                              policy.input_normalization)
         rewriter.builder_.update_func(gvar, new_func)
     new_mod = rewriter.builder_.get()
-    input_problem = _well_formed_problem(mod)
-    if input_problem is None:
-        relax.analysis.well_formed(new_mod)  # raises: relay_amp never makes a module ill-formed
-    else:
-        output_problem = _well_formed_problem(new_mod)
-        report.notes.append(f"the input module is not well-formed ({input_problem})"
-                            + ("; the output has the same problem" if output_problem else ""))
+    output_problem = _well_formed_problem(new_mod)
+    if output_problem is not None:
+        input_problem = _well_formed_problem(mod)
+        if input_problem is None:  # relay_amp never makes a well-formed module ill-formed
+            relax.analysis.well_formed(new_mod)
+        report.notes.append(f"the input module is not well-formed ({input_problem}); the "
+                            "output has the same problem")
     report.rows = rewriter.records
     if debug_guard:
         new_mod = add_debug_guards(new_mod, report)
