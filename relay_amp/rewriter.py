@@ -53,6 +53,7 @@ _PrimValue = getattr(relax, "PrimValue", None)
 _LOW = "low"  # mode: float32 operands are brought to the low-precision dtype
 _IDENTITY = "identity"  # mode: the binding is its (integer) input, unchanged
 _QDQ_OPS = ("quantize", "dequantize")
+_SCALED_ATTENTION = ("nn.attention", "nn.attention_bias")
 _ORIGINAL = "original"  # mode: every operand keeps (or gets back) its original dtype
 _STORAGE = "storage"  # mode: original, but float32 constants are stored low and widened
 
@@ -824,6 +825,18 @@ class MixedPrecisionRewriter(PyExprMutator):
         new_var = self._emit(normalized, var.name, output)
         if plan.op == "astype":
             self._adopt_cast(normalized.args[0], new_var)
+        if (plan.mode == _LOW and plan.op in _SCALED_ATTENTION
+                and getattr(normalized.attrs, "scale", None) is not None):
+            # TVM 0.27 legalizes attention with an explicit scale by multiplying the scores with
+            # a float32 constant, so its result becomes float32 whatever the inputs; the cast
+            # (a no-op at this level) brings the legalized result back to the declared dtype.
+            plan.rule += (f"; result pinned to {low} (TVM's legalization of a scaled attention "
+                          "returns float32)")
+            self._record(var, call, new_var, normalized, plan)
+            pinned = self._emit(relax.op.astype(new_var, low), f"{var.name}_{_short(low)}", output)
+            self._casts += 1
+            self.total_casts += 1
+            return pinned
         self._record(var, call, new_var, normalized, plan)
         return new_var
 

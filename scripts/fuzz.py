@@ -33,14 +33,23 @@ def main(argv=None) -> int:
               suppress_health_check=list(HealthCheck))
     @given(case=fuzz.cases(), dtype=st.sampled_from(["float16", "bfloat16"]))
     def run(case, dtype):
-        converted, _ = fuzz.check_invariants(case, dtype)
+        try:
+            converted, _ = fuzz.check_invariants(case, dtype)
+        except Exception:
+            print(f"FAILING {dtype} {case.ops}\n{case.mod.script(show_meta=False)}", flush=True)
+            raise
         counts["examples"] += 1
         counts[dtype] += 1
         batch_dim = case.mod["main"].params[0].ty.shape.values[0]
         counts["static batch" if hasattr(batch_dim, "value") else "symbolic batch"] += 1
         ops.update(case.ops)
         if "if" not in case.ops and counts["examples"] % args.numeric_every == 0:
-            error = fuzz.check_numerics(case, converted, dtype)
+            try:
+                error = fuzz.check_numerics(case, converted, dtype)
+            except Exception:
+                print(f"FAILING NUMERICS {dtype} {case.ops}\n{case.mod.script(show_meta=False)}"
+                      f"\n{converted.script(show_meta=False)}", flush=True)
+                raise
             counts["numeric checks"] += 1
             worst[dtype] = max(worst[dtype], error)
         if counts["examples"] % 500 == 0:

@@ -5,6 +5,7 @@ import pytest
 import tvm
 from tvm.script import ir as I
 from tvm.script import relax as R
+from tvm.script import tirx as T
 
 import relay_amp
 from relay_amp import evaluate
@@ -241,6 +242,32 @@ def test_attention_attributes_survive_where_the_builtin_drops_them():
     builtin = evaluate.agreement(reference, run_module(evaluate.builtin_convert(mod), inputs))
     assert ours.relative_l2 < 1e-3
     assert builtin.relative_l2 > 0.1  # scale, causal mask and bias were dropped
+
+
+def test_scaled_attention_feeds_low_precision_consumers(dtype):
+    """TVM legalizes attention with a scale to float32; the pinned result still feeds a float16
+    or bfloat16 add and matmul, compiles, and matches float32."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(q: R.Tensor(("n", 8, 2, 16), "float32"), w: R.Tensor((32, 32), "float32")):
+            n = T.int64()
+            with R.dataflow():
+                lv = R.nn.attention(q, q, q, scale=0.25)
+                lv1 = R.add(lv, q)
+                lv2 = R.reshape(lv1, (n * 8, 32))
+                gv = R.matmul(lv2, w)
+                R.output(gv)
+            return gv
+
+    q = np.random.default_rng(3).uniform(-1, 1, (2, 8, 2, 16)).astype("float32")
+    w = np.random.default_rng(4).normal(0, 0.2, (32, 32)).astype("float32")
+    converted, report = relay_amp.convert(Before, dtype)
+    assert report.find("lv").compute_dtype == dtype and "pinned" in report.find("lv").rule
+    assert report.find("lv1").compute_dtype == dtype
+    result = evaluate.agreement(run_module(Before, [q, w]), run_module(converted, [q, w]))
+    assert result.relative_l2 < TOLERANCE[dtype], result
 
 
 def test_bfloat16_ops_tvm_cannot_compile_stay_float32():
