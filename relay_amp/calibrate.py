@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .evaluate import compile_module, contiguous
+from .evaluate import compile_module, contiguous, with_function
 
 
 @dataclass
@@ -147,7 +147,7 @@ def calibrate(mod: tvm.IRModule, inputs, func: str = "main", target=None,
     function = mod[func]
     ordered = [_check_batch(function, batch, i) for i, batch in enumerate(batches)]
     instrumented, names = _instrument(function)
-    probe = tvm.IRModule({**{gv.name_hint: f for gv, f in mod.functions_items()}, func: instrumented})
+    probe = with_function(mod, func, instrumented)
     vm = compile_module(relax.transform.Normalize()(probe), target)
     calibration = Calibration(margin=margin)
     for batch in ordered:

@@ -15,6 +15,14 @@ def host_target() -> tvm.target.Target:
     return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
 
 
+def with_function(mod: tvm.IRModule, name: str, func) -> tvm.IRModule:
+    """A copy of ``mod`` whose function ``name`` is ``func``; every other function, and every
+    GlobalVar that calls refer to, stays as it is."""
+    functions = dict(mod.functions_items())
+    functions[mod.get_global_var(name)] = func
+    return tvm.IRModule(functions, attrs=mod.attrs)
+
+
 def compile_module(mod: tvm.IRModule, target=None):
     """Compile ``mod`` with TVM's default pipeline and return a Relax VirtualMachine."""
     target = target or host_target()

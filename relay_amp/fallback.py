@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from .calibrate import _as_batches, _check_batch, calibrate
-from .evaluate import agreement, compile_module, contiguous
+from .evaluate import agreement, compile_module, contiguous, with_function
 from .policy import Policy
 from .report import Report
 from .transform import convert, resolve_policy
@@ -170,7 +170,7 @@ def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None)
     ret = tvm.ir.type.TupleType([func.ret_ty, tvm.ir.type.TupleType([scalar] * len(stats))])
     body = relax.SeqExpr(blocks, relax.Tuple([func.body.body, relax.Tuple(stats)]))
     paired = relax.Function(func.params, body, ret, func.is_pure, func.attrs)
-    probe = tvm.IRModule({**{gv.name_hint: f for gv, f in mod.functions_items()}, "main": paired})
+    probe = with_function(mod, "main", paired)
     vm = compile_module(relax.transform.Normalize()(probe), run_target)
     totals = np.zeros(len(stats), np.float64)
     for batch in batches:

@@ -7,6 +7,7 @@ from tvm import relax
 
 from .calibrate import Calibration
 from .dtypes import check_low_precision_dtype
+from .evaluate import with_function
 from .policy import Policy, current_policy
 from .report import Report
 from .rewriter import MixedPrecisionRewriter
@@ -202,14 +203,8 @@ def add_debug_guards(mod: tvm.IRModule, report: Report) -> tvm.IRModule:
         body = relax.SeqExpr(blocks, func.body.body)
         updated[gvar] = relax.Function(func.params, body, func.ret_ty, False, func.attrs)
     for gvar, func in updated.items():
-        mod = _replace(mod, gvar, func)
+        mod = with_function(mod, gvar.name_hint, func)
     return relax.transform.Normalize()(mod)
-
-
-def _replace(mod: tvm.IRModule, gvar, func) -> tvm.IRModule:
-    functions = {gv: f for gv, f in mod.functions_items()}
-    functions[gvar] = func
-    return tvm.IRModule(functions, attrs=mod.attrs)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relay_amp.ToMixedPrecision")
