@@ -444,15 +444,19 @@ def accuracy_markdown(results: dict, command: str, fallback_rows=None, plot_name
     """docs/ACCURACY.md: headline counts, the error plot, the full table, the fallback table."""
     meta = results.get("meta", {})
     done = len(results["models"])
+    gluon = [m for m in results["models"].values() if m.get("family") == "gluoncv"]
+    uint8 = sum(1 for m in gluon if m.get("variants", {}).get("relay_amp:float16", {}).get("input"))
     lines = ["# Accuracy: relay_amp vs TVM's built-in pass", "",
              f"Command: `{command}`  ", f"Date: {meta.get('date', '')}  ",
              f"Machine: {meta.get('machine', '')}", "",
              meta.get("note", ""), "",
              f"Models measured: {done} of {len(REGISTRY)} in the registry. relay_amp converts "
-             "with calibrated ranges (one float32 run on the model's own inputs); GluonCV rows "
-             "feed relay_amp uint8 batches from `relay_amp.data.ImageBatches` with the ImageNet "
-             "normalization folded into the first cast, while the float32 reference and TVM's "
-             "pass get the same pixels normalized on the host.", "",
+             "with calibrated ranges (one float32 run on the model's own inputs). In "
+             f"{uint8} of the {len(gluon)} GluonCV rows relay_amp was fed uint8 batches from "
+             "`relay_amp.data.ImageBatches` with the ImageNet normalization folded into the first "
+             "cast (the rows whose `input` field says so in results.json; the others were "
+             "measured before the sweep switched to uint8 and got float32 input); the float32 "
+             "reference and TVM's pass always get the same pixels normalized on the host.", "",
              *[f"- {line}" for line in summary_lines(results)], "",
              f"![error per model]({plot_name})", "", markdown_table(results, order), ""]
     if fallback_rows:
