@@ -160,6 +160,15 @@ def import_onnx(model, input_shapes: dict, notes: list, simplify: bool = False):
 
 
 # ------------------------------------------------------------------------------ GluonCV
+def _gluon_net(model_zoo, name: str):
+    """The model without any pretrained weights: detection, segmentation and pose models default
+    to downloading a pretrained backbone (``pretrained_base=True``), which must not happen here."""
+    try:
+        return model_zoo.get_model(name, pretrained=False, pretrained_base=False)
+    except TypeError:  # classification models take no pretrained_base
+        return model_zoo.get_model(name, pretrained=False)
+
+
 def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     import onnx  # pylint: disable=import-outside-toplevel
@@ -170,7 +179,7 @@ def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
     mx.random.seed(0)
     np.random.seed(0)
     height, width = spec.input_size
-    net = model_zoo.get_model(spec.name, pretrained=False)
+    net = _gluon_net(model_zoo, spec.name)
     net.initialize(mx.init.Xavier(magnitude=2.0))
     if height == width:  # uint8 batches from the loader; float32 normalized on the host
         pixels = next(iter(ImageBatches(photo_list(), height, batch_size=8, layout="NHWC")))

@@ -90,7 +90,9 @@ def load_gluon(name: str, batch_size: int = 1, image_size: int = 224, seed: int 
 
     mx.random.seed(seed)
     np.random.seed(seed)
-    net = model_zoo.get_model(name, pretrained=False)
+    from .models import _gluon_net  # pylint: disable=import-outside-toplevel
+
+    net = _gluon_net(model_zoo, name)
     net.initialize(mx.init.Xavier(magnitude=2.0))
     calibration = normalize(sample_images(max(batch_size, 8), image_size))
     net(mx.nd.array(calibration[:1]))  # finish deferred initialization

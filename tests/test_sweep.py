@@ -146,3 +146,14 @@ def test_one_model_sweep_end_to_end(tmp_path):
     # resumable: a second run measures nothing new and keeps the rows
     again = sweep.run_sweep(["cifar_resnet20_v1"], ("float16", "bfloat16"), out, progress=False)
     assert again["models"]["cifar_resnet20_v1"] == model
+
+
+def test_detection_models_build_without_downloading_a_backbone():
+    """GluonCV detection models default to downloading a pretrained backbone; the sweep builds
+    them with none (this machine, like CI, has no network: a download attempt would fail)."""
+    from gluoncv import model_zoo
+
+    from relay_amp.models import _gluon_net
+
+    assert type(_gluon_net(model_zoo, "ssd_300_vgg16_atrous_voc")).__name__ == "SSD"
+    assert type(_gluon_net(model_zoo, "resnet18_v1")).__name__ == "ResNetV1"
