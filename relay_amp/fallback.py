@@ -150,9 +150,9 @@ def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None)
                     args.append(arg)
             attrs = value.attrs
             if attrs is not None and hasattr(attrs, "out_dtype") and value.op.name != "relax.quantize":
-                from .rewriter import _replace_attrs  # pylint: disable=import-outside-toplevel
+                from .rewriter import replace_attrs  # pylint: disable=import-outside-toplevel
 
-                attrs = _replace_attrs(attrs, out_dtype="float32")
+                attrs = replace_attrs(attrs, out_dtype="float32")
             try:
                 shadow = bind(tvm.ir.Call(value.op, args, attrs, value.ty_args), "pair_low")
             except Exception:  # the op does not take low-precision operands: nothing to measure

@@ -102,7 +102,7 @@ class Report:
         header = ("function", "binding", "op", "inputs", "compute", "acc", "output", "casts",
                   "rule")
         rows = self.rows if max_rows is None else self.rows[:max_rows]
-        body = [(r.function, r.name, r.op, ",".join(_short(d) for d in r.input_dtypes),
+        body = [(r.function, r.name, r.op, ",".join(short_dtype(d) for d in r.input_dtypes),
                  r.compute_dtype, r.accumulation_dtype, r.output_dtype, str(r.casts_added),
                  r.rule) for r in rows]
         widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
@@ -131,7 +131,8 @@ class Report:
         return json.dumps(self.to_dict(), **{"indent": 2, **kwargs})
 
 
-def _short(dtype: str) -> str:
+def short_dtype(dtype: str) -> str:
+    """``f16``, ``bf16``, ``f32`` for the report's compact columns; other dtypes as they are."""
     return {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}.get(dtype, dtype)
 
 

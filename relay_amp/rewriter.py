@@ -43,7 +43,7 @@ from tvm.relax import (
 from .dtypes import numpy_dtype, out_of_range_value
 from .op_tables import EXACT_OPS, LOW_CATEGORIES, PASSTHROUGH_OPS, TVM_LIMITATIONS, Category
 from .policy import Decision, Policy
-from .report import BindingRecord, estimate_macs
+from .report import BindingRecord, estimate_macs, short_dtype as _short
 
 _GenericConst = type(relax.const(0.0))
 _TupleType = tvm.ir.type.TupleType
@@ -94,7 +94,8 @@ def _lowered_type(ty, low: str):
     return ty
 
 
-def _replace_attrs(attrs, **changes):
+def replace_attrs(attrs, **changes):
+    """A copy of a call's ``attrs`` with some fields changed."""
     info = type(attrs).__tvm_ffi_type_info__
     fields = {f.name: getattr(attrs, f.name) for f in info.fields}
     fields.update(changes)
@@ -812,7 +813,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         attrs = call.attrs
         if (plan.mode == _LOW and attrs is not None and hasattr(attrs, "out_dtype")
                 and plan.op != "quantize"):  # quantize's out_dtype is its integer result
-            attrs = _replace_attrs(attrs, out_dtype=plan.accumulation or low)
+            attrs = replace_attrs(attrs, out_dtype=plan.accumulation or low)
         new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
         try:
             normalized = self.builder_.normalize(new_call)
@@ -889,5 +890,3 @@ def _same_dtypes(a, b) -> bool:
     return True
 
 
-def _short(dtype: str) -> str:
-    return {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}.get(dtype, dtype)

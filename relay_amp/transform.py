@@ -239,8 +239,10 @@ class ToMixedPrecision:
     def __init__(self, dtype: str | None = None, policy: Policy | None = None, target=None,
                  calibration=None, **policy_kwargs):
         self.dtype = None if dtype is None else check_low_precision_dtype(dtype)
-        self.policy = resolve_policy(dtype, policy or current_policy(), **policy_kwargs) if (
-            policy is not None or policy_kwargs or current_policy() is not None) else None
+        configured = policy or current_policy()
+        # without a policy now, the one active when the pass runs applies (see transform_module)
+        self.policy = (resolve_policy(dtype, configured, **policy_kwargs)
+                       if configured is not None or policy_kwargs else None)
         self.target = as_target(target)
         self.calibration = calibration
         self.last_report: Report | None = None
