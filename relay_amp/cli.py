@@ -33,6 +33,33 @@ def _sweep(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    from . import bench  # pylint: disable=import-outside-toplevel
+
+    def names(text):
+        return [item for item in text.split(",") if item]
+
+    try:
+        sizes = [int(size) for size in names(args.sizes)]
+    except ValueError:
+        print(f"relay-amp bench: --sizes takes comma-separated integers; got {args.sizes!r}",
+              file=sys.stderr)
+        return 2
+    unknown = [m for m in names(args.models) + names(args.latency_models) if m not in REGISTRY]
+    unknown += [k for k in names(args.kinds) if k not in bench.KINDS]
+    if unknown or args.repeats < 1:
+        print(f"relay-amp bench: unknown model or graph kind: {', '.join(unknown)}" if unknown
+              else "relay-amp bench: --repeats must be at least 1", file=sys.stderr)
+        return 2
+    results = bench.run_bench(sizes, names(args.kinds), names(args.models),
+                              names(args.latency_models), args.repeats, args.sweep_results,
+                              progress=not args.quiet)
+    paths = bench.write_outputs(results, args.out)
+    print(bench.markdown(results))
+    print("wrote " + ", ".join(paths))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="relay-amp", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -51,6 +78,23 @@ def main(argv=None) -> int:
     sweep.add_argument("--list", action="store_true", help="list the models and exit")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.set_defaults(run=_sweep)
+    from .bench import KINDS, LATENCY_MODELS, MODELS, SIZES  # pylint: disable=import-outside-toplevel
+
+    bench = commands.add_parser(
+        "bench", help="conversion speed and scaling, casts, bytes, CPU latency vs TVM's pass")
+    bench.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                       help="synthetic graph sizes in bindings; empty skips (default: %(default)s)")
+    bench.add_argument("--kinds", default=",".join(KINDS), help="default: %(default)s")
+    bench.add_argument("--models", default=",".join(MODELS),
+                       help="models for conversion time, casts and bytes (default: %(default)s)")
+    bench.add_argument("--latency-models", default=",".join(LATENCY_MODELS),
+                       help="models also compiled and timed on this CPU (default: %(default)s)")
+    bench.add_argument("--repeats", type=int, default=5, help="default: %(default)s")
+    bench.add_argument("--sweep-results", default=None,
+                       help="a sweep's results.json: adds cast ratios over all its models")
+    bench.add_argument("--out", default="results/bench", help="default: %(default)s")
+    bench.add_argument("--quiet", action="store_true", help="no progress bars")
+    bench.set_defaults(run=_bench)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -141,10 +141,11 @@ def _static_shape(expr) -> list[int] | None:
     ty = expr.ty
     if not isinstance(ty, TensorType) or ty.shape is None:
         return None
-    dims = []
-    for dim in ty.shape.values:
-        dims.append(int(dim.value) if isinstance(dim, tvm.tirx.IntImm) else 1)
-    return dims
+    values = ty.shape.values
+    try:
+        return [int(dim) for dim in values]
+    except (TypeError, ValueError):  # a symbolic dimension
+        return [int(dim.value) if isinstance(dim, tvm.tirx.IntImm) else 1 for dim in values]
 
 
 def _prod(values) -> int:
@@ -154,8 +155,15 @@ def _prod(values) -> int:
     return out
 
 
+MAC_OPS = frozenset((
+    "nn.conv1d", "nn.conv2d", "nn.conv3d", "nn.conv1d_transpose", "nn.conv2d_transpose",
+    "nn.conv3d_transpose", "matmul", "nn.attention", "nn.attention_bias", "outer"))
+
+
 def estimate_macs(op: str, call) -> int:
     """Multiply-accumulates of a dot-product op (0 for other ops); symbolic dims count as 1."""
+    if op not in MAC_OPS:
+        return 0
     try:
         if op in ("nn.conv1d", "nn.conv2d", "nn.conv3d"):
             out, weight = _static_shape(call), _static_shape(call.args[1])

@@ -40,7 +40,7 @@ from tvm.relax import (
     expr_functor,
 )
 
-from .dtypes import numpy_dtype, out_of_range_value
+from .dtypes import converted_tensor, numpy_dtype, out_of_range_value
 from .op_tables import EXACT_OPS, LOW_CATEGORIES, PASSTHROUGH_OPS, TVM_LIMITATIONS, Category
 from .policy import Decision, Policy
 from .report import BindingRecord, estimate_macs, short_dtype as _short
@@ -60,26 +60,51 @@ _STORAGE = "storage"  # mode: original, but float32 constants are stored low and
 
 def tensor_dtype(expr_or_type) -> str | None:
     ty = expr_or_type if isinstance(expr_or_type, tvm.ir.Type) else expr_or_type.ty
-    if not isinstance(ty, TensorType):
+    if type(ty) is not TensorType:  # noqa: E721 (exact type checks skip the ABC machinery)
         return None
     dtype = ty.dtype  # a PrimType; its .dtype is the plain name (str() would run the printer)
     return str(getattr(dtype, "dtype", dtype))
 
 
+class DtypeCache:
+    """``tensor_dtype`` of expressions, memoized for one conversion.
+
+    Every access to a TVM object's field crosses the FFI; a conversion asks for the dtype of the
+    same variable many times. Entries keep their expression alive, so a handle is never reused
+    for another object while the cache lives."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self):
+        self._entries: dict = {}
+
+    def __call__(self, expr) -> str | None:
+        key = expr.__chandle__()
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = (expr, tensor_dtype(expr))
+        return entry[1]
+
+
 def _op_name(call: Call) -> str | None:
-    if isinstance(call.op, tvm.ir.Op):
+    if type(call.op) is tvm.ir.Op:  # noqa: E721
         name = call.op.name
         return name[len("relax."):] if name.startswith("relax.") else name
     return None
 
 
-def _leaves(expr):
+def _leaves(expr) -> list:
     """The leaf expressions of an argument: the fields of (nested) inline tuples, else itself."""
-    if isinstance(expr, relax.Tuple):
-        for field in expr.fields:
-            yield from _leaves(field)
-    else:
-        yield expr
+    if type(expr) is not relax.Tuple:  # noqa: E721
+        return [expr]
+    return [leaf for field in expr.fields for leaf in _leaves(field)]
+
+
+_VAR_TYPES = frozenset((Var, DataflowVar))
+
+
+def _is_var(expr) -> bool:
+    return type(expr) in _VAR_TYPES
 
 
 def _lowered_type(ty, low: str):
@@ -121,7 +146,7 @@ class FunctionPlanner:
     """Steps 1 and 2 of the algorithm for one function."""
 
     def __init__(self, policy: Policy, low: str, target_rule, constant_check, params_low: set,
-                 observed=None, margin: float = 1.0, int_inputs=None):
+                 observed=None, margin: float = 1.0, int_inputs=None, dtype_of=None):
         self.policy = policy
         self.observed = observed  # var -> calibrated max |x| (None: not calibrated)
         self.margin = margin
@@ -129,6 +154,7 @@ class FunctionPlanner:
         self.low = low
         self.target_rule = target_rule
         self.constant_check = constant_check
+        self.dtype_of = dtype_of or DtypeCache()
         self.params = set()
         self.params_low = params_low
         self.int_inputs = int_inputs or {}  # original float32 param -> integer dtype it is fed in
@@ -138,77 +164,109 @@ class FunctionPlanner:
         self.demand: dict = {}
         self.item_demand: dict = {}  # (tuple var, index) -> dtypes wanted of that field
         self.plans: dict = {}
+        self.call_args: dict = {}  # call binding var -> [(argument, its leaves)]
+        # Each FFI access returns a new Python wrapper, and a dict lookup with a wrapper that is
+        # not the stored key falls back to a Python __eq__; every var is therefore looked up
+        # through one canonical wrapper per object, so the lookups hit by identity.
+        self._canonical: dict = {}
+        self._sequences: dict = {}
 
     # ------------------------------------------------------------------ helpers
+    def canonical(self, var):
+        """The one wrapper this planner uses for ``var`` (a Var; anything else is returned)."""
+        if type(var) not in _VAR_TYPES:
+            return var
+        return self._canonical.setdefault(var.__chandle__(), var)
+
+    def leaves(self, arg) -> list:
+        """``_leaves(arg)`` with canonical vars."""
+        return [self.canonical(leaf) for leaf in _leaves(arg)]
+
+    def bindings(self, seq: SeqExpr) -> list:
+        """(binding, canonical var, value) of ``seq``, extracted once."""
+        key = seq.__chandle__()
+        entry = self._sequences.get(key)
+        if entry is None:
+            items = [(binding, self.canonical(binding.var), binding.value)
+                     for block in seq.blocks for binding in block.bindings]
+            entry = self._sequences[key] = (seq, items)
+        return entry[1]
+
     def _orig_dtype(self, var) -> str | None:
         if var in self.params_low:
             return self.low
-        return tensor_dtype(var)
+        return self.dtype_of(var)
 
     def _is_f32_ready(self, leaf) -> bool:
-        if isinstance(leaf, _GenericConst):
+        if type(leaf) is _GenericConst:
             return True
-        if isinstance(leaf, Var):
-            if leaf in self.f32_ready:
-                return self.f32_ready[leaf]
+        if _is_var(leaf):
+            ready = self.f32_ready.get(leaf)
+            if ready is not None:
+                return ready
             return self._orig_dtype(leaf) == "float32"  # parameters and free vars
         return True
 
     def _is_lowish(self, leaf) -> bool:
         """Can ``leaf`` be had in low precision without losing float32 protection?"""
-        if isinstance(leaf, _GenericConst):
+        if type(leaf) is _GenericConst:
             return True
-        if isinstance(leaf, Var):
+        if _is_var(leaf):
             return leaf in self.params or self.can_low.get(leaf, False) or (
                 self._orig_dtype(leaf) == self.low)
         return True
 
-    def _float_leaves(self, call):
-        for arg in call.args:
-            for leaf in _leaves(arg):
-                dtype = tensor_dtype(leaf) if isinstance(leaf.ty, TensorType) else None
+    def _float_leaves(self, var) -> list:
+        """(leaf, dtype) of the float tensor leaves of the arguments of ``var``'s call."""
+        found = []
+        for _, arg_leaves in self.call_args[var]:
+            for leaf in arg_leaves:
+                dtype = self.dtype_of(leaf)
                 if dtype is not None and dtype.startswith(("float", "bfloat")):
-                    yield leaf, dtype
+                    found.append((leaf, dtype))
+        return found
 
     # ------------------------------------------------------------------ step 1
     def forward(self, seq: SeqExpr, params=()):
-        self.params.update(params)
-        for block in seq.blocks:
-            for binding in block.bindings:
-                self._forward_binding(binding)
+        self.params.update(self.canonical(p) for p in params)
+        for binding, var, value in self.bindings(seq):
+            self._forward_binding(binding, var, value)
 
-    def _forward_binding(self, binding):
-        var, value = binding.var, binding.value
+    def _forward_binding(self, binding, var, value):
         self.bound[var] = value
         if self._orig_dtype(var) == self.low:
             self.can_low[var] = True
-        if isinstance(binding, MatchCast):
+        if type(binding) is MatchCast:
             return
         self._check_observed(var)
-        if isinstance(value, Call) and _op_name(value) is not None:
-            plan = self._plan_call(var, value)
+        value_type = type(value)
+        if value_type is Call and _op_name(value) is not None:
+            self.call_args[var] = [(self.canonical(arg), self.leaves(arg)) for arg in value.args]
+            float_leaves = self._float_leaves(var)
+            plan = self._plan_call(var, value, float_leaves)
             self.plans[var] = plan
             self.can_low[var] = var not in self.hot and (
-                self.can_low.get(var, False) or self._call_can_low(plan, value))
-            self.f32_ready[var] = self._call_f32_ready(plan, var, value)
-        elif isinstance(value, If):
+                self.can_low.get(var, False) or self._call_can_low(plan, float_leaves))
+            self.f32_ready[var] = self._call_f32_ready(plan, var, float_leaves)
+        elif value_type is If:
             self.forward(value.true_branch)
             self.forward(value.false_branch)
-        elif isinstance(value, Var):
+        elif _is_var(value):
+            value = self.canonical(value)
             self.can_low[var] = self.can_low.get(var, False) or self.can_low.get(value, False)
             self.f32_ready[var] = self._is_f32_ready(value)
-        elif isinstance(value, relax.Tuple):
-            leaves = [leaf for leaf in _leaves(value) if isinstance(leaf, Var)]
+        elif value_type is relax.Tuple:
+            leaves = [leaf for leaf in self.leaves(value) if _is_var(leaf)]
             self.can_low[var] = bool(leaves) and all(self._is_lowish(x) for x in leaves) and any(
                 self.can_low.get(x, False) for x in leaves)
             self.f32_ready[var] = all(self._is_f32_ready(x) for x in leaves)
-        elif isinstance(value, TupleGetItem) and isinstance(value.tuple_value, Var):
-            self.can_low[var] = self.can_low.get(var, False) or self.can_low.get(
-                value.tuple_value, False)
-            self.f32_ready[var] = self._is_f32_ready(value.tuple_value)
+        elif value_type is TupleGetItem and _is_var(value.tuple_value):
+            source = self.canonical(value.tuple_value)
+            self.can_low[var] = self.can_low.get(var, False) or self.can_low.get(source, False)
+            self.f32_ready[var] = self._is_f32_ready(source)
 
     def _check_observed(self, var):
-        if self.observed is None or tensor_dtype(var) != "float32":
+        if self.observed is None or self.dtype_of(var) != "float32":
             return
         largest = self.observed(var)
         if largest is None:
@@ -225,15 +283,15 @@ class FunctionPlanner:
             self.hot[var] = (f"observed max {largest:.3g} is below {self.low}'s smallest normal "
                              f"{float(info.smallest_normal):.3g}")
 
-    def _plan_call(self, var, call) -> _Plan:
+    def _plan_call(self, var, call, float_leaves: list) -> _Plan:
         op = _op_name(call)
         name = var.name
         plan = _Plan(op, self.policy.decide(op, name, call.attrs, self.target_rule))
         category = plan.category
         if category is None or category == Category.FP32:
             return plan
-        float_leaves = list(self._float_leaves(call))
-        out_dtypes = {tensor_dtype(t) for t in _type_leaves(var.ty)}
+        var_dtype = self.dtype_of(var)
+        out_dtypes = {var_dtype} if var_dtype else {tensor_dtype(t) for t in _type_leaves(var.ty)}
         plan.float_output = any(d.startswith(("float", "bfloat")) for d in out_dtypes)
         if op == "quantize":
             identity = self._quantize_identity(call)
@@ -250,7 +308,7 @@ class FunctionPlanner:
         if not any(d == "float32" for _, d in float_leaves) and "float32" not in out_dtypes:
             return self._keep(plan, f"kept: {op} has no float32 tensor to convert")
         for leaf, dtype in float_leaves:
-            if isinstance(leaf, _GenericConst) and dtype == "float32":
+            if type(leaf) is _GenericConst and dtype == "float32":
                 bad = self.constant_check(leaf)
                 if bad is not None and category != Category.STORAGE:
                     return self._keep(plan, f"fp32: constant {bad:.4g} "
@@ -265,7 +323,7 @@ class FunctionPlanner:
                 plan.rule += f"; result kept float32: {self.hot[var]}"
             else:
                 return self._keep(plan, f"fp32: {self.hot[var]}")
-        for arg in call.args:
+        for arg, _ in self.call_args[var]:
             scalar = _scalar_value(arg)
             if scalar is not None and out_of_range_value(np.array(scalar), self.low) is not None:
                 return self._keep(plan, f"fp32: scalar argument {scalar:.4g} "
@@ -302,9 +360,9 @@ class FunctionPlanner:
         plan.rule = rule
         return plan
 
-    def _call_can_low(self, plan: _Plan, call) -> bool:
+    def _call_can_low(self, plan: _Plan, float_leaves: list) -> bool:
         category = plan.category
-        if any(leaf in self.hot for leaf, _ in self._float_leaves(call)):
+        if self.hot and any(leaf in self.hot for leaf, _ in float_leaves):
             return False
         if plan.op == "dequantize" and category == Category.FOLLOW:
             return True  # out_dtype makes it produce the low-precision dtype directly
@@ -313,13 +371,16 @@ class FunctionPlanner:
         if category == Category.ACCUMULATE:
             return True
         if category == Category.FOLLOW:
-            leaves = [leaf for leaf, _ in self._float_leaves(call)]
-            activations = [x for x in leaves if isinstance(x, Var) and x not in self.params]
-            return bool(activations) and all(self._is_lowish(x) for x in leaves) and any(
+            leaves = [leaf for leaf, _ in float_leaves]
+            activations = [x for x in leaves if _is_var(x) and x not in self.params]
+            if not activations:  # constants only: an exact op on their offline copies is exact
+                return plan.op in EXACT_OPS and bool(leaves) and all(
+                    type(x) is _GenericConst for x in leaves)
+            return all(self._is_lowish(x) for x in leaves) and any(
                 self.can_low.get(x, False) or self._orig_dtype(x) == self.low for x in activations)
         return False
 
-    def _call_f32_ready(self, plan: _Plan, var, call) -> bool:
+    def _call_f32_ready(self, plan: _Plan, var, float_leaves: list) -> bool:
         """Will the float32 value of this binding exist without a cast?"""
         if self._orig_dtype(var) == self.low:
             return False
@@ -329,41 +390,43 @@ class FunctionPlanner:
         if category == Category.LOW_PRECISION:
             return False
         if category == Category.FOLLOW:
-            return all(self._is_f32_ready(leaf) for leaf, _ in self._float_leaves(call))
+            return all(self._is_f32_ready(leaf) for leaf, _ in float_leaves)
         return True
 
     # ------------------------------------------------------------------ step 2
     def want(self, expr, dtypes):
         """Record that the var leaves of ``expr`` are wanted in ``dtypes``."""
-        for leaf in _leaves(expr):
-            if isinstance(leaf, Var):
-                self.demand.setdefault(leaf, set()).update(dtypes)
+        for leaf in self.leaves(expr):
+            if _is_var(leaf):
+                wanted = self.demand.get(leaf)
+                if wanted is None:
+                    wanted = self.demand[leaf] = set()
+                wanted.update(dtypes)
 
     def want_original(self, expr):
-        for leaf in _leaves(expr):
-            if isinstance(leaf, Var):
+        for leaf in self.leaves(expr):
+            if _is_var(leaf):
                 dtype = self._orig_dtype(leaf)
-                if dtype is not None:
-                    self.demand.setdefault(leaf, set()).add(dtype)
-                else:
-                    self.demand.setdefault(leaf, set()).add("original")
+                wanted = self.demand.get(leaf)
+                if wanted is None:
+                    wanted = self.demand[leaf] = set()
+                wanted.add(dtype if dtype is not None else "original")
 
     def backward(self, seq: SeqExpr, result_dtypes_low: bool):
         if result_dtypes_low:
             self.want(seq.body, {self.low})
         else:
             self.want_original(seq.body)
-        for block in reversed(seq.blocks):
-            for binding in reversed(block.bindings):
-                self._backward_binding(binding)
+        for binding, var, value in reversed(self.bindings(seq)):
+            self._backward_binding(binding, var, value)
 
-    def _backward_binding(self, binding):
-        var, value = binding.var, binding.value
+    def _backward_binding(self, binding, var, value):
         demand = self.demand.get(var, set())
-        if isinstance(binding, MatchCast):
+        if type(binding) is MatchCast:
             self.want_original(value)
             return
-        if isinstance(value, Call):
+        value_type = type(value)
+        if value_type is Call:
             plan = self.plans.get(var)
             if plan is None:  # a call of a function, closure or extern: keeps its signature
                 for arg in value.args:
@@ -372,28 +435,28 @@ class FunctionPlanner:
             self._choose_mode(plan, var, demand)
             if plan.mode == _IDENTITY:
                 return
-            for index, arg in enumerate(value.args):
+            low_operands = {self.low}
+            for index, (_, arg_leaves) in enumerate(self.call_args[var]):
                 if plan.op in _QDQ_OPS and (plan.mode != _LOW or index > 0):
                     continue  # integers, scales and zero points keep their dtypes
-                if plan.mode == _LOW:
-                    for leaf in _leaves(arg):
-                        if isinstance(leaf, Var) and self._orig_dtype(leaf) in ("float32", self.low):
-                            self.want(leaf, {self.low})
-                        else:
-                            self.want_original(leaf)
-                else:
-                    self.want_original(arg)
-        elif isinstance(value, If):
+                for leaf in arg_leaves:
+                    if not _is_var(leaf):
+                        continue
+                    if plan.mode == _LOW and self._orig_dtype(leaf) in ("float32", self.low):
+                        self.want(leaf, low_operands)
+                    else:
+                        self.want_original(leaf)
+        elif value_type is If:
             self.backward(value.true_branch, False)
             self.backward(value.false_branch, False)
-        elif isinstance(value, relax.Tuple):
+        elif value_type is relax.Tuple:
             for index, field in enumerate(value.fields):
                 wanted = demand | self.item_demand.get((var, index), set())
                 self._want_field(field, wanted)
-        elif isinstance(value, Var):
+        elif _is_var(value):
             self.want(value, demand)
-        elif isinstance(value, TupleGetItem):
-            source = value.tuple_value
+        elif value_type is TupleGetItem:
+            source = self.canonical(value.tuple_value)
             self.item_demand.setdefault((source, value.index), set()).update(demand)
             self.want(source, demand)
 
@@ -407,10 +470,11 @@ class FunctionPlanner:
 
     def _want_field(self, field, wanted: set):
         """Demand on one field of a tuple: "original" means the field's own original dtype."""
-        if isinstance(field, relax.Tuple):
+        if type(field) is relax.Tuple:
             for inner in field.fields:
                 self._want_field(inner, wanted)
-        elif isinstance(field, Var):
+        elif _is_var(field):
+            field = self.canonical(field)
             original = self._orig_dtype(field)
             resolved = {original if d == "original" and original else d for d in wanted}
             self.demand.setdefault(field, set()).update(resolved)
@@ -479,9 +543,10 @@ def _type_leaves(ty):
 
 
 def _scalar_value(arg):
-    if isinstance(arg, _FloatImm):
+    kind = type(arg)
+    if kind is _FloatImm:
         return float(arg.value)
-    if _PrimValue is not None and isinstance(arg, _PrimValue) and isinstance(arg.value, _FloatImm):
+    if _PrimValue is not None and kind is _PrimValue and isinstance(arg.value, _FloatImm):
         return float(arg.value.value)
     return None
 
@@ -506,8 +571,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         self.records: list[BindingRecord] = []
         self._cache_stack: list[dict] = []
         self._layer_kinds: list[bool] = []  # parallel to _cache_stack: is it a dataflow block's
-        self._const_low: dict = {}  # original constant -> converted constant
-        self._const_range: dict = {}
+        self._constants: dict = {}  # handle -> [constant, its numpy value, out of range, low copy]
         self._planner: FunctionPlanner | None = None
         self._function_name = ""
         self._casts = 0  # astype bindings emitted for the binding being rewritten
@@ -516,6 +580,8 @@ class MixedPrecisionRewriter(PyExprMutator):
         self.notes: list[str] = []
         self._int_params: dict = {}
         self._prologue: list = []
+        self.dtype_of = DtypeCache()
+        self._remap: dict = {}  # original var handle -> (original var, its rewritten value)
 
     # ------------------------------------------------------------------ entry
     def rewrite_function(self, name: str, func: Function, target_rule, signature_low: bool,
@@ -546,7 +612,7 @@ class MixedPrecisionRewriter(PyExprMutator):
                 params_low.add(param)
                 new_param = Var(param.name, _lowered_type(param.ty, self.low))
                 new_params.append(new_param)
-                self.set_var_remap(param, new_param)
+                self.remap(param, new_param)
             else:
                 new_params.append(param)
         observed, margin = None, 1.0
@@ -556,7 +622,7 @@ class MixedPrecisionRewriter(PyExprMutator):
             margin = calibration.margin
         planner = FunctionPlanner(self.policy, self.low, target_rule, self.constant_out_of_range,
                                   params_low, observed, margin,
-                                  {p: int_inputs[p.name] for p in int_params})
+                                  {p: int_inputs[p.name] for p in int_params}, self.dtype_of)
         planner.forward(func.body, func.params)
         planner.backward(func.body, signature_low)
         self._planner, self._function_name = planner, name
@@ -585,11 +651,11 @@ class MixedPrecisionRewriter(PyExprMutator):
         if self._prologue:
             self.builder_._begin_binding_block()  # pylint: disable=protected-access
             for param, int_param, normalization in self._prologue:
-                self.set_var_remap(param, self._integer_input(param, int_param, normalization))
+                self.remap(param, self._integer_input(param, int_param, normalization))
             self._prologue = []
             blocks.append(self.builder_._end_block())  # pylint: disable=protected-access
         for block in seq.blocks:
-            is_dataflow = isinstance(block, DataflowBlock)
+            is_dataflow = type(block) is DataflowBlock
             if is_dataflow:
                 self.builder_._begin_dataflow_block()  # pylint: disable=protected-access
                 self._push_layer(True)
@@ -653,15 +719,35 @@ class MixedPrecisionRewriter(PyExprMutator):
                                      name_hint=f"{param.name}_{_short(low)}")
 
     # ------------------------------------------------------------------ casts
-    def constant_out_of_range(self, const) -> float | None:
-        key = const
-        if key not in self._const_range:
-            self._const_range[key] = out_of_range_value(const.value.numpy(), self.low)
-        return self._const_range[key]
+    def _constant(self, const) -> list:
+        """[const, numpy value, value out of the low dtype's range, low-precision copy]."""
+        key = const.__chandle__()
+        entry = self._constants.get(key)
+        if entry is None:
+            value = const.value
+            try:  # a read-only view of the constant's memory, no copy
+                array = np.from_dlpack(value)
+            except (TypeError, BufferError, RuntimeError):
+                array = value.numpy()
+            entry = self._constants[key] = [const, array, out_of_range_value(array, self.low),
+                                            None]
+        return entry
 
-    def _lookup(self, expr, dtype):
+    def constant_out_of_range(self, const) -> float | None:
+        return self._constant(const)[2]
+
+    def low_constant(self, const):
+        """The low-precision copy of a float32 constant, converted once, at conversion time."""
+        entry = self._constant(const)
+        if entry[3] is None:
+            entry[3] = relax.const(converted_tensor(entry[1], self.low))
+            entry[1] = None  # the float32 copy is not needed any more
+            self.constants_converted += 1
+        return entry[3]
+
+    def _lookup(self, key, dtype):
         for layer in reversed(self._cache_stack):
-            hit = layer.get((expr, dtype))
+            hit = layer.get((key, dtype))
             if hit is not None:
                 return hit
         return None
@@ -673,34 +759,34 @@ class MixedPrecisionRewriter(PyExprMutator):
 
     def cast(self, expr, dtype: str, output: bool = False):
         """``expr`` as ``dtype`` (a float32 <-> low-precision tensor cast), through the cache."""
-        source = tensor_dtype(expr)
+        source = self.dtype_of(expr)
         if source == dtype or source is None or {source, dtype} != {"float32", self.low}:
             return expr
-        hit = self._lookup(expr, dtype)
+        key = expr.__chandle__()
+        hit = self._lookup(key, dtype)
         if hit is not None:
             return hit
-        if isinstance(expr, _GenericConst) and self.policy.cast_params_offline:
-            new = self._const_low.get(expr) if dtype == self.low else None
-            if new is None:
-                data = expr.value.numpy().astype(numpy_dtype(dtype))
-                new = relax.const(data, dtype)
+        if type(expr) is _GenericConst and self.policy.cast_params_offline:
+            if dtype == self.low:
+                new = self.low_constant(expr)
+            else:
+                new = relax.const(expr.value.numpy().astype(numpy_dtype(dtype)), dtype)
                 self.constants_converted += 1
-                if dtype == self.low:
-                    self._const_low[expr] = new
         else:
-            name = (expr.name if isinstance(expr, Var) else "const") + "_" + _short(dtype)
+            name = (expr.name if _is_var(expr) else "const") + "_" + _short(dtype)
             new = self._emit(relax.op.astype(expr, dtype), name, output)
             self._casts += 1
             self.total_casts += 1
         layer = self._cache_layer(new)
-        layer[(expr, dtype)] = new
-        layer[(new, source)] = expr
+        layer[(key, dtype)] = new
+        layer[(new.__chandle__(), source)] = expr
+        self.dtype_of(new)  # keeps ``new`` alive while its handle is a cache key
         return new
 
     def _cache_layer(self, value) -> dict:
         """The innermost cache layer in which ``value`` stays visible: a dataflow block's layer
         holds only its dataflow vars; output vars and constants outlive the block."""
-        if isinstance(value, DataflowVar):
+        if type(value) is DataflowVar:
             return self._cache_stack[-1]
         for layer, is_dataflow in zip(reversed(self._cache_stack), reversed(self._layer_kinds)):
             if not is_dataflow:
@@ -711,10 +797,11 @@ class MixedPrecisionRewriter(PyExprMutator):
         """``expr`` with each float tensor leaf cast to the dtype of the same leaf of ``want``."""
         if want is None:
             return expr
-        if isinstance(want, TensorType):
-            return self.cast(expr, str(want.dtype))
-        if isinstance(want, _TupleType) and isinstance(expr.ty, _TupleType):
-            if isinstance(expr, relax.Tuple):
+        want_type = type(want)
+        if want_type is TensorType:
+            return self.cast(expr, str(want.dtype.dtype))
+        if want_type is _TupleType and type(expr.ty) is _TupleType:
+            if type(expr) is relax.Tuple:
                 fields = [self.cast_to_type(f, w) for f, w in zip(expr.fields, want.fields)]
                 if all(a.same_as(b) for a, b in zip(fields, expr.fields)):
                     return expr
@@ -732,40 +819,41 @@ class MixedPrecisionRewriter(PyExprMutator):
         """A float32 constant stored in the low-precision dtype and widened where it is used."""
         if self.constant_out_of_range(const) is not None:
             return const
-        hit = self._lookup(const, "storage")
+        key = const.__chandle__()
+        hit = self._lookup(key, "storage")
         if hit is not None:
             return hit
-        low = self._const_low.get(const)
-        if low is None:
-            low = relax.const(const.value.numpy().astype(numpy_dtype(self.low)), self.low)
-            self._const_low[const] = low
-            self.constants_converted += 1
-        widened = self.builder_.emit(relax.op.astype(low, "float32"), "weight_f32")
+        widened = self.builder_.emit(relax.op.astype(self.low_constant(const), "float32"),
+                                     "weight_f32")
         self._casts += 1
         self.total_casts += 1
-        self._cache_layer(widened)[(const, "storage")] = widened
+        self._cache_layer(widened)[(key, "storage")] = widened
         return widened
 
     # ------------------------------------------------------------------ bindings
     def visit_var_binding_(self, binding: VarBinding) -> None:
         var, value = binding.var, binding.value
         self._casts = 0
-        output = not isinstance(var, DataflowVar)
-        plan = self._planner.plans.get(var) if self._planner else None
-        if isinstance(value, Call) and plan is not None:
+        output = type(var) is not DataflowVar
+        plan = None
+        if self._planner:
+            var = self._planner.canonical(var)
+            plan = self._planner.plans.get(var)
+        value_type = type(value)
+        if plan is not None:
             new_var = self._rewrite_call(var, value, plan, output)
-        elif isinstance(value, Call):
+        elif value_type is Call:
             args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in value.args]
             new_call = Call(self.visit_expr(value.op), args, value.attrs, value.ty_args,
                             value.span)
             new_var = self._emit(new_call, var.name, output)
-        elif isinstance(value, If):
+        elif value_type is If:
             new_if = If(self.visit_expr(value.cond),
                         self.rewrite_seq(value.true_branch, value.true_branch.body.ty),
                         self.rewrite_seq(value.false_branch, value.false_branch.body.ty),
                         value.span)
             new_var = self._emit(new_if, var.name, output)
-        elif isinstance(value, relax.Tuple):
+        elif value_type is relax.Tuple:
             new_var = self._emit(self.cast_to_type(self.visit_expr(value),
                                                    self._planner.tuple_want(var, value)),
                                  var.name, output)
@@ -775,13 +863,29 @@ class MixedPrecisionRewriter(PyExprMutator):
             new_var = self._emit(inner, var.name, output)
         else:
             new_var = self._emit(self.visit_expr(value), var.name, output)
-        self.set_var_remap(var, new_var)
+        self.remap(var, new_var)
         self._eager_casts(var, new_var, output)
+
+    def remap(self, var, new):
+        """Uses of ``var`` become ``new`` (for the C++ visitor and for :meth:`visit_leaf`)."""
+        self.set_var_remap(var, new)
+        self._remap[var.__chandle__()] = (var, new)
+
+    def visit_leaf(self, expr):
+        """``visit_expr`` without the FFI round trip for vars and constants."""
+        kind = type(expr)
+        if kind in _VAR_TYPES:
+            entry = self._remap.get(expr.__chandle__())
+            if entry is not None:
+                return entry[1]
+        elif kind is _GenericConst:
+            return expr
+        return self.visit_expr(expr)
 
     def visit_match_cast_(self, binding: MatchCast) -> None:
         value = self.cast_to_type(self.visit_expr(binding.value), binding.value.ty)
         new_var = self.builder_.match_cast(value, binding.ty, binding.var.name)
-        self.set_var_remap(binding.var, new_var)
+        self.remap(binding.var, new_var)
 
     def _eager_casts(self, var, new_var, output: bool):
         demand = self._planner.demand.get(var, ()) if self._planner else ()
@@ -797,19 +901,26 @@ class MixedPrecisionRewriter(PyExprMutator):
             else:  # quantize(dequantize(q)) with the same parameters
                 source = self.visit_expr(self._planner.bound[data].args[0])
             new_var = self._emit(source, var.name, output)
-            self._record(var, call, new_var, call, plan)
+            self._record(var, call, new_var, [a for a, _ in self._planner.call_args[var]], plan)
             return new_var
         new_args = []
-        for index, arg in enumerate(call.args):
-            visited = self.visit_expr(arg)
-            if plan.op in _QDQ_OPS and (plan.mode != _LOW or plan.op == "dequantize" or index):
-                new_args.append(self.cast_to_type(visited, arg.ty))
-            elif plan.mode == _LOW:
-                new_args.append(self.cast_to_type(visited, _lowered_type(arg.ty, low)))
-            elif plan.mode == _STORAGE and isinstance(arg, _GenericConst) and tensor_dtype(arg) == "float32":
+        for index, (arg, _) in enumerate(self._planner.call_args[var]):
+            visited = self.visit_leaf(arg)
+            lowered = plan.mode == _LOW and not (
+                plan.op in _QDQ_OPS and (plan.op == "dequantize" or index))
+            if type(arg) is relax.Tuple:
+                new_args.append(self.cast_to_type(
+                    visited, _lowered_type(arg.ty, low) if lowered else arg.ty))
+                continue
+            dtype = self.dtype_of(arg)
+            if dtype is None:  # shapes, scalars, ...: nothing to cast
+                new_args.append(visited)
+            elif lowered:
+                new_args.append(self.cast(visited, low if dtype == "float32" else dtype))
+            elif plan.mode == _STORAGE and type(arg) is _GenericConst and dtype == "float32":
                 new_args.append(self.storage_constant(arg))
             else:
-                new_args.append(self.cast_to_type(visited, arg.ty))
+                new_args.append(self.cast(visited, dtype))
         attrs = call.attrs
         if (plan.mode == _LOW and attrs is not None and hasattr(attrs, "out_dtype")
                 and plan.op != "quantize"):  # quantize's out_dtype is its integer result
@@ -821,8 +932,8 @@ class MixedPrecisionRewriter(PyExprMutator):
             message = str(err).strip().splitlines()[-1][:160]
             plan.mode, plan.category = _ORIGINAL, Category.FP32
             plan.rule = f"kept: {plan.op} rejects {low} operands ({message})"
-            args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in call.args]
-            normalized = Call(call.op, args, call.attrs, call.ty_args, call.span)
+            new_args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in call.args]
+            normalized = Call(call.op, new_args, call.attrs, call.ty_args, call.span)
         new_var = self._emit(normalized, var.name, output)
         if plan.op == "astype":
             self._adopt_cast(normalized.args[0], new_var)
@@ -833,31 +944,31 @@ class MixedPrecisionRewriter(PyExprMutator):
             # (a no-op at this level) brings the legalized result back to the declared dtype.
             plan.rule += (f"; result pinned to {low} (TVM's legalization of a scaled attention "
                           "returns float32)")
-            self._record(var, call, new_var, normalized, plan)
+            self._record(var, call, new_var, new_args, plan)
             pinned = self._emit(relax.op.astype(new_var, low), f"{var.name}_{_short(low)}", output)
             self._casts += 1
             self.total_casts += 1
             return pinned
-        self._record(var, call, new_var, normalized, plan)
+        self._record(var, call, new_var, new_args, plan)
         return new_var
 
     def _adopt_cast(self, source, result):
         """A float32 <-> low-precision cast already in the program joins the cast cache, so a
         later cast back returns its source instead of casting twice."""
-        source_dtype, result_dtype = tensor_dtype(source), tensor_dtype(result)
+        source_dtype, result_dtype = self.dtype_of(source), self.dtype_of(result)
         if {source_dtype, result_dtype} == {"float32", self.low}:
             layer = self._cache_layer(result)
-            layer.setdefault((source, result_dtype), result)
-            layer.setdefault((result, source_dtype), source)
+            layer.setdefault((source.__chandle__(), result_dtype), result)
+            layer.setdefault((result.__chandle__(), source_dtype), source)
 
-    def _record(self, var, call, new_var, new_call, plan: _Plan):
+    def _record(self, var, call, new_var, new_args, plan: _Plan):
         in_dtypes = []
-        for arg in new_call.args:
+        for arg in new_args:
             for leaf in _leaves(arg):
-                dtype = tensor_dtype(leaf) if isinstance(leaf.ty, TensorType) else None
+                dtype = self.dtype_of(leaf)
                 if dtype is not None:
                     in_dtypes.append(dtype)
-        out_dtype = tensor_dtype(new_var)
+        out_dtype = self.dtype_of(new_var)
         demand = self._planner.demand.get(var, set())
         stored = [out_dtype] if out_dtype else []
         if out_dtype in ("float32", self.low):

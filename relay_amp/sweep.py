@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import platform
+import re
 import tempfile
 import time
 import traceback
@@ -33,8 +34,12 @@ def variant_names(dtypes) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ one model
+_FILLER = re.compile(r"^\(\.\.\. \d+ lines skipped \.\.\.\)$")
+
 def _error(status: str, err: BaseException) -> dict:
-    message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    lines = [line.strip() for line in str(err).strip().splitlines()
+             if line.strip() and not _FILLER.match(line.strip())]
+    message = lines[-1] if lines else type(err).__name__
     return {"status": status, "message": f"{type(err).__name__}: {message}"[:300]}
 
 

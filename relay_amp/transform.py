@@ -54,7 +54,7 @@ def _called_functions(mod: tvm.IRModule) -> set:
 
 
 def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=None,
-            calibration=None, debug_guard: bool = False,
+            calibration=None, debug_guard: bool = False, verify: bool = False,
             **policy_kwargs) -> tuple[tvm.IRModule, Report]:
     """Convert the Relax functions of ``mod`` to mixed precision.
 
@@ -76,6 +76,11 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     debug_guard : bool
         Check every low-precision result for NaN/Inf at run time; the first binding that
         produces one stops the run with an error that names it. Off by default (no cost).
+    verify : bool
+        Check the output with ``relax.analysis.well_formed`` and raise if relay_amp made a
+        well-formed module ill-formed (an input that is already ill-formed gets a note). Off by
+        default: the check costs more than the conversion on convolution-heavy graphs, and the
+        test suite and fuzzer verify every conversion they make.
     **policy_kwargs
         MXNet-compatible keywords (``target_dtype_ops``, ``fp32_ops``, ``widest_dtype_ops``,
         ``conditional_fp32_ops``, ``excluded_sym_names``, ``cast_params_offline``,
@@ -135,7 +140,7 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
                                              policy.input_normalization)
         rewriter.builder_.update_func(gvar, new_func)
     new_mod = rewriter.builder_.get()
-    output_problem = _well_formed_problem(new_mod)
+    output_problem = _well_formed_problem(new_mod) if verify else None
     if output_problem is not None:
         input_problem = _well_formed_problem(mod)
         if input_problem is None:  # relay_amp never makes a well-formed module ill-formed
@@ -223,6 +228,8 @@ class ToMixedPrecision:
         ``target`` attribute).
     calibration : relay_amp.Calibration, optional
         Observed ranges from :func:`relay_amp.calibrate`.
+    debug_guard, verify : bool
+        As for :func:`relay_amp.convert`.
     **policy_kwargs
         MXNet-compatible policy keywords, as for :func:`relay_amp.convert`.
 
@@ -237,7 +244,8 @@ class ToMixedPrecision:
     """
 
     def __init__(self, dtype: str | None = None, policy: Policy | None = None, target=None,
-                 calibration=None, **policy_kwargs):
+                 calibration=None, debug_guard: bool = False, verify: bool = False,
+                 **policy_kwargs):
         self.dtype = None if dtype is None else check_low_precision_dtype(dtype)
         configured = policy or current_policy()
         # without a policy now, the one active when the pass runs applies (see transform_module)
@@ -245,9 +253,11 @@ class ToMixedPrecision:
                        if configured is not None or policy_kwargs else None)
         self.target = as_target(target)
         self.calibration = calibration
+        self.debug_guard = debug_guard
+        self.verify = verify
         self.last_report: Report | None = None
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         new_mod, self.last_report = convert(mod, self.dtype, self.policy, self.target,
-                                            self.calibration)
+                                            self.calibration, self.debug_guard, self.verify)
         return new_mod

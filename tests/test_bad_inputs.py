@@ -214,6 +214,6 @@ def test_ill_formed_input_from_an_importer_still_converts_with_a_note():
 
 def _unchanged_ill_formed(mod):
     before = tvm_ffi.structural_hash(mod)
-    new, report = relay_amp.convert(mod, "float16")
+    new, report = relay_amp.convert(mod, "float16", verify=True)
     assert tvm_ffi.structural_hash(mod) == before
     return new, report

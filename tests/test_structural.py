@@ -635,6 +635,41 @@ def test_constant_used_by_float32_and_low_precision_consumers_exists_once_in_eac
     assert report.constants_converted == 1
 
 
+def test_transposed_constant_weight_is_stored_low_and_transposed_in_low_precision(dtype):
+    """ONNX Gemm imports as matmul(x, permute_dims(W)): the transpose of a constant is exact in
+    either dtype, so the weight is stored once, in low precision, with no run-time cast."""
+    weight = tvm.relax.const(np.linspace(-1, 1, 12, dtype="float32").reshape(3, 4))
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 4), "float32")):
+            with R.dataflow():
+                lv = R.permute_dims(weight, [1, 0])
+                gv = R.matmul(x, lv)
+                R.output(gv)
+            return gv
+
+    new, report = convert_checked(Before, dtype)
+    low_weight = tvm.relax.const(weight.value.numpy().astype(
+        relay_amp.dtypes.numpy_dtype(dtype)), dtype)
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((2, 4), "float32")):
+            with R.dataflow():
+                lv = R.permute_dims(low_weight, [1, 0])
+                x1 = R.astype(x, dtype)
+                gv = R.matmul(x1, lv, out_dtype="float32")
+                R.output(gv)
+            return gv
+
+    tvm.ir.assert_structural_equal(new, Expected)
+    assert report.find("lv").compute_dtype == dtype
+    assert report.casts == 1 and report.constants_converted == 1
+
+
 def test_attention_keeps_scale_causal_mask_and_bias(dtype):
     @I.ir_module
     class Before:

@@ -1,0 +1,374 @@
+"""Benchmarks: conversion speed and scaling, casts, parameter bytes and CPU latency, relay_amp
+side by side with TVM's built-in ``relax.transform.ToMixedPrecision`` in the same run.
+
+Timings are medians of repeated runs, interleaved (relay_amp, built-in, relay_amp, ...) so that
+load on a noisy machine hits both alike; results are ratios measured in one run.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+import tvm
+
+from .evaluate import builtin_convert, compile_module, host_target, module_stats
+from .synthetic import KINDS, count_bindings, synthetic_module
+from .transform import convert
+
+SIZES = (1000, 5000, 20000, 50000)
+MODELS = ("resnet18_v1", "resnet50_v1", "mobilenetv2_1.0", "densenet121", "inceptionv3",
+          "squeezenet1.1", "yolov8n_320", "ppocrv4_rec")
+LATENCY_MODELS = ("cifar_resnet20_v1", "squeezenet1.1", "mobilenet0.25", "resnet18_v1",
+                  "mobilenetv2_1.0")
+GOALS = {"conversion_ratio": 2.0, "casts_ratio": 0.60, "param_ratio": 0.51,
+         "default_slowdown": 0.05}
+
+# A pass variant: (label, convert function mod -> mod, low-precision dtype of its output)
+HOST_DEFAULT = "relay_amp:host default"
+
+
+def _relay_amp(dtype: str, target=None):
+    def run(mod):
+        return convert(mod, dtype, target=target)[0]
+    return run
+
+
+def variants(include_bf16: bool = True) -> dict:
+    """The conversions compared: relay_amp with this host's target defaults, relay_amp with
+    low-precision compute forced (no target), and TVM's built-in pass."""
+    found = {HOST_DEFAULT: (_relay_amp("float16", host_target()), "float16"),
+             "relay_amp:float16": (_relay_amp("float16"), "float16")}
+    if include_bf16:
+        found["relay_amp:bfloat16"] = (_relay_amp("bfloat16"), "bfloat16")
+    found["tvm:float16"] = (builtin_convert, "float16")
+    return found
+
+
+def _timed(function, *args) -> float:
+    gc.collect()
+    begin = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - begin
+
+
+def interleaved_medians(functions: dict, args: tuple, repeats: int) -> dict:
+    """Median seconds of each function on ``args``: one warm-up each, then ``repeats`` rounds
+    in which every function runs once."""
+    for function in functions.values():
+        function(*args)
+    times = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():
+            times[name].append(_timed(function, *args))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def scaling_exponent(bindings, seconds) -> float:
+    """The slope of log(time) over log(size): 1 is linear, 2 quadratic."""
+    return float(np.polyfit(np.log(np.asarray(bindings, float)),
+                            np.log(np.asarray(seconds, float)), 1)[0])
+
+
+# ------------------------------------------------------------------------------ conversion speed
+def conversion_benchmark(kinds=KINDS, sizes=SIZES, repeats: int = 3,
+                         progress: bool = True) -> list[dict]:
+    """relay_amp vs the built-in pass on synthetic graphs of each kind and size."""
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+
+    passes = {"relay_amp": lambda mod: convert(mod, "float16"), "tvm": builtin_convert}
+    rows = []
+    jobs = [(kind, size) for kind in kinds for size in sizes]
+    for kind, size in tqdm(jobs, desc="conversion", unit="graph", disable=not progress):
+        mod = synthetic_module(kind, size)
+        medians = interleaved_medians(passes, (mod,), repeats if size < 20000 else max(
+            1, min(repeats, 3)))
+        rows.append({"graph": kind, "target_bindings": size, "bindings": count_bindings(mod),
+                     "relay_amp_s": medians["relay_amp"], "tvm_s": medians["tvm"],
+                     "ratio": medians["relay_amp"] / medians["tvm"]})
+    return rows
+
+
+def scaling_summary(rows: list[dict]) -> dict:
+    """Scaling exponent per graph kind and pass."""
+    summary = {}
+    for kind in sorted({row["graph"] for row in rows}):
+        mine = [row for row in rows if row["graph"] == kind]
+        if len(mine) < 2:
+            continue
+        bindings = [row["bindings"] for row in mine]
+        summary[kind] = {name: scaling_exponent(bindings, [row[f"{name}_s"] for row in mine])
+                         for name in ("relay_amp", "tvm")}
+    return summary
+
+
+# ------------------------------------------------------------------------------ models
+def model_benchmark(name: str, repeats: int = 5, latency: bool = False,
+                    latency_repeats: int = 5, workdir: str | None = None) -> dict:
+    """Conversion time, casts, round trips and parameter bytes of one sweep model for every
+    variant; with ``latency``, the compiled CPU latency of float32 and every variant."""
+    from . import models  # pylint: disable=import-outside-toplevel
+
+    workdir = workdir or tempfile.mkdtemp(prefix="relay_amp_bench_")
+    loaded = models.load(name, workdir)
+    mod, inputs = loaded.mod, loaded.batches[0]
+    found = variants()
+    row = {"model": name, "bindings": count_bindings(mod), "fp32": module_stats(mod)}
+    timed = {label: found[label][0] for label in ("relay_amp:float16", "tvm:float16")}
+    row["convert_s"] = interleaved_medians(timed, (mod,), repeats)
+    converted = {}
+    for label, (function, low) in found.items():
+        converted[label] = function(mod)
+        row[label] = module_stats(converted[label], low)
+    if latency:
+        row["latency_ms"] = latency_benchmark({"fp32": mod, **converted}, inputs,
+                                              latency_repeats)
+    return row
+
+
+def latency_benchmark(modules: dict, inputs, repeats: int = 5) -> dict:
+    """Median milliseconds of each module compiled for this host, runs interleaved."""
+    target = host_target()
+    machines = {label: compile_module(module, target) for label, module in modules.items()}
+    args = [tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs]
+
+    def runner(vm):
+        return lambda: vm["main"](*args)
+
+    medians = interleaved_medians({label: runner(vm) for label, vm in machines.items()}, (),
+                                  repeats)
+    return {label: seconds * 1e3 for label, seconds in medians.items()}
+
+
+def run_models(names, repeats: int = 5, latency_names=(), latency_repeats: int = 5,
+               progress: bool = True) -> list[dict]:
+    """:func:`model_benchmark` for each model, each in its own process (a model that fails
+    becomes a row with its error)."""
+    import multiprocessing  # pylint: disable=import-outside-toplevel
+
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+
+    rows = []
+    context = multiprocessing.get_context("spawn")
+    for name in tqdm(list(names), desc="models", unit="model", disable=not progress):
+        with context.Pool(1) as pool:
+            try:
+                rows.append(pool.apply(model_benchmark, (name, repeats, name in latency_names,
+                                                         latency_repeats)))
+            except Exception as err:  # pylint: disable=broad-except
+                lines = str(err).strip().splitlines()
+                rows.append({"model": name, "error": f"{type(err).__name__}: "
+                                                     f"{lines[-1] if lines else ''}"[:300]})
+    return rows
+
+
+# ------------------------------------------------------------------------------ goals
+def goals(conversion: list[dict], model_rows: list[dict]) -> dict:
+    """Each done-when goal of the benchmark: the measured figure and whether it holds."""
+    out = {}
+    if conversion:
+        worst = max(conversion, key=lambda row: row["ratio"])
+        exponents = scaling_summary(conversion)
+        out["conversion_ratio"] = {
+            "goal": f"relay_amp conversion <= {GOALS['conversion_ratio']:g}x the built-in's at "
+                    "every size",
+            "measured": f"worst {worst['ratio']:.2f}x ({worst['graph']}, "
+                        f"{worst['bindings']} bindings)",
+            "met": worst["ratio"] <= GOALS["conversion_ratio"]}
+        if exponents:
+            top = max(v["relay_amp"] for v in exponents.values())
+            out["scaling"] = {"goal": "linear scaling (exponent ~1)",
+                              "measured": ", ".join(f"{k} {v['relay_amp']:.2f}"
+                                                    for k, v in exponents.items()),
+                              "met": top <= 1.15}
+    ok_rows = [row for row in model_rows if "error" not in row]
+    casts = cast_ratios(ok_rows)
+    if casts:
+        median_model, ratio = _median_item(casts)
+        trips = [row["relay_amp:float16"]["round_trips"] for row in ok_rows]
+        out["casts_ratio"] = {
+            "goal": f"casts <= {GOALS['casts_ratio']:.0%} of the built-in's on the median "
+                    "model, zero round trips",
+            "measured": f"median {ratio:.0%} ({median_model}); round trips "
+                        f"{max(trips) if trips else 0} at most",
+            "met": ratio <= GOALS["casts_ratio"] and not any(trips)}
+    params = [(row["model"], label, row[label]["param_bytes"] / row["fp32"]["param_bytes"])
+              for row in ok_rows for label in ("relay_amp:float16", "relay_amp:bfloat16")
+              if label in row and row["fp32"]["param_bytes"]]
+    if params:
+        worst = max(params, key=lambda item: item[2])
+        out["param_ratio"] = {
+            "goal": f"parameter bytes <= {GOALS['param_ratio']:.0%} of float32 (fp16 and bf16)",
+            "measured": f"worst {worst[2]:.1%} ({worst[0]}, {worst[1].split(':')[1]})",
+            "met": worst[2] <= GOALS["param_ratio"]}
+    slowdowns = [(row["model"], row["latency_ms"][HOST_DEFAULT] / row["latency_ms"]["fp32"] - 1)
+                 for row in ok_rows if "latency_ms" in row]
+    if slowdowns:
+        worst = max(slowdowns, key=lambda item: item[1])
+        out["default_slowdown"] = {
+            "goal": f"host-default policy at most {GOALS['default_slowdown']:.0%} slower than "
+                    "float32",
+            "measured": f"worst {worst[1]:+.1%} ({worst[0]})",
+            "met": worst[1] <= GOALS["default_slowdown"]}
+    return out
+
+
+def cast_ratios(rows: list[dict]) -> dict:
+    return {row["model"]: row["relay_amp:float16"]["casts"] / row["tvm:float16"]["casts"]
+            for row in rows if row.get("tvm:float16", {}).get("casts")}
+
+
+def cast_ratios_from_sweep(models: dict) -> dict:
+    """relay_amp float16 casts / built-in casts per model of a sweep's ``results.json``."""
+    ratios = {}
+    for name, row in models.items():
+        mine = row.get("variants", {}).get("relay_amp:float16", {})
+        theirs = row.get("variants", {}).get("tvm:float16", {})
+        if mine.get("casts") is not None and theirs.get("casts"):
+            ratios[name] = mine["casts"] / theirs["casts"]
+    return ratios
+
+
+def _median_item(values: dict):
+    ordered = sorted(values.items(), key=lambda item: item[1])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+# ------------------------------------------------------------------------------ outputs
+def machine() -> str:
+    return (f"{platform.machine()} {tvm.target.codegen.llvm_get_system_cpu()}, "
+            f"{os.cpu_count()} cores, Python {platform.python_version()}, TVM {tvm.__version__}")
+
+
+def write_outputs(results: dict, out_dir: str) -> list[str]:
+    """``bench.json``, ``conversion_time.png`` (log-log) and ``bench.md`` in ``out_dir``."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, "bench.json")]
+    with open(paths[0], "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=1)
+    if results.get("conversion"):
+        paths.append(plot_conversion(results["conversion"],
+                                     os.path.join(out_dir, "conversion_time.png")))
+    paths.append(os.path.join(out_dir, "bench.md"))
+    with open(paths[-1], "w", encoding="utf-8") as handle:
+        handle.write(markdown(results))
+    return paths
+
+
+def plot_conversion(rows: list[dict], path: str) -> str:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    styles = {"transformer": "o", "convnet": "s"}
+    for kind in sorted({row["graph"] for row in rows}):
+        mine = [row for row in rows if row["graph"] == kind]
+        bindings = [row["bindings"] for row in mine]
+        marker = styles.get(kind, "^")
+        axis.loglog(bindings, [row["relay_amp_s"] for row in mine], marker=marker,
+                    color="tab:blue", label=f"relay_amp, {kind}")
+        axis.loglog(bindings, [row["tvm_s"] for row in mine], marker=marker, linestyle="--",
+                    color="tab:gray", label=f"TVM built-in, {kind}")
+    axis.set_xlabel("bindings in the graph")
+    axis.set_ylabel("conversion time (s, median)")
+    axis.set_title("Conversion time vs graph size (log-log)")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def _mb(value: int) -> str:
+    return f"{value / 1e6:.2f} MB"
+
+
+def markdown(results: dict) -> str:
+    """The tables of ``docs/PERFORMANCE.md``."""
+    lines = []
+    conversion = results.get("conversion", [])
+    if conversion:
+        lines += ["### Conversion time, synthetic graphs (float16, median)", "",
+                  "| graph | bindings | relay_amp (s) | built-in (s) | ratio |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| {row['graph']} | {row['bindings']:,} | {row['relay_amp_s']:.3f} | "
+                  f"{row['tvm_s']:.3f} | {row['ratio']:.2f}x |" for row in conversion]
+        exponents = scaling_summary(conversion)
+        if exponents:
+            lines += ["", "Fitted scaling exponent (log time over log bindings): " + "; ".join(
+                f"{kind}: relay_amp {v['relay_amp']:.2f}, built-in {v['tvm']:.2f}"
+                for kind, v in exponents.items()), ""]
+    rows = [row for row in results.get("models", []) if "error" not in row]
+    if rows:
+        lines += ["### Models: conversion time, casts, round trips, parameter bytes", "",
+                  "| model | bindings | convert relay_amp (s) | convert built-in (s) | ratio | "
+                  "casts relay_amp / built-in | round trips relay_amp / built-in | "
+                  "params fp32 | params fp16 (relay_amp) | params bf16 (relay_amp) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for row in rows:
+            mine, theirs = row["convert_s"]["relay_amp:float16"], row["convert_s"]["tvm:float16"]
+            fp32 = row["fp32"]["param_bytes"]
+            f16, b16 = row["relay_amp:float16"], row.get("relay_amp:bfloat16", {})
+            lines.append(
+                f"| {row['model']} | {row['bindings']} | {mine:.3f} | {theirs:.3f} | "
+                f"{mine / theirs:.1f}x | {f16['casts']} / {row['tvm:float16']['casts']} | "
+                f"{f16['round_trips']} / {row['tvm:float16']['round_trips']} | {_mb(fp32)} | "
+                f"{_mb(f16['param_bytes'])} ({f16['param_bytes'] / fp32:.1%}) | "
+                + (f"{_mb(b16['param_bytes'])} ({b16['param_bytes'] / fp32:.1%}) |"
+                   if b16 else "- |"))
+        lines.append("")
+    latency = [row for row in rows if "latency_ms" in row]
+    if latency:
+        labels = [label for label in latency[0]["latency_ms"] if label != "fp32"]
+        lines += ["### CPU latency (this host, median ms; ratio to float32)", "",
+                  "| model | float32 | " + " | ".join(labels) + " |",
+                  "|---|---:|" + "---:|" * len(labels)]
+        for row in latency:
+            base = row["latency_ms"]["fp32"]
+            cells = [f"{row['latency_ms'][label]:.1f} ({row['latency_ms'][label] / base:.2f}x)"
+                     for label in labels]
+            lines.append(f"| {row['model']} | {base:.1f} | " + " | ".join(cells) + " |")
+        lines.append("")
+    sweep = results.get("sweep_cast_ratios")
+    if sweep:
+        ordered = sorted(sweep.values())
+        lines += [f"Casts relay_amp / built-in over the {len(ordered)} models of the sweep's "
+                  f"results ({results['meta'].get('sweep_results')}): median "
+                  f"{statistics.median(ordered):.0%}, range {ordered[0]:.0%} to "
+                  f"{ordered[-1]:.0%}.", ""]
+    failed = [row for row in results.get("models", []) if "error" in row]
+    for row in failed:
+        lines.append(f"- {row['model']}: not measured ({row['error']})")
+    if results.get("goals"):
+        lines += ["", "### Goals", "", "| goal | measured | met |", "|---|---|---|"]
+        lines += [f"| {goal['goal']} | {goal['measured']} | {'yes' if goal['met'] else 'no'} |"
+                  for goal in results["goals"].values()]
+    return "\n".join(lines) + "\n"
+
+
+def run_bench(sizes=SIZES, kinds=KINDS, model_names=MODELS, latency_names=LATENCY_MODELS,
+              repeats: int = 5, sweep_results: str | None = None, progress: bool = True) -> dict:
+    """Everything :mod:`scripts/bench.py` measures, as one JSON-ready dict."""
+    results = {"meta": {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                        "machine": machine(), "repeats": repeats}}
+    results["conversion"] = conversion_benchmark(kinds, sizes, repeats, progress) if sizes else []
+    names = list(dict.fromkeys(list(model_names) + list(latency_names)))
+    results["models"] = run_models(names, repeats, set(latency_names), repeats, progress)
+    sweep_rows = None
+    if sweep_results:
+        with open(sweep_results, encoding="utf-8") as handle:
+            sweep_rows = json.load(handle)["models"]
+        results["meta"]["sweep_results"] = sweep_results
+        results["sweep_cast_ratios"] = cast_ratios_from_sweep(sweep_rows)
+    results["goals"] = goals(results["conversion"], results["models"])
+    return results
