@@ -109,6 +109,27 @@ def scaling_summary(rows: list[dict]) -> dict:
     return summary
 
 
+def profile_conversion(kind: str = "transformer", size: int = 50000, top: int = 12) -> dict:
+    """cProfile of one relay_amp conversion: the functions that take the most time."""
+    import cProfile  # pylint: disable=import-outside-toplevel
+    import pstats  # pylint: disable=import-outside-toplevel
+
+    mod = synthetic_module(kind, size)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    convert(mod, "float16")
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (filename, line, function), (_, calls, tottime, cumtime, _) in stats.stats.items():
+        where = os.path.basename(filename) if filename != "~" else "builtin"
+        rows.append({"function": f"{where}:{line}({function})", "calls": calls,
+                     "tottime_s": tottime, "cumtime_s": cumtime})
+    rows.sort(key=lambda row: row["tottime_s"], reverse=True)
+    return {"graph": kind, "bindings": count_bindings(mod), "total_s": stats.total_tt,
+            "top": rows[:top]}
+
+
 # ------------------------------------------------------------------------------ models
 def model_benchmark(name: str, repeats: int = 5, latency: bool = False,
                     latency_repeats: int = 5, workdir: str | None = None) -> dict:
@@ -346,6 +367,15 @@ def markdown(results: dict) -> str:
                   f"results ({results['meta'].get('sweep_results')}): median "
                   f"{statistics.median(ordered):.0%}, range {ordered[0]:.0%} to "
                   f"{ordered[-1]:.0%}.", ""]
+    profile = results.get("profile")
+    if profile:
+        lines += [f"### Profile: relay_amp on the {profile['graph']} graph of "
+                  f"{profile['bindings']:,} bindings (cProfile, {profile['total_s']:.2f} s "
+                  "with profiling overhead)", "",
+                  "| function | calls | own time (s) | with callees (s) |", "|---|---:|---:|---:|"]
+        lines += [f"| `{row['function']}` | {row['calls']:,} | {row['tottime_s']:.3f} | "
+                  f"{row['cumtime_s']:.3f} |" for row in profile["top"]]
+        lines.append("")
     failed = [row for row in results.get("models", []) if "error" in row]
     for row in failed:
         lines.append(f"- {row['model']}: not measured ({row['error']})")
@@ -357,11 +387,14 @@ def markdown(results: dict) -> str:
 
 
 def run_bench(sizes=SIZES, kinds=KINDS, model_names=MODELS, latency_names=LATENCY_MODELS,
-              repeats: int = 5, sweep_results: str | None = None, progress: bool = True) -> dict:
+              repeats: int = 5, sweep_results: str | None = None, progress: bool = True,
+              profile_size: int | None = None) -> dict:
     """Everything :mod:`scripts/bench.py` measures, as one JSON-ready dict."""
     results = {"meta": {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                         "machine": machine(), "repeats": repeats}}
     results["conversion"] = conversion_benchmark(kinds, sizes, repeats, progress) if sizes else []
+    if profile_size:
+        results["profile"] = profile_conversion("transformer", profile_size)
     names = list(dict.fromkeys(list(model_names) + list(latency_names)))
     results["models"] = run_models(names, repeats, set(latency_names), repeats, progress)
     sweep_rows = None

@@ -53,7 +53,7 @@ def _bench(args) -> int:
         return 2
     results = bench.run_bench(sizes, names(args.kinds), names(args.models),
                               names(args.latency_models), args.repeats, args.sweep_results,
-                              progress=not args.quiet)
+                              progress=not args.quiet, profile_size=args.profile_size)
     paths = bench.write_outputs(results, args.out)
     print(bench.markdown(results))
     print("wrote " + ", ".join(paths))
@@ -92,6 +92,9 @@ def main(argv=None) -> int:
     bench.add_argument("--repeats", type=int, default=5, help="default: %(default)s")
     bench.add_argument("--sweep-results", default=None,
                        help="a sweep's results.json: adds cast ratios over all its models")
+    bench.add_argument("--profile-size", type=int, default=50000,
+                       help="profile relay_amp on a transformer graph of this many bindings "
+                            "(0: no profile; default: %(default)s)")
     bench.add_argument("--out", default="results/bench", help="default: %(default)s")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
     bench.set_defaults(run=_bench)

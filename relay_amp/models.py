@@ -69,8 +69,8 @@ _GLUON = [
     ("yolo3_darknet53_voc", "detection", 416), ("yolo3_mobilenet1.0_coco", "detection", 416),
     ("faster_rcnn_resnet50_v1b_voc", "detection", 512),
     ("center_net_resnet18_v1b_voc", "detection", 512),
-    ("fcn_resnet50_voc", "segmentation", 480), ("psp_resnet50_voc", "segmentation", 480),
-    ("deeplab_resnet50_voc", "segmentation", 480),
+    ("fcn_resnet50_voc", "segmentation", 480), ("psp_resnet50_ade", "segmentation", 480),
+    ("deeplab_resnet50_ade", "segmentation", 480),
 ]
 
 _REAL = [
@@ -180,7 +180,13 @@ def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
     np.random.seed(0)
     height, width = spec.input_size
     net = _gluon_net(model_zoo, spec.name)
-    net.initialize(mx.init.Xavier(magnitude=2.0))
+    try:
+        net.initialize(mx.init.Xavier(magnitude=2.0))
+    except ValueError:  # a vector parameter without its own initializer (SSD's expand layers)
+        net = _gluon_net(model_zoo, spec.name)
+        net.initialize(mx.init.Mixed(
+            [".*gamma", ".*(beta|bias|running_mean)", ".*running_var", ".*"],
+            [mx.init.One(), mx.init.Zero(), mx.init.One(), mx.init.Xavier(magnitude=2.0)]))
     if height == width:  # uint8 batches from the loader; float32 normalized on the host
         pixels = next(iter(ImageBatches(photo_list(), height, batch_size=8, layout="NHWC")))
     else:

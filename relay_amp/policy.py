@@ -431,6 +431,15 @@ class Policy:
             decision = target_rule(op, decision)
         return decision
 
+    def depends_only_on_op(self, op: str) -> bool:
+        """Whether :meth:`decide` for ``op`` ignores the binding's name and attributes (so one
+        decision per op can serve every binding of a function)."""
+        if self._exclude_names or self._exclude_patterns or self._include_names or (
+                self._include_patterns):
+            return False
+        return not any(c.op == op for c in self._conditions) and not any(
+            name == op for name, *_ in BUILTIN_CONDITIONS)
+
     def describe(self) -> str:
         """The effective op table of this policy, one line per op, as text."""
         lines = [f"relay_amp policy: dtype={self.dtype}, keep_io_dtypes={self.keep_io_dtypes}, "

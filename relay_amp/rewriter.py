@@ -130,10 +130,12 @@ def replace_attrs(attrs, **changes):
 class _Plan:
     """The decision for one call binding."""
 
-    __slots__ = ("op", "decision", "category", "rule", "mode", "accumulation", "float_output")
+    __slots__ = ("op", "name", "decision", "category", "rule", "mode", "accumulation",
+                 "float_output")
 
-    def __init__(self, op, decision: Decision):
+    def __init__(self, op, name: str, decision: Decision):
         self.op = op
+        self.name = name
         self.decision = decision
         self.category = decision.category
         self.rule = decision.rule
@@ -170,6 +172,7 @@ class FunctionPlanner:
         # through one canonical wrapper per object, so the lookups hit by identity.
         self._canonical: dict = {}
         self._sequences: dict = {}
+        self._decisions: dict = {}  # op -> its decision, for ops decided by name alone
 
     # ------------------------------------------------------------------ helpers
     def canonical(self, var):
@@ -240,10 +243,11 @@ class FunctionPlanner:
             return
         self._check_observed(var)
         value_type = type(value)
-        if value_type is Call and _op_name(value) is not None:
+        op = _op_name(value) if value_type is Call else None
+        if op is not None:
             self.call_args[var] = [(self.canonical(arg), self.leaves(arg)) for arg in value.args]
             float_leaves = self._float_leaves(var)
-            plan = self._plan_call(var, value, float_leaves)
+            plan = self._plan_call(var, value, op, float_leaves)
             self.plans[var] = plan
             self.can_low[var] = var not in self.hot and (
                 self.can_low.get(var, False) or self._call_can_low(plan, float_leaves))
@@ -283,10 +287,17 @@ class FunctionPlanner:
             self.hot[var] = (f"observed max {largest:.3g} is below {self.low}'s smallest normal "
                              f"{float(info.smallest_normal):.3g}")
 
-    def _plan_call(self, var, call, float_leaves: list) -> _Plan:
-        op = _op_name(call)
+    def _decide(self, op: str, name: str, call) -> Decision:
+        decision = self._decisions.get(op)
+        if decision is None:
+            decision = self.policy.decide(op, name, call.attrs, self.target_rule)
+            if self.policy.depends_only_on_op(op):
+                self._decisions[op] = decision
+        return decision
+
+    def _plan_call(self, var, call, op: str, float_leaves: list) -> _Plan:
         name = var.name
-        plan = _Plan(op, self.policy.decide(op, name, call.attrs, self.target_rule))
+        plan = _Plan(op, name, self._decide(op, name, call))
         category = plan.category
         if category is None or category == Category.FP32:
             return plan
@@ -982,7 +993,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         else:
             compute = next((d for d in in_dtypes if d.startswith(("float", "bfloat"))), "-")
         self.records.append(BindingRecord(
-            function=self._function_name, name=var.name, op=plan.op,
+            function=self._function_name, name=plan.name, op=plan.op,
             category=plan.category.value if plan.category else (
                 "passthrough" if plan.op in PASSTHROUGH_OPS else "unknown"),
             input_dtypes=tuple(in_dtypes), compute_dtype=compute,

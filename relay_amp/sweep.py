@@ -37,9 +37,12 @@ def variant_names(dtypes) -> list[str]:
 _FILLER = re.compile(r"^\(\.\.\. \d+ lines skipped \.\.\.\)$")
 
 def _error(status: str, err: BaseException) -> dict:
-    lines = [line.strip() for line in str(err).strip().splitlines()
+    text = str(err).strip()
+    lines = [line.strip() for line in text.splitlines()
              if line.strip() and not _FILLER.match(line.strip())]
-    message = lines[-1] if lines else type(err).__name__
+    # TVM errors end with the reason after a traceback; others (a model list...) lead with it
+    message = (lines[-1] if text.startswith("Traceback") else lines[0]) if lines else (
+        type(err).__name__)
     return {"status": status, "message": f"{type(err).__name__}: {message}"[:300]}
 
 

@@ -119,7 +119,7 @@ def test_bench_command_end_to_end(tmp_path):
     result = subprocess.run(
         [sys.executable, "scripts/bench.py", "--sizes", "100,300", "--kinds", "convnet",
          "--models", "cifar_resnet20_v1", "--latency-models", "cifar_resnet20_v1",
-         "--repeats", "1", "--quiet", "--out", str(out)],
+         "--repeats", "1", "--profile-size", "200", "--quiet", "--out", str(out)],
         capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads((out / "bench.json").read_text())
@@ -133,6 +133,9 @@ def test_bench_command_end_to_end(tmp_path):
     assert all(value > 0 for value in row["latency_ms"].values())
     assert {"conversion_ratio", "casts_ratio", "param_ratio", "default_slowdown"} <= set(
         results["goals"])
+    profile = results["profile"]
+    assert profile["bindings"] > 150 and len(profile["top"]) == 12
+    assert "### Profile: relay_amp on the transformer graph" in (out / "bench.md").read_text()
 
 
 def test_bench_command_rejects_bad_flags():
