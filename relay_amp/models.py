@@ -169,6 +169,20 @@ def _gluon_net(model_zoo, name: str):
         return model_zoo.get_model(name, pretrained=False)
 
 
+def _xavier_or_constant(mx):
+    """Xavier for weights; ones (scales, variances) or zeros (shifts) for vectors, which Xavier
+    refuses."""
+
+    class XavierOrConstant(mx.init.Xavier):
+        def _init_weight(self, name, arr):
+            if len(arr.shape) < 2:
+                arr[:] = 1.0 if str(name).endswith(("gamma", "var")) else 0.0
+            else:
+                super()._init_weight(name, arr)
+
+    return XavierOrConstant
+
+
 def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     import onnx  # pylint: disable=import-outside-toplevel
@@ -180,19 +194,19 @@ def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
     np.random.seed(0)
     height, width = spec.input_size
     net = _gluon_net(model_zoo, spec.name)
-    try:
-        net.initialize(mx.init.Xavier(magnitude=2.0))
-    except ValueError:  # a vector parameter without its own initializer (SSD's expand layers)
-        net = _gluon_net(model_zoo, spec.name)
-        net.initialize(mx.init.Mixed(
-            [".*gamma", ".*(beta|bias|running_mean)", ".*running_var", ".*"],
-            [mx.init.One(), mx.init.Zero(), mx.init.One(), mx.init.Xavier(magnitude=2.0)]))
     if height == width:  # uint8 batches from the loader; float32 normalized on the host
         pixels = next(iter(ImageBatches(photo_list(), height, batch_size=8, layout="NHWC")))
     else:
         pixels = sample_images(8, max(height, width))[:, :height, :width]
     calibration = normalize(pixels)
-    net(mx.nd.array(calibration[:1]))
+    try:  # initialization is deferred to the first call, which therefore sits in the try
+        net.initialize(mx.init.Xavier(magnitude=2.0))
+        net(mx.nd.array(calibration[:1]))
+    except ValueError:  # a vector parameter without its own initializer (SSD's expand layers)
+        mx.random.seed(0)
+        net = _gluon_net(model_zoo, spec.name)
+        net.initialize(_xavier_or_constant(mx)(magnitude=2.0))
+        net(mx.nd.array(calibration[:1]))
     reestimate_batchnorm(net, mx.nd.array(calibration))
     size = 1 if max(height, width) >= 300 else 2
     batch = calibration[:size]
