@@ -213,8 +213,11 @@ def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
     notes: list = []
     try:
         mod, _ = gluon_to_relax(net, batch, workdir, spec.name)
-    except Exception:  # the export stands; retry its import with shapes folded
-        model = onnx.load(os.path.join(workdir, spec.name + ".onnx"))
+    except Exception:  # if the export stands, retry its import with shapes folded
+        exported = os.path.join(workdir, spec.name + ".onnx")
+        if not os.path.exists(exported):
+            raise  # the export itself failed: its error is the row's message
+        model = onnx.load(exported)
         mod = import_onnx(model, {model.graph.input[0].name: list(batch.shape)}, notes, True)
     extra = {}
     if height == width:

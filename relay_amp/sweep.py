@@ -258,7 +258,7 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "results.json")
     results = {"models": {}}
-    if os.path.exists(path) and not force:
+    if os.path.exists(path):  # finished rows are kept; --force re-measures only ``names``
         with open(path, encoding="utf-8") as handle:
             results = json.load(handle)
     results.setdefault("models", {})

@@ -148,6 +148,32 @@ def test_one_model_sweep_end_to_end(tmp_path):
     assert again["models"]["cifar_resnet20_v1"] == model
 
 
+def test_force_measures_the_named_models_again_and_keeps_every_other_row(tmp_path, monkeypatch):
+    measured = []
+
+    def fake_measure(name, dtypes, timeout_s, calibrated):
+        measured.append(name)
+        return {"model": name, "fp32": {"status": "import error", "message": f"run {len(measured)}"},
+                "variants": {}}
+
+    monkeypatch.setattr(sweep, "measure_isolated", fake_measure)
+    out = str(tmp_path)
+    sweep.run_sweep(["resnet18_v1", "alexnet"], ("float16",), out, progress=False)
+    again = sweep.run_sweep(["alexnet"], ("float16",), out, force=True, progress=False)
+    assert measured == ["resnet18_v1", "alexnet", "alexnet"]
+    assert set(again["models"]) == {"resnet18_v1", "alexnet"}
+    assert again["models"]["resnet18_v1"]["fp32"]["message"] == "run 1"
+    assert again["models"]["alexnet"]["fp32"]["message"] == "run 3"
+
+
+def test_error_messages_keep_the_reason():
+    tvm_style = ValueError("Traceback (most recent call last):\n  1: f\nValueError: bad shape\n"
+                           "(... 16 lines skipped ...)")
+    assert sweep._error("compile error", tvm_style)["message"] == "ValueError: ValueError: bad shape"
+    listing = ValueError('"psp_resnet50_voc" is not among the following model list:\n\talexnet')
+    assert "is not among" in sweep._error("import error", listing)["message"]
+
+
 def test_detection_models_build_without_downloading_a_backbone():
     """GluonCV detection models default to downloading a pretrained backbone; the sweep builds
     them with none (this machine, like CI, has no network: a download attempt would fail)."""
