@@ -852,7 +852,7 @@ class MixedPrecisionRewriter(PyExprMutator):
             plan = self._planner.plans.get(var)
         value_type = type(value)
         if plan is not None:
-            new_var = self._rewrite_call(var, value, plan, output)
+            new_var = self._rewrite_call(var, value, plan, output, binding)
         elif value_type is Call:
             args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in value.args]
             new_call = Call(self.visit_expr(value.op), args, value.attrs, value.ty_args,
@@ -903,7 +903,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         for dtype in sorted(d for d in demand if d in ("float32", self.low)):
             self.cast(new_var, dtype, output)
 
-    def _rewrite_call(self, var, call: Call, plan: _Plan, output: bool):
+    def _rewrite_call(self, var, call: Call, plan: _Plan, output: bool, binding=None):
         low = self.low
         if plan.mode == _IDENTITY:  # quantize of values that are already those integers
             data = call.args[0]
@@ -936,6 +936,14 @@ class MixedPrecisionRewriter(PyExprMutator):
         if (plan.mode == _LOW and attrs is not None and hasattr(attrs, "out_dtype")
                 and plan.op != "quantize"):  # quantize's out_dtype is its integer result
             attrs = replace_attrs(attrs, out_dtype=plan.accumulation or low)
+        elif binding is not None and all(
+                new is old for new, (old, _) in zip(new_args, self._planner.call_args[var])):
+            # nothing changed: the original binding (and its var) carries over as it is
+            self.builder_.emit_normalized(binding)
+            if plan.op == "astype":
+                self._adopt_cast(new_args[0], var)
+            self._record(var, call, var, new_args, plan)
+            return var
         new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
         try:
             normalized = self.builder_.normalize(new_call)
