@@ -24,8 +24,9 @@ from .synthetic import KINDS, count_bindings, synthetic_module
 from .transform import convert
 
 SIZES = (1000, 5000, 20000, 50000)
-MODELS = ("resnet18_v1", "resnet50_v1", "mobilenetv2_1.0", "densenet121", "inceptionv3",
-          "squeezenet1.1", "yolov8n_320", "ppocrv4_rec")
+MODELS = ("resnet18_v1", "resnet50_v1", "mobilenetv2_1.0", "mobilenet0.25", "densenet121",
+          "inceptionv3", "vgg11", "squeezenet1.1", "yolov8n_320", "ppocrv4_rec",
+          "palm_detection_full")
 LATENCY_MODELS = ("cifar_resnet20_v1", "squeezenet1.1", "mobilenet0.25", "resnet18_v1",
                   "mobilenetv2_1.0")
 GOALS = {"conversion_ratio": 2.0, "casts_ratio": 0.60, "param_ratio": 0.51,
@@ -220,14 +221,18 @@ def goals(conversion: list[dict], model_rows: list[dict]) -> dict:
             "measured": f"median {ratio:.0%} ({median_model}); round trips "
                         f"{max(trips) if trips else 0} at most",
             "met": ratio <= GOALS["casts_ratio"] and not any(trips)}
+    # only models whose weights are all float32 (some .tflite files already store float16)
     params = [(row["model"], label, row[label]["param_bytes"] / row["fp32"]["param_bytes"])
               for row in ok_rows for label in ("relay_amp:float16", "relay_amp:bfloat16")
-              if label in row and row["fp32"]["param_bytes"]]
+              if label in row and row["fp32"]["param_bytes"]
+              and row["fp32"].get("float32_param_bytes", row["fp32"]["param_bytes"])
+              == row["fp32"]["param_bytes"]]
     if params:
         worst = max(params, key=lambda item: item[2])
         out["param_ratio"] = {
             "goal": f"parameter bytes <= {GOALS['param_ratio']:.0%} of float32 (fp16 and bf16)",
-            "measured": f"worst {worst[2]:.1%} ({worst[0]}, {worst[1].split(':')[1]})",
+            "measured": f"worst {worst[2]:.1%} ({worst[0]}, {worst[1].split(':')[1]}) over "
+                        f"{len(params) // 2} models with float32 weights",
             "met": worst[2] <= GOALS["param_ratio"]}
     slowdowns = [(row["model"], row["latency_ms"][HOST_DEFAULT] / row["latency_ms"]["fp32"] - 1)
                  for row in ok_rows if "latency_ms" in row]

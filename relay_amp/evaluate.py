@@ -128,7 +128,7 @@ def module_stats(mod: tvm.IRModule, low: str = "float16") -> dict:
 
     casts = round_trips = ops = low_ops = 0
     macs = low_macs = 0
-    param_bytes = 0
+    param_bytes = float32_bytes = 0
     seen_constants = set()
     for _, func in mod.functions_items():
         if not isinstance(func, relax.Function):
@@ -136,10 +136,13 @@ def module_stats(mod: tvm.IRModule, low: str = "float16") -> dict:
         bindings = {}
 
         def visit(expr):
-            nonlocal param_bytes
+            nonlocal param_bytes, float32_bytes
             if isinstance(expr, _CONSTANT) and expr not in seen_constants:
                 seen_constants.add(expr)
-                param_bytes += expr.value.numpy().nbytes
+                value = expr.value
+                nbytes = int(np.prod(value.shape)) * tvm.runtime.DataType(str(value.dtype)).bits // 8
+                param_bytes += nbytes
+                float32_bytes += nbytes if str(value.dtype) == "float32" else 0
 
         relax.analysis.post_order_visit(func, visit)
         for binding in all_bindings(func.body):
@@ -163,6 +166,7 @@ def module_stats(mod: tvm.IRModule, low: str = "float16") -> dict:
             macs += op_macs
             low_macs += op_macs if is_low else 0
     return {"casts": casts, "round_trips": round_trips, "param_bytes": param_bytes,
+            "float32_param_bytes": float32_bytes,
             "ops": ops, "low_ops": low_ops, "low_op_fraction": low_ops / ops if ops else 0.0,
             "low_mac_fraction": low_macs / macs if macs else None}
 

@@ -592,6 +592,8 @@ class MixedPrecisionRewriter(PyExprMutator):
         self._int_params: dict = {}
         self._prologue: list = []
         self.dtype_of = DtypeCache()
+        self.batch_norm_float32 = [0, 0]  # batch_norm ops, bytes of their float32 parameters
+        self._batch_norm_seen: set = set()
         self._remap: dict = {}  # original var handle -> (original var, its rewritten value)
 
     # ------------------------------------------------------------------ entry
@@ -905,6 +907,8 @@ class MixedPrecisionRewriter(PyExprMutator):
 
     def _rewrite_call(self, var, call: Call, plan: _Plan, output: bool, binding=None):
         low = self.low
+        if plan.op == "nn.batch_norm":
+            self._count_batch_norm(var)
         if plan.mode == _IDENTITY:  # quantize of values that are already those integers
             data = call.args[0]
             if data in self._int_params:
@@ -970,6 +974,17 @@ class MixedPrecisionRewriter(PyExprMutator):
             return pinned
         self._record(var, call, new_var, new_args, plan)
         return new_var
+
+    def _count_batch_norm(self, var):
+        parameters = [arg for arg, _ in self._planner.call_args[var][1:]
+                      if type(arg) is _GenericConst and self.dtype_of(arg) == "float32"]
+        if parameters:
+            self.batch_norm_float32[0] += 1
+            for arg in parameters:
+                if arg.__chandle__() not in self._batch_norm_seen:  # dtype_of keeps arg alive
+                    self._batch_norm_seen.add(arg.__chandle__())
+                    self.batch_norm_float32[1] += 4 * int(np.prod(
+                        [int(d) for d in arg.value.shape]))
 
     def _adopt_cast(self, source, result):
         """A float32 <-> low-precision cast already in the program joins the cast cache, so a

@@ -153,6 +153,12 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
         relax.analysis.well_formed(new_mod)
         report.notes.append("debug_guard: every low-precision result is checked for NaN/Inf")
     report.notes.extend(rewriter.notes)
+    count, nbytes = rewriter.batch_norm_float32
+    if count:
+        report.notes.append(
+            f"{count} batch_norm ops keep {nbytes / 1e6:.3g} MB of float32 parameters (batch_norm "
+            "computes in float32); relax.transform.FoldBatchnormToConv2D() before conversion "
+            "folds them into the convolution weights, which are stored in low precision")
     report.casts = rewriter.total_casts
     report.constants_converted = rewriter.constants_converted
     return new_mod, report

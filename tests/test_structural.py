@@ -147,6 +147,25 @@ def test_conv_batch_norm_relu(dtype):
     assert report.find("lv1").category == "accumulate"
 
 
+def test_batch_norm_constants_stay_float32_and_the_report_says_how_to_fold_them(dtype):
+    scale = tvm.relax.const(np.ones(16, "float32"))
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 16, 4, 4), "float32"), w: R.Tensor((16, 16, 1, 1), "float32")):
+            with R.dataflow():
+                lv = R.nn.conv2d(x, w)
+                lv1 = R.nn.batch_norm(lv, scale, scale, scale, scale, axis=1)
+                gv = lv1[0]
+                R.output(gv)
+            return gv
+
+    new, report = convert_checked(Before, dtype)
+    assert any("1 batch_norm ops keep 6.4e-05 MB of float32 parameters" in note
+               and "FoldBatchnormToConv2D" in note for note in report.notes)
+
+
 def test_training_batch_norm_is_fp32_by_condition(dtype):
     @I.ir_module
     class Before:
