@@ -143,12 +143,18 @@ def model_benchmark(name: str, repeats: int = 5, latency: bool = False,
     mod, inputs = loaded.mod, loaded.batches[0]
     found = variants()
     row = {"model": name, "bindings": count_bindings(mod), "fp32": module_stats(mod)}
-    timed = {label: found[label][0] for label in ("relay_amp:float16", "tvm:float16")}
-    row["convert_s"] = interleaved_medians(timed, (mod,), repeats)
     converted = {}
     for label, (function, low) in found.items():
-        converted[label] = function(mod)
+        try:
+            converted[label] = function(mod)
+        except Exception as err:  # pylint: disable=broad-except
+            lines = str(err).strip().splitlines()
+            row[label] = {"error": f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]}
+            continue
         row[label] = module_stats(converted[label], low)
+    timed = {label: found[label][0] for label in ("relay_amp:float16", "tvm:float16")
+             if label in converted}
+    row["convert_s"] = interleaved_medians(timed, (mod,), repeats)
     if latency:
         row["latency_ms"] = latency_benchmark({"fp32": mod, **converted}, inputs,
                                               latency_repeats)
@@ -210,7 +216,8 @@ def goals(conversion: list[dict], model_rows: list[dict]) -> dict:
                               "measured": ", ".join(f"{k} {v['relay_amp']:.2f}"
                                                     for k, v in exponents.items()),
                               "met": top <= 1.15}
-    ok_rows = [row for row in model_rows if "error" not in row]
+    ok_rows = [row for row in model_rows if "error" not in row
+               and "error" not in row.get("relay_amp:float16", {"error": "missing"})]
     casts = cast_ratios(ok_rows)
     if casts:
         median_model, ratio = _median_item(casts)
@@ -235,7 +242,7 @@ def goals(conversion: list[dict], model_rows: list[dict]) -> dict:
                         f"{len(params) // 2} models with float32 weights",
             "met": worst[2] <= GOALS["param_ratio"]}
     slowdowns = [(row["model"], row["latency_ms"][HOST_DEFAULT] / row["latency_ms"]["fp32"] - 1)
-                 for row in ok_rows if "latency_ms" in row]
+                 for row in ok_rows if HOST_DEFAULT in row.get("latency_ms", {})]
     if slowdowns:
         worst = max(slowdowns, key=lambda item: item[1])
         out["default_slowdown"] = {
@@ -334,7 +341,8 @@ def markdown(results: dict) -> str:
             lines += ["", "Fitted scaling exponent (log time over log bindings): " + "; ".join(
                 f"{kind}: relay_amp {v['relay_amp']:.2f}, built-in {v['tvm']:.2f}"
                 for kind, v in exponents.items()), ""]
-    rows = [row for row in results.get("models", []) if "error" not in row]
+    rows = [row for row in results.get("models", []) if "error" not in row
+            and "error" not in row.get("relay_amp:float16", {"error": "missing"})]
     if rows:
         lines += ["### Models: conversion time, casts, round trips, parameter bytes", "",
                   "| model | bindings | convert relay_amp (s) | convert built-in (s) | ratio | "
@@ -342,27 +350,37 @@ def markdown(results: dict) -> str:
                   "params fp32 | params fp16 (relay_amp) | params bf16 (relay_amp) |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for row in rows:
-            mine, theirs = row["convert_s"]["relay_amp:float16"], row["convert_s"]["tvm:float16"]
+            mine = row["convert_s"]["relay_amp:float16"]
+            theirs = row["convert_s"].get("tvm:float16")
+            builtin = row.get("tvm:float16", {})
             fp32 = row["fp32"]["param_bytes"]
             f16, b16 = row["relay_amp:float16"], row.get("relay_amp:bfloat16", {})
             lines.append(
-                f"| {row['model']} | {row['bindings']} | {mine:.3f} | {theirs:.3f} | "
-                f"{mine / theirs:.1f}x | {f16['casts']} / {row['tvm:float16']['casts']} | "
-                f"{f16['round_trips']} / {row['tvm:float16']['round_trips']} | {_mb(fp32)} | "
+                f"| {row['model']} | {row['bindings']} | {mine:.3f} | "
+                + (f"{theirs:.3f} | {mine / theirs:.1f}x | " if theirs else "fails | - | ")
+                + f"{f16['casts']} / {builtin.get('casts', '-')} | "
+                f"{f16['round_trips']} / {builtin.get('round_trips', '-')} | {_mb(fp32)} | "
                 f"{_mb(f16['param_bytes'])} ({f16['param_bytes'] / fp32:.1%}) | "
                 + (f"{_mb(b16['param_bytes'])} ({b16['param_bytes'] / fp32:.1%}) |"
-                   if b16 else "- |"))
+                   if "param_bytes" in b16 else "- |"))
+        lines.append("")
+        for row in rows:
+            for label in ("relay_amp:float16", "relay_amp:bfloat16", "tvm:float16"):
+                if "error" in row.get(label, {}):
+                    lines.append(f"- {row['model']}, {label}: conversion failed "
+                                 f"({row[label]['error']})")
         lines.append("")
     latency = [row for row in rows if "latency_ms" in row]
     if latency:
-        labels = [label for label in latency[0]["latency_ms"] if label != "fp32"]
+        labels = list(dict.fromkeys(label for row in latency for label in row["latency_ms"]
+                                    if label != "fp32"))
         lines += ["### CPU latency (this host, median ms; ratio to float32)", "",
                   "| model | float32 | " + " | ".join(labels) + " |",
                   "|---|---:|" + "---:|" * len(labels)]
         for row in latency:
             base = row["latency_ms"]["fp32"]
             cells = [f"{row['latency_ms'][label]:.1f} ({row['latency_ms'][label] / base:.2f}x)"
-                     for label in labels]
+                     if label in row["latency_ms"] else "-" for label in labels]
             lines.append(f"| {row['model']} | {base:.1f} | " + " | ".join(cells) + " |")
         lines.append("")
     sweep = results.get("sweep_cast_ratios")

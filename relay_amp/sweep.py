@@ -453,18 +453,25 @@ def accuracy_markdown(results: dict, command: str, fallback_rows=None, plot_name
     meta = results.get("meta", {})
     done = len(results["models"])
     gluon = [m for m in results["models"].values() if m.get("family") == "gluoncv"]
-    uint8 = sum(1 for m in gluon if m.get("variants", {}).get("relay_amp:float16", {}).get("input"))
+    ran = [m for m in gluon if m.get("fp32", {}).get("status") == "ok"]
+    uint8 = sum(1 for m in ran if m.get("variants", {}).get("relay_amp:float16", {}).get("input"))
+    square = [m["model"] for m in ran if len(set(m.get("input_size") or [0])) == 1
+              and not m.get("variants", {}).get("relay_amp:float16", {}).get("input")]
+    other = len(ran) - uint8 - len(square)
     lines = ["# Accuracy: relay_amp vs TVM's built-in pass", "",
              f"Command: `{command}`  ", f"Date: {meta.get('date', '')}  ",
              f"Machine: {meta.get('machine', '')}", "",
              meta.get("note", ""), "",
              f"Models measured: {done} of {len(REGISTRY)} in the registry. relay_amp converts "
-             "with calibrated ranges (one float32 run on the model's own inputs). In "
-             f"{uint8} of the {len(gluon)} GluonCV rows relay_amp was fed uint8 batches from "
+             "with calibrated ranges (one float32 run on the model's own inputs). Of the "
+             f"{len(ran)} GluonCV rows that ran, relay_amp was fed uint8 batches from "
              "`relay_amp.data.ImageBatches` with the ImageNet normalization folded into the first "
-             "cast (the rows whose `input` field says so in results.json; the others were "
-             "measured before the sweep switched to uint8 and got float32 input); the float32 "
-             "reference and TVM's pass always get the same pixels normalized on the host.", "",
+             f"cast in {uint8} (the rows whose `input` field says so in results.json)"
+             + (f"; {len(square)} ({', '.join(square)}) were measured before the sweep switched "
+                "to uint8 and got float32 input" if square else "")
+             + (f"; {other} with a non-square input took float32 input" if other else "")
+             + ". The float32 reference and TVM's pass always get the same pixels normalized on "
+             "the host.", "",
              *[f"- {line}" for line in summary_lines(results)], "",
              f"![error per model]({plot_name})", "", markdown_table(results, order), ""]
     if fallback_rows:

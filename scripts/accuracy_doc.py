@@ -15,6 +15,8 @@ def main(argv=None) -> int:
     parser.add_argument("--fallback", default="results/fallback.json")
     parser.add_argument("--command", default="relay-amp sweep --all --out results/")
     parser.add_argument("--out", default="docs/ACCURACY.md")
+    parser.add_argument("--append", default=None,
+                        help="a Markdown file appended as is (hand-written notes on the run)")
     args = parser.parse_args(argv)
     with open(args.results, encoding="utf-8") as handle:
         results = json.load(handle)
@@ -25,6 +27,9 @@ def main(argv=None) -> int:
     folder = os.path.dirname(args.out) or "."
     sweep.plot_errors(results, os.path.join(folder, "accuracy_error.png"))
     text = sweep.accuracy_markdown(results, args.command, fallback, "accuracy_error.png")
+    if args.append:
+        with open(args.append, encoding="utf-8") as handle:
+            text += "\n" + handle.read()
     with open(args.out, "w", encoding="utf-8") as handle:
         handle.write(text)
     print(f"wrote {args.out}")

@@ -145,3 +145,15 @@ def test_bench_command_rejects_bad_flags():
         result = subprocess.run([sys.executable, "-m", "relay_amp.cli", "bench", *flags],
                                 capture_output=True, text=True, check=False, timeout=120)
         assert result.returncode == 2 and message in result.stderr
+
+
+def test_a_variant_that_fails_to_convert_is_a_message_not_a_lost_row():
+    row = _model_row("m", 10, 40, 50, slowdown=0.0)
+    row["tvm:float16"] = {"error": "InternalError: Expected TensorType"}
+    del row["convert_s"]["tvm:float16"], row["latency_ms"]["tvm:float16"]
+    results = {"meta": {}, "conversion": [], "models": [row, _model_row("n", 10, 40, 50)]}
+    text = bench.markdown(results)
+    assert "| m | 10 | 0.200 | fails | - | 10 / - | 0 / - |" in text
+    assert "- m, tvm:float16: conversion failed (InternalError: Expected TensorType)" in text
+    goals = bench.goals([], results["models"])
+    assert "(n)" in goals["casts_ratio"]["measured"]  # the ratio needs both passes
