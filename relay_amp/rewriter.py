@@ -15,7 +15,8 @@
 #    back to the original dtype returns the original value (never a fp32 -> fp16 -> fp32 round
 #    trip); float32 constants are converted once, at conversion time; dot products accumulate in
 #    float32 through out_dtype and emit the low-precision copy of their result only if some
-#    consumer demanded it. Each binding's decision lands in the report with its rule.
+#    consumer demanded it; a binding whose operands and attributes come out unchanged is kept
+#    as it is. Each binding's decision lands in the report with its rule.
 """The rewriter behind :class:`relay_amp.ToMixedPrecision`."""
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ class FunctionPlanner:
         # through one canonical wrapper per object, so the lookups hit by identity.
         self._canonical: dict = {}
         self._sequences: dict = {}
-        self._decisions: dict = {}  # op -> its decision, for ops decided by name alone
+        self._decisions: dict = {}  # op -> its decision, where the op alone decides
 
     # ------------------------------------------------------------------ helpers
     def canonical(self, var):
