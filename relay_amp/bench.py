@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -20,6 +19,7 @@ import numpy as np
 import tvm
 
 from .evaluate import builtin_convert, compile_module, host_target, module_stats
+from .sweep import error_message, machine_description
 from .synthetic import KINDS, count_bindings, synthetic_module
 from .transform import convert
 
@@ -84,7 +84,7 @@ def conversion_benchmark(kinds=KINDS, sizes=SIZES, repeats: int = 3,
     """relay_amp vs the built-in pass on synthetic graphs of each kind and size."""
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
-    passes = {"relay_amp": lambda mod: convert(mod, "float16"), "tvm": builtin_convert}
+    passes = {"relay_amp": _relay_amp("float16"), "tvm": builtin_convert}
     rows = []
     jobs = [(kind, size) for kind in kinds for size in sizes]
     for kind, size in tqdm(jobs, desc="conversion", unit="graph", disable=not progress):
@@ -148,8 +148,7 @@ def model_benchmark(name: str, repeats: int = 5, latency: bool = False,
         try:
             converted[label] = function(mod)
         except Exception as err:  # pylint: disable=broad-except
-            lines = str(err).strip().splitlines()
-            row[label] = {"error": f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]}
+            row[label] = {"error": error_message(err)}
             continue
         row[label] = module_stats(converted[label], low)
     timed = {label: found[label][0] for label in ("relay_amp:float16", "tvm:float16")
@@ -191,9 +190,7 @@ def run_models(names, repeats: int = 5, latency_names=(), latency_repeats: int =
                 rows.append(pool.apply(model_benchmark, (name, repeats, name in latency_names,
                                                          latency_repeats)))
             except Exception as err:  # pylint: disable=broad-except
-                lines = str(err).strip().splitlines()
-                rows.append({"model": name, "error": f"{type(err).__name__}: "
-                                                     f"{lines[-1] if lines else ''}"[:300]})
+                rows.append({"model": name, "error": error_message(err)})
     return rows
 
 
@@ -275,11 +272,6 @@ def _median_item(values: dict):
 
 
 # ------------------------------------------------------------------------------ outputs
-def machine() -> str:
-    return (f"{platform.machine()} {tvm.target.codegen.llvm_get_system_cpu()}, "
-            f"{os.cpu_count()} cores, Python {platform.python_version()}, TVM {tvm.__version__}")
-
-
 def write_outputs(results: dict, out_dir: str) -> list[str]:
     """``bench.json``, ``conversion_time.png`` (log-log) and ``bench.md`` in ``out_dir``."""
     os.makedirs(out_dir, exist_ok=True)
@@ -414,7 +406,7 @@ def run_bench(sizes=SIZES, kinds=KINDS, model_names=MODELS, latency_names=LATENC
               profile_size: int | None = None) -> dict:
     """Everything :mod:`scripts/bench.py` measures, as one JSON-ready dict."""
     results = {"meta": {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                        "machine": machine(), "repeats": repeats}}
+                        "machine": machine_description(), "repeats": repeats}}
     results["conversion"] = conversion_benchmark(kinds, sizes, repeats, progress) if sizes else []
     if profile_size:
         results["profile"] = profile_conversion("transformer", profile_size)

@@ -82,7 +82,6 @@ def _compare(reference, outputs, dtype: str) -> str | None:
 def run_case(path: str) -> dict:
     """Run one case; never raises (a Python exception becomes the row's status)."""
     import onnx  # pylint: disable=import-outside-toplevel
-    import tvm  # pylint: disable=import-outside-toplevel
     from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
 
     import relay_amp  # pylint: disable=import-outside-toplevel

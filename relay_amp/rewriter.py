@@ -132,7 +132,7 @@ class _Plan:
     """The decision for one call binding."""
 
     __slots__ = ("op", "name", "decision", "category", "rule", "mode", "accumulation",
-                 "float_output")
+                 "float_output", "constant_inputs")
 
     def __init__(self, op, name: str, decision: Decision):
         self.op = op
@@ -143,6 +143,7 @@ class _Plan:
         self.mode = _ORIGINAL
         self.accumulation = None
         self.float_output = True
+        self.constant_inputs = False  # every float input is a constant
 
 
 class FunctionPlanner:
@@ -249,6 +250,8 @@ class FunctionPlanner:
             self.call_args[var] = [(self.canonical(arg), self.leaves(arg)) for arg in value.args]
             float_leaves = self._float_leaves(var)
             plan = self._plan_call(var, value, op, float_leaves)
+            plan.constant_inputs = bool(float_leaves) and all(
+                type(leaf) is _GenericConst for leaf, _ in float_leaves)
             self.plans[var] = plan
             self.can_low[var] = var not in self.hot and (
                 self.can_low.get(var, False) or self._call_can_low(plan, float_leaves))
@@ -386,8 +389,7 @@ class FunctionPlanner:
             leaves = [leaf for leaf, _ in float_leaves]
             activations = [x for x in leaves if _is_var(x) and x not in self.params]
             if not activations:  # constants only: an exact op on their offline copies is exact
-                return plan.op in EXACT_OPS and bool(leaves) and all(
-                    type(x) is _GenericConst for x in leaves)
+                return plan.op in EXACT_OPS and plan.constant_inputs
             return all(self._is_lowish(x) for x in leaves) and any(
                 self.can_low.get(x, False) or self._orig_dtype(x) == self.low for x in activations)
         return False
@@ -533,6 +535,10 @@ class FunctionPlanner:
                               "when a consumer needs low precision" if not exact else
                               "; runs float32: its inputs exist in float32 and a consumer "
                               "needs float32")
+            elif can_low and self.low in demand and plan.constant_inputs:
+                plan.mode = _LOW
+                plan.rule += (f"; runs {self.low} on the {self.low} copy of its constant input "
+                              "made at conversion time (exact): a consumer wants it")
             elif can_low and self.low in demand:
                 plan.mode = _LOW
                 plan.rule += f"; runs {self.low}: inputs are {self.low} and a consumer wants it"

@@ -36,14 +36,20 @@ def variant_names(dtypes) -> list[str]:
 # ------------------------------------------------------------------------------ one model
 _FILLER = re.compile(r"^\(\.\.\. \d+ lines skipped \.\.\.\)$")
 
-def _error(status: str, err: BaseException) -> dict:
+
+def error_message(err: BaseException) -> str:
+    """``Type: reason`` in one line of at most 300 characters: TVM errors end with the reason
+    after a traceback; others (a model list...) lead with it."""
     text = str(err).strip()
     lines = [line.strip() for line in text.splitlines()
              if line.strip() and not _FILLER.match(line.strip())]
-    # TVM errors end with the reason after a traceback; others (a model list...) lead with it
     message = (lines[-1] if text.startswith("Traceback") else lines[0]) if lines else (
         type(err).__name__)
-    return {"status": status, "message": f"{type(err).__name__}: {message}"[:300]}
+    return f"{type(err).__name__}: {message}"[:300]
+
+
+def _error(status: str, err: BaseException) -> dict:
+    return {"status": status, "message": error_message(err)}
 
 
 def _run_all(vm, batches):

@@ -3,6 +3,8 @@
 import numpy as np
 import tvm
 import tvm_ffi
+from tvm.script import ir as I
+from tvm.script import relax as R
 
 import relay_amp
 from relay_amp import evaluate
@@ -39,3 +41,19 @@ def random_inputs(mod, seed=0, low=-1.0, high=1.0, func="main"):
 
 def run_module(mod, inputs):
     return evaluate.run(evaluate.compile_module(mod), inputs)
+
+
+@I.ir_module
+class MatmulReluMatmulSoftmax:
+    """A small float32 module with every kind of decision: dot products, a follow op, an
+    accumulate op."""
+
+    @R.function
+    def main(x: R.Tensor((2, 8), "float32"), w: R.Tensor((8, 8), "float32")):
+        with R.dataflow():
+            lv = R.matmul(x, w)
+            lv1 = R.nn.relu(lv)
+            lv2 = R.matmul(lv1, w)
+            gv = R.nn.softmax(lv2)
+            R.output(gv)
+        return gv

@@ -5,23 +5,12 @@ import json
 import pytest
 import tvm
 from tvm import relax
-from tvm.script import ir as I
-from tvm.script import relax as R
 
 import relay_amp
+from helpers import MatmulReluMatmulSoftmax
 
 
-@I.ir_module
-class Small:
-    @R.function
-    def main(x: R.Tensor((2, 8), "float32"), w: R.Tensor((8, 8), "float32")):
-        with R.dataflow():
-            lv = R.matmul(x, w)
-            lv1 = R.nn.relu(lv)
-            lv2 = R.matmul(lv1, w)
-            gv = R.nn.softmax(lv2)
-            R.output(gv)
-        return gv
+Small = MatmulReluMatmulSoftmax
 
 
 def test_pass_drops_into_sequential_and_keeps_its_report(dtype):

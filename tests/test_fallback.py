@@ -2,13 +2,12 @@
 
 import numpy as np
 import pytest
-import tvm
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
 from relay_amp import fallback
-from helpers import run_module
+from helpers import MatmulReluMatmulSoftmax, run_module
 
 
 @I.ir_module
@@ -92,17 +91,7 @@ def test_bad_fallback_arguments_are_clear_errors():
         fallback.auto_mixed_precision(Planted, batches, tolerance=1e-9, max_evaluations=1)
 
 
-@I.ir_module
-class Overflow:
-    @R.function
-    def main(x: R.Tensor((2, 8), "float32"), w: R.Tensor((8, 8), "float32")):
-        with R.dataflow():
-            lv = R.matmul(x, w)
-            lv1 = R.nn.relu(lv)
-            lv2 = R.matmul(lv1, w)
-            gv = R.nn.softmax(lv2)
-            R.output(gv)
-        return gv
+Overflow = MatmulReluMatmulSoftmax
 
 
 def test_debug_guard_names_the_first_overflowing_binding():

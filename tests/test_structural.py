@@ -686,6 +686,7 @@ def test_transposed_constant_weight_is_stored_low_and_transposed_in_low_precisio
 
     tvm.ir.assert_structural_equal(new, Expected)
     assert report.find("lv").compute_dtype == dtype
+    assert "copy of its constant input made at conversion time" in report.find("lv").rule
     assert report.casts == 1 and report.constants_converted == 1
 
 
