@@ -183,3 +183,62 @@ def builtin_table() -> dict[str, OpGroup]:
             assert op not in table, f"{op} is in two built-in groups"
             table[op] = group
     return table
+
+
+class FusionKind(str, enum.Enum):
+    """How TVM's FuseOps treats an op once it is legalized (``AnnotateTIROpPattern``): which
+    neighbours can share its kernel. The kernel-boundary planning of
+    ``Policy.low_precision_boundaries`` reads it; an op in no list is ``OPAQUE``."""
+
+    #: Elementwise and broadcast maps: fuse into their consumers and absorb their producers.
+    ELEMWISE = "elemwise"
+    #: Data movement: fuses with elementwise and injective neighbours, never into an anchor.
+    INJECTIVE = "injective"
+    #: Reductions: absorb elementwise producers; their result leaves the kernel.
+    REDUCE = "reduce"
+    #: Out-elementwise-fusable kernels (dot products, norms, pools, softmax): absorb elementwise
+    #: consumers as an epilogue, never a producer.
+    ANCHOR = "anchor"
+    #: Everything else: a kernel of its own.
+    OPAQUE = "opaque"
+
+
+#: Measured on TVM 0.27 with LegalizeOps + AnnotateTIROpPattern (tests/test_op_tables.py
+#: re-measures a sample of each kind, so a change in TVM shows).
+FUSION_KINDS: dict[str, FusionKind] = {
+    **dict.fromkeys((
+        "add", "subtract", "multiply", "divide", "sqrt", "rsqrt", "floor", "ceil", "round",
+        "trunc", "floor_divide", "floor_mod", "mod", "sigmoid", "tanh", "sin", "cos", "tan",
+        "nn.leakyrelu", "nn.gelu", "nn.gelu_tanh", "nn.silu", "nn.selu", "nn.relu", "abs",
+        "negative", "sign", "maximum", "minimum", "clip", "where", "strided_slice",
+        "broadcast_to", "astype", "exp", "log", "power", "erf", "square", "sinh", "cosh",
+        "nn.softplus", "isfinite", "isinf", "isnan", "equal", "not_equal", "greater",
+        "greater_equal", "less", "less_equal", "zeros_like", "ones_like", "full_like",
+        "nn.dropout", "asin", "acos", "atan", "asinh", "acosh", "atanh"), FusionKind.ELEMWISE),
+    **dict.fromkeys((
+        "reshape", "permute_dims", "expand_dims", "squeeze", "flatten", "nn.batch_flatten",
+        "concat", "split", "stack", "tile", "repeat", "flip", "layout_transform", "nn.pad",
+        "image.resize2d", "image.resize3d", "nn.pixel_shuffle"), FusionKind.INJECTIVE),
+    **dict.fromkeys(("sum", "prod", "max", "min"), FusionKind.REDUCE),
+    **dict.fromkeys((
+        "nn.conv1d", "nn.conv2d", "nn.conv3d", "nn.conv1d_transpose", "nn.conv2d_transpose",
+        "nn.conv3d_transpose", "matmul", "nn.attention", "nn.attention_bias", "nn.softmax",
+        "nn.log_softmax", "nn.layer_norm", "nn.rms_norm", "nn.group_norm", "nn.instance_norm",
+        "nn.batch_norm", "mean", "variance", "std", "nn.avg_pool1d", "nn.avg_pool2d",
+        "nn.avg_pool3d", "nn.adaptive_avg_pool1d", "nn.adaptive_avg_pool2d",
+        "nn.adaptive_avg_pool3d", "nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "einsum"),
+        FusionKind.ANCHOR),
+}
+
+
+def fuses(producer: FusionKind, consumer: FusionKind) -> bool:
+    """Whether FuseOps puts a consumer in its producer's kernel (the value between them is the
+    producer's only use). ``producer`` is the kind of the producer's kernel: an elementwise op
+    fused into a convolution's epilogue is ``ANCHOR``."""
+    if consumer == FusionKind.ELEMWISE:
+        return producer in (FusionKind.ELEMWISE, FusionKind.INJECTIVE, FusionKind.ANCHOR)
+    if consumer == FusionKind.INJECTIVE:
+        return producer in (FusionKind.ELEMWISE, FusionKind.INJECTIVE)
+    if consumer == FusionKind.REDUCE:
+        return producer == FusionKind.ELEMWISE
+    return False

@@ -44,6 +44,8 @@ _USER_LIST_KEYWORDS = {
     "storage_ops": Category.STORAGE,
 }
 _FALLBACKS = (None, "storage")
+#: Policy settings whose None means "the target's default" (see relay_amp.targets.KernelSettings).
+KERNEL_SETTINGS = ("decompose_batch_norm", "mixed_kernels", "low_precision_boundaries")
 
 
 def known_op_names() -> list[str]:
@@ -197,6 +199,9 @@ class Policy:
         fallback: str | None = None,
         input_dtypes: dict | None = None,
         input_normalization: dict | None = None,
+        decompose_batch_norm: bool | None = None,
+        mixed_kernels: bool | None = None,
+        low_precision_boundaries: bool | None = None,
     ):
         self.dtype = check_low_precision_dtype(dtype)
         self._categories: dict[str, Category] = {}
@@ -231,6 +236,10 @@ class Policy:
         self.input_dtypes = _check_input_dtypes(input_dtypes or {})
         self.input_normalization = _check_normalization(input_normalization or {},
                                                         self.input_dtypes)
+        self.decompose_batch_norm = _as_optional_bool(decompose_batch_norm, "decompose_batch_norm")
+        self.mixed_kernels = _as_optional_bool(mixed_kernels, "mixed_kernels")
+        self.low_precision_boundaries = _as_optional_bool(low_precision_boundaries,
+                                                          "low_precision_boundaries")
 
     # ----------------------------------------------------------------- fluent setters
     def _set(self, ops: Iterable[str], category: Category, where: str) -> "Policy":
@@ -331,6 +340,7 @@ class Policy:
             "fallback": self.fallback,
             "input_dtypes": dict(self.input_dtypes),
             "input_normalization": {k: dict(v) for k, v in self.input_normalization.items()},
+            **{name: getattr(self, name) for name in KERNEL_SETTINGS},
         }
 
     @classmethod
@@ -351,6 +361,7 @@ class Policy:
             fallback=data.get("fallback"),
             input_dtypes=data.get("input_dtypes"),
             input_normalization=data.get("input_normalization"),
+            **{name: data.get(name) for name in KERNEL_SETTINGS},
         )
         for op, category in data.get("op_categories", {}).items():
             policy.set_category(op, category)
@@ -443,7 +454,9 @@ class Policy:
     def describe(self) -> str:
         """The effective op table of this policy, one line per op, as text."""
         lines = [f"relay_amp policy: dtype={self.dtype}, keep_io_dtypes={self.keep_io_dtypes}, "
-                 f"cast_params_offline={self.cast_params_offline}, fallback={self.fallback}"]
+                 f"cast_params_offline={self.cast_params_offline}, fallback={self.fallback}, "
+                 + ", ".join(f"{name}={_setting_text(getattr(self, name))}"
+                             for name in KERNEL_SETTINGS)]
         rows = {}
         for op in sorted(set(_BUILTIN) | set(self._categories)):
             decision = self.decide(op, "", None)
@@ -483,6 +496,17 @@ def _as_list(value, where: str) -> list:
         return list(value)
     except TypeError:
         raise TypeError(f"{where} must be a list; got {type(value).__name__}") from None
+
+
+def _setting_text(value: bool | None) -> str:
+    return "target default" if value is None else str(value)
+
+
+def _as_optional_bool(value, where: str) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{where} must be True, False or None (the target's default); got "
+                        f"{value!r}")
+    return value
 
 
 def _as_bool(value, where: str) -> bool:

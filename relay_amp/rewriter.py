@@ -42,9 +42,19 @@ from tvm.relax import (
 )
 
 from .dtypes import converted_tensor, numpy_dtype, out_of_range_value
-from .op_tables import EXACT_OPS, LOW_CATEGORIES, PASSTHROUGH_OPS, TVM_LIMITATIONS, Category
+from .op_tables import (
+    EXACT_OPS,
+    FUSION_KINDS,
+    LOW_CATEGORIES,
+    PASSTHROUGH_OPS,
+    TVM_LIMITATIONS,
+    Category,
+    FusionKind,
+    fuses,
+)
 from .policy import Decision, Policy
 from .report import BindingRecord, estimate_macs, short_dtype as _short
+from .targets import KernelSettings
 
 _GenericConst = type(relax.const(0.0))
 _TupleType = tvm.ir.type.TupleType
@@ -57,6 +67,8 @@ _QDQ_OPS = ("quantize", "dequantize")
 _SCALED_ATTENTION = ("nn.attention", "nn.attention_bias")
 _ORIGINAL = "original"  # mode: every operand keeps (or gets back) its original dtype
 _STORAGE = "storage"  # mode: original, but float32 constants are stored low and widened
+#: Kernels that can end with a cast to low precision, written where the kernel stores its result.
+_STORING_KINDS = (FusionKind.ANCHOR, FusionKind.ELEMWISE, FusionKind.INJECTIVE)
 
 
 def tensor_dtype(expr_or_type) -> str | None:
@@ -132,7 +144,7 @@ class _Plan:
     """The decision for one call binding."""
 
     __slots__ = ("op", "name", "decision", "category", "rule", "mode", "accumulation",
-                 "float_output", "constant_inputs")
+                 "float_output", "constant_inputs", "mixed", "mode_fixed")
 
     def __init__(self, op, name: str, decision: Decision):
         self.op = op
@@ -144,14 +156,25 @@ class _Plan:
         self.accumulation = None
         self.float_output = True
         self.constant_inputs = False  # every float input is a constant
+        self.mixed = False  # one kernel: low-precision I/O, float32 registers (mixed_kernels)
+        self.mode_fixed = False  # mode chosen by the kernel-boundary plan, not by demand
 
 
 class FunctionPlanner:
     """Steps 1 and 2 of the algorithm for one function."""
 
     def __init__(self, policy: Policy, low: str, target_rule, constant_check, params_low: set,
-                 observed=None, margin: float = 1.0, int_inputs=None, dtype_of=None):
+                 observed=None, margin: float = 1.0, int_inputs=None, dtype_of=None,
+                 settings: KernelSettings | None = None):
         self.policy = policy
+        self.settings = settings or KernelSettings()
+        self.boundaries = self.settings.low_precision_boundaries
+        self.uses: dict = {}  # var -> consumers (a call binding's var, or None for other uses)
+        self.fused: set = set()  # (value, consumer) edges that stay inside one kernel
+        self.group_kind: dict = {}  # var -> FusionKind of the kernel that computes it
+        self.stored_low: set = set()  # float32 values stored in low precision between kernels
+        self.low_values: set = set()  # float32 values that the rewrite computes in low precision
+        self.folded: set = set()  # values computed from constants alone (folded at build time)
         self.observed = observed  # var -> calibrated max |x| (None: not calibrated)
         self.margin = margin
         self.hot: dict = {}  # var -> why its value cannot be stored in the low dtype
@@ -252,6 +275,9 @@ class FunctionPlanner:
             plan = self._plan_call(var, value, op, float_leaves)
             plan.constant_inputs = bool(float_leaves) and all(
                 type(leaf) is _GenericConst for leaf, _ in float_leaves)
+            plan.mixed = (self.settings.mixed_kernels and plan.category == Category.ACCUMULATE
+                          and FUSION_KINDS.get(op) == FusionKind.ANCHOR
+                          and self.dtype_of(var) == "float32")
             self.plans[var] = plan
             self.can_low[var] = var not in self.hot and (
                 self.can_low.get(var, False) or self._call_can_low(plan, float_leaves))
@@ -388,8 +414,10 @@ class FunctionPlanner:
         if category == Category.FOLLOW:
             leaves = [leaf for leaf, _ in float_leaves]
             activations = [x for x in leaves if _is_var(x) and x not in self.params]
-            if not activations:  # constants only: an exact op on their offline copies is exact
-                return plan.op in EXACT_OPS and plan.constant_inputs
+            if not activations:  # constants and parameters: an exact op on them is exact
+                return plan.op in EXACT_OPS and (plan.constant_inputs or all(
+                    type(leaf) is _GenericConst or self._orig_dtype(leaf) == self.low
+                    for leaf in leaves))
             return all(self._is_lowish(x) for x in leaves) and any(
                 self.can_low.get(x, False) or self._orig_dtype(x) == self.low for x in activations)
         return False
@@ -406,6 +434,134 @@ class FunctionPlanner:
         if category == Category.FOLLOW:
             return all(self._is_f32_ready(leaf) for leaf, _ in float_leaves)
         return True
+
+    # ------------------------------------------------------------------ step 1b
+    def plan_boundaries(self, seq: SeqExpr):
+        """Kernel boundaries (``low_precision_boundaries``): which values stay in one kernel's
+        registers, which cross a boundary and are stored in low precision, and the mode of each
+        follow op, chosen forward from how its inputs arrive."""
+        items = self.bindings(seq)
+        uses = self.uses
+        for _, var, value in items:
+            if type(value) is Call and var in self.call_args:
+                for _, leaves in self.call_args[var]:
+                    for leaf in leaves:
+                        if _is_var(leaf):
+                            uses.setdefault(leaf, []).append(var)
+            else:
+                for free in relax.analysis.free_vars(value):
+                    uses.setdefault(self.canonical(free), []).append(None)
+        for free in relax.analysis.free_vars(seq.body):
+            uses.setdefault(self.canonical(free), []).append(None)
+        for _, var, value in items:
+            plan = self.plans.get(var)
+            if plan is None:
+                continue
+            if all(type(leaf) is _GenericConst or leaf in self.folded
+                   for _, leaves in self.call_args[var] for leaf in leaves
+                   if _is_var(leaf) or type(leaf) is _GenericConst):
+                self.folded.add(var)  # FoldConstant computes it at build time: no kernel
+            else:
+                self._fuse_inputs(var, plan)
+        for _, var, value in items:
+            plan = self.plans.get(var)
+            if plan is None or var in self.folded:
+                continue
+            if (plan.category == Category.FOLLOW and plan.mode == _ORIGINAL
+                    and plan.op not in _QDQ_OPS and plan.float_output
+                    and not plan.constant_inputs):
+                self._boundary_follow_mode(var, plan)
+            if (self.dtype_of(var) == "float32" and self.can_low.get(var, False)
+                    and var not in self.hot and self.group_kind[var] in _STORING_KINDS
+                    and any(c is not None and (var, c) not in self.fused and self._reads_stored(c)
+                            for c in uses.get(var, ()))):
+                self.stored_low.add(var)
+            if self._computes_low(var, plan):
+                self.low_values.add(var)
+
+    def _fuse_inputs(self, var, plan: _Plan):
+        kind = FusionKind.ANCHOR if plan.mixed else FUSION_KINDS.get(plan.op, FusionKind.OPAQUE)
+        candidates = []
+        for _, leaves in self.call_args[var]:
+            for leaf in leaves:
+                if (_is_var(leaf) and leaf in self.group_kind and self.uses.get(leaf) == [var]
+                        and fuses(self.group_kind[leaf], kind)):
+                    candidates.append((leaf, self.group_kind[leaf]))
+        # FuseOps puts at most one anchor kernel in a group: the first one reached
+        anchor = next((leaf for leaf, k in candidates if k == FusionKind.ANCHOR), None)
+        group = kind
+        for leaf, producer in candidates:
+            if anchor is not None and (producer == FusionKind.INJECTIVE or (
+                    producer == FusionKind.ANCHOR and leaf is not anchor)):
+                continue
+            self.fused.add((leaf, var))
+            if kind == FusionKind.ELEMWISE and producer in (FusionKind.ANCHOR,
+                                                            FusionKind.INJECTIVE):
+                group = FusionKind.ANCHOR if anchor is not None else producer
+        self.group_kind[var] = group
+
+    def _reads_stored(self, consumer) -> bool:
+        """Float32 and unknown ops read the float32 value the policy protects for them, and an
+        exact op that only feeds the function's result is no kernel (a view) worth a cast."""
+        plan = self.plans.get(consumer)
+        if plan is None or plan.category in (None, Category.FP32):
+            return False
+        return not (plan.op in EXACT_OPS and all(u is None for u in self.uses.get(consumer, ())))
+
+    def arrives_low(self, value, consumer) -> bool:
+        """Does ``consumer`` read ``value`` in low precision across a kernel boundary?"""
+        if (value, consumer) in self.fused:
+            return value in self.low_values or self._orig_dtype(value) == self.low
+        return (value in self.stored_low or value in self.low_values
+                or self._orig_dtype(value) == self.low)
+
+    def _boundary_follow_mode(self, var, plan: _Plan):
+        plan.mode_fixed = True
+        activations = [leaf for leaf, _ in self._float_leaves(var)
+                       if _is_var(leaf) and leaf not in self.folded]
+        if plan.op in EXACT_OPS:
+            if activations and self.can_low.get(var, False) and all(
+                    self.arrives_low(leaf, var) for leaf in activations):
+                plan.mode = _LOW
+                plan.rule += (f"; runs {self.low}: its inputs arrive in {self.low} and it is "
+                              "exact (low_precision_boundaries)")
+            else:
+                plan.rule += "; runs float32: an input is in float32 registers"
+            return
+        absorbed = [leaf for leaf in activations if self._widening_absorbed(leaf, var)]
+        if absorbed and self.can_low.get(var, False):
+            plan.mode = _LOW
+            plan.rule += (f"; runs {self.low}: {absorbed[0].name} reaches it from another "
+                          f"kernel, stored in {self.low} (low_precision_boundaries)")
+            return
+        self.stored_low.difference_update(absorbed)
+        plan.rule += ("; computes float32 in registers, inputs widened there "
+                      "(low_precision_boundaries)")
+
+    def _widening_absorbed(self, value, consumer) -> bool:
+        """A value read only by ``consumer`` across a kernel boundary: a float32 copy made
+        for the consumer would join the producer's kernel (FuseOps extends a kernel through a
+        chain of single-use casts), so the consumer must read the stored copy as it is."""
+        return value in self.stored_low and self.uses.get(value) == [consumer] and (
+            value, consumer) not in self.fused
+
+    def _computes_low(self, var, plan: _Plan) -> bool:
+        """Will the rewrite compute this float32 value in low precision?"""
+        if self.dtype_of(var) != "float32":
+            return False
+        if plan.mixed:
+            return var in self.stored_low
+        if plan.category == Category.LOW_PRECISION:
+            return True
+        if plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE:
+            return plan.decision.accumulation_dtype != "float32"
+        return plan.mode == _LOW
+
+    def boundary_read(self, value, consumer) -> bool:
+        """Does ``consumer`` read the low-precision copy of ``value`` that is stored between
+        kernels (widening it in its own kernel where it computes float32)?"""
+        return (value in self.stored_low and (value, consumer) not in self.fused
+                and self._reads_stored(consumer))
 
     # ------------------------------------------------------------------ step 2
     def want(self, expr, dtypes):
@@ -456,8 +612,15 @@ class FunctionPlanner:
                 for leaf in arg_leaves:
                     if not _is_var(leaf):
                         continue
-                    if plan.mode == _LOW and self._orig_dtype(leaf) in ("float32", self.low):
+                    if self.boundaries and (
+                            self.boundary_read(leaf, var) or (
+                                leaf in self.low_values and (leaf, var) not in self.fused
+                                and self._reads_stored(var))):
+                        self.want(leaf, low_operands)  # widened in this kernel if need be
+                    elif plan.mode == _LOW and self._orig_dtype(leaf) in ("float32", self.low):
                         self.want(leaf, low_operands)
+                    elif plan.mixed and self.low in self.demand.get(leaf, ()):
+                        self.want(leaf, low_operands)  # the kernel widens it in registers
                     else:
                         self.want_original(leaf)
         elif value_type is If:
@@ -495,7 +658,7 @@ class FunctionPlanner:
 
     def _choose_mode(self, plan: _Plan, var, demand: set):
         category = plan.category
-        if plan.mode == _IDENTITY:
+        if plan.mode == _IDENTITY or plan.mode_fixed:
             return
         if plan.op == "dequantize" and category == Category.FOLLOW:
             if self.low in demand and "float32" not in demand:
@@ -605,7 +768,8 @@ class MixedPrecisionRewriter(PyExprMutator):
 
     # ------------------------------------------------------------------ entry
     def rewrite_function(self, name: str, func: Function, target_rule, signature_low: bool,
-                         low_inputs=(), int_inputs=None, normalization=None) -> Function:
+                         low_inputs=(), int_inputs=None, normalization=None,
+                         settings: KernelSettings | None = None) -> Function:
         """Convert one Relax function; ``signature_low`` converts its float32 inputs and results.
 
         ``int_inputs`` maps parameter names to the integer dtype they are fed in; they are cast
@@ -642,8 +806,11 @@ class MixedPrecisionRewriter(PyExprMutator):
             margin = calibration.margin
         planner = FunctionPlanner(self.policy, self.low, target_rule, self.constant_out_of_range,
                                   params_low, observed, margin,
-                                  {p: int_inputs[p.name] for p in int_params}, self.dtype_of)
+                                  {p: int_inputs[p.name] for p in int_params}, self.dtype_of,
+                                  settings)
         planner.forward(func.body, func.params)
+        if planner.boundaries:
+            planner.plan_boundaries(func.body)
         planner.backward(func.body, signature_low)
         self._planner, self._function_name = planner, name
         self._int_params = int_params
@@ -937,6 +1104,16 @@ class MixedPrecisionRewriter(PyExprMutator):
             dtype = self.dtype_of(arg)
             if dtype is None:  # shapes, scalars, ...: nothing to cast
                 new_args.append(visited)
+            elif plan.mixed:  # the kernel widens its operands in registers
+                keep_low = self.low in self._planner.demand.get(arg, ())
+                new_args.append(self.cast(visited, low) if keep_low else visited)
+            elif self._planner.boundaries and _is_var(arg) and self._planner.boundary_read(
+                    arg, var):
+                stored = self.cast(visited, low)
+                new_args.append(stored if lowered or dtype != "float32" else self._widen(stored))
+            elif (self._planner.boundaries and not lowered and dtype == "float32"
+                  and self.dtype_of(visited) == low and plan.category not in (None, Category.FP32)):
+                new_args.append(self._widen(visited))
             elif lowered:
                 new_args.append(self.cast(visited, low if dtype == "float32" else dtype))
             elif plan.mode == _STORAGE and type(arg) is _GenericConst and dtype == "float32":
@@ -955,6 +1132,20 @@ class MixedPrecisionRewriter(PyExprMutator):
                 self._adopt_cast(new_args[0], var)
             self._record(var, call, var, new_args, plan)
             return var
+        if plan.mixed:
+            out_dtype = low if var in self._planner.low_values or (
+                self.low in self._planner.demand.get(var, ())
+                and "float32" not in self._planner.demand.get(var, ())) else "float32"
+            mixed = self._emit_mixed_kernel(plan.op, call, new_args, out_dtype, var.name, output)
+            if mixed is not None:
+                plan.rule += (f"; one kernel (mixed_kernels): reads "
+                              f"{'/'.join(sorted({self.dtype_of(a) for a in new_args if self.dtype_of(a)}))}"
+                              f", computes float32, writes {out_dtype}")
+                self._record(var, call, mixed, new_args, plan)
+                return mixed
+            plan.mixed = False
+            new_args = [self.cast(a, self.dtype_of(old)) if self.dtype_of(old) else a
+                        for a, (old, _) in zip(new_args, self._planner.call_args[var])]
         new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
         try:
             normalized = self.builder_.normalize(new_call)
@@ -981,6 +1172,52 @@ class MixedPrecisionRewriter(PyExprMutator):
             return pinned
         self._record(var, call, new_var, new_args, plan)
         return new_var
+
+    def _widen(self, value):
+        """A float32 copy of a low-precision value for one consumer: not shared, so the cast
+        stays inside that consumer's kernel."""
+        self._casts += 1
+        self.total_casts += 1
+        name = (value.name if _is_var(value) else "const") + "_f32"
+        return self.builder_.emit(relax.op.astype(value, "float32"), name)
+
+    def _emit_mixed_kernel(self, op: str, call, args, out_dtype: str, name: str, output: bool):
+        """``op`` as one TensorIR kernel that widens its float operands to float32, computes
+        with TVM's own legalization of ``op`` and writes ``out_dtype``; None if the legalization
+        is not a single TE computation."""
+        recorder = _TeRecorder()
+        legalize = tvm.ir.Op.get("relax." + op).get_attr("FLegalize")
+        try:
+            legalize(recorder, call)
+        except Exception:  # any builder use beyond call_te: keep the op as it is
+            return None
+        if len(recorder.calls) != 1:
+            return None
+        te_func, te_args, te_kwargs = recorder.calls[0]
+        positions = {arg.__chandle__(): i for i, arg in enumerate(call.args)}
+        mapped = []
+        for arg in te_args:
+            index = positions.get(arg.__chandle__()) if isinstance(arg, relax.Expr) else None
+            if isinstance(arg, relax.Expr) and index is None:
+                return None
+            mapped.append(args[index] if index is not None else arg)
+        te_kwargs = dict(te_kwargs)
+        hint = te_kwargs.pop("primfunc_name_hint", op.split(".")[-1])
+
+        def compute(*tensors, **kwargs):
+            from tvm import te, topi  # pylint: disable=import-outside-toplevel
+
+            widened = [topi.cast(t, "float32") if isinstance(t, te.Tensor)
+                       and str(t.dtype) in (self.low,) else t for t in tensors]
+            result = te_func(*widened, **kwargs)
+            return topi.cast(result, out_dtype) if str(result.dtype) != out_dtype else result
+
+        try:
+            value = self.builder_.normalize(self.builder_.call_te(
+                compute, *mapped, primfunc_name_hint=f"relay_amp_{hint}", **te_kwargs))
+        except Exception:  # TE rejects these dtypes: keep the op as it is
+            return None
+        return self._emit(value, name, output)
 
     def _count_batch_norm(self, var):
         parameters = [arg for arg, _ in self._planner.call_args[var][1:]
@@ -1016,6 +1253,8 @@ class MixedPrecisionRewriter(PyExprMutator):
             stored += sorted(d for d in demand if d in ("float32", self.low) and d != out_dtype)
         if plan.mode == _LOW:
             compute = self.low
+        elif plan.mixed:
+            compute = "float32"
         elif plan.mode == _IDENTITY:
             compute = "-"
         elif out_dtype and out_dtype.startswith(("float", "bfloat")):
@@ -1031,6 +1270,17 @@ class MixedPrecisionRewriter(PyExprMutator):
             output_dtype="+".join(stored) if stored else "-",
             rule=plan.rule, casts_added=self._casts + max(0, len(stored) - 1),
             macs=estimate_macs(plan.op, call)))
+
+
+class _TeRecorder:
+    """Stands in for the BlockBuilder of an op's legalization and records its ``call_te``."""
+
+    def __init__(self):
+        self.calls = []
+
+    def call_te(self, func, *args, **kwargs):
+        self.calls.append((func, args, kwargs))
+        return None
 
 
 def _same_dtypes(a, b) -> bool:

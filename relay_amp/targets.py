@@ -20,6 +20,12 @@ other kinds (c, ...)       never                               never
 Where a dtype cannot be computed fast, the default never slows the model down: dot-product ops
 keep float32 compute and only their weights are stored in the low-precision dtype. CPU features
 are read from LLVM itself (``llvm_cpu_has_features``), so any ``mcpu`` or ``mattr`` works.
+
+GPU targets (cuda, rocm, vulkan, metal, opencl, webgpu) are *memory-bound*: most kernels of a
+model spend their time moving the tensors at their boundaries, so the kernel settings of
+:class:`relay_amp.Policy` (``decompose_batch_norm``, ``mixed_kernels``,
+``low_precision_boundaries``) default to on there, and to off on CPUs and without a target,
+where the extra conversions inside kernels cost compute and bytes matter less.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ class TargetCaps:
     #: The CPU's float16 FMA (aarch64 ``fmla v.8h``, x86 ``vfmadd...ph``) accumulates in float16:
     #: float32 accumulation would widen every element, so dot products accumulate in float16.
     fp16_native_accumulation: bool = False
+    #: Kernels are bound by memory traffic (GPUs): the kernel settings default to on.
+    memory_bound: bool = False
 
     def computes(self, dtype: str) -> bool:
         return self.fp16_compute if dtype == "float16" else self.bf16_compute
@@ -77,9 +85,11 @@ def target_caps(target: tvm.target.Target) -> TargetCaps:
         arch = str(attrs["arch"]) if "arch" in attrs else ""
         match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
         if not match:
-            return TargetCaps("cuda (no arch)", True, False, bf16_supported=False)
+            return TargetCaps("cuda (no arch)", True, False, bf16_supported=False,
+                              memory_bound=True)
         sm = int(match.group(1))
-        return TargetCaps(f"cuda {arch}", sm >= 53, sm >= 80, bf16_supported=sm >= 80)
+        return TargetCaps(f"cuda {arch}", sm >= 53, sm >= 80, bf16_supported=sm >= 80,
+                          memory_bound=True)
     if kind == "llvm":
         triple = str(attrs["mtriple"]) if "mtriple" in attrs else ""
         cpu = str(attrs["mcpu"]) if "mcpu" in attrs else "generic"
@@ -99,9 +109,10 @@ def target_caps(target: tvm.target.Target) -> TargetCaps:
     if kind == "rocm":
         cpu = str(attrs["mcpu"]) if "mcpu" in attrs else ""
         bf16 = bool(re.match(r"gfx(90a|94\d|95\d|11\d\d|12\d\d)", cpu))
-        return TargetCaps(f"rocm {cpu}".strip(), True, bf16, bf16_supported=bf16)
+        return TargetCaps(f"rocm {cpu}".strip(), True, bf16, bf16_supported=bf16,
+                          memory_bound=True)
     if kind in ("vulkan", "metal", "opencl", "webgpu"):
-        return TargetCaps(kind, True, False, bf16_supported=False)
+        return TargetCaps(kind, True, False, bf16_supported=False, memory_bound=True)
     return TargetCaps(kind, False, False)
 
 
@@ -147,3 +158,37 @@ def target_rule(target, dtype: str, fallback: str | None):
                             decision.accumulation_dtype)
         return decision
     return storage_only
+
+
+@dataclass(frozen=True)
+class KernelSettings:
+    """The effective kernel settings of one conversion, each with the reason it holds."""
+
+    decompose_batch_norm: bool = False
+    mixed_kernels: bool = False
+    low_precision_boundaries: bool = False
+    reasons: tuple = ()  # (setting, value, why), in KERNEL_SETTINGS order
+
+    def describe(self) -> str:
+        return "; ".join(f"{name} {'on' if value else 'off'} ({why})"
+                         for name, value, why in self.reasons)
+
+
+def kernel_settings(policy, target) -> KernelSettings:
+    """The policy's kernel settings, with None resolved by the target's default."""
+    from .policy import KERNEL_SETTINGS  # pylint: disable=import-outside-toplevel
+
+    caps = target_caps(target) if target is not None else None
+    values, reasons = {}, []
+    for name in KERNEL_SETTINGS:
+        chosen = getattr(policy, name)
+        if chosen is not None:
+            values[name], why = chosen, "set by the policy"
+        elif caps is None:
+            values[name], why = False, "default without a target"
+        elif caps.memory_bound:
+            values[name], why = True, f"target {caps.name} is memory-bound"
+        else:
+            values[name], why = False, f"target {caps.name} is compute-bound"
+        reasons.append((name, values[name], why))
+    return KernelSettings(**values, reasons=tuple(reasons))

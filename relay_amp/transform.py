@@ -11,7 +11,7 @@ from .evaluate import with_function
 from .policy import Policy, current_policy
 from .report import Report
 from .rewriter import MixedPrecisionRewriter
-from .targets import as_target, target_caps, target_rule
+from .targets import as_target, kernel_settings, target_caps, target_rule
 
 
 def resolve_policy(dtype=None, policy=None, **policy_kwargs) -> Policy:
@@ -123,10 +123,31 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
         if missing:
             raise ValueError(f"{what} names {sorted(missing)}, which are not parameters of any "
                              f"Relax function (parameters: {sorted(parameters)})")
-    for gvar, func in sorted(relax_functions, key=lambda item: item[0].name_hint):
+    targets, settings = {}, {}
+    for gvar, func in relax_functions:
         target = explicit_target
         if target is None and func.attrs is not None and "target" in func.attrs:
             target = func.attrs["target"]
+        targets[gvar.name_hint] = target
+        settings[gvar.name_hint] = kernel_settings(policy, target)
+        if settings[gvar.name_hint].decompose_batch_norm and _has_inference_batch_norm(func):
+            mod = relax.transform.DecomposeOpsForInference(gvar.name_hint)(mod)
+            mod = relax.transform.CanonicalizeBindings()(mod)  # bn[0] of the new tuple: its field
+            mod = with_function(mod, gvar.name_hint,
+                                relax.analysis.remove_all_unused(mod[gvar.name_hint]))
+            report.notes.append(f"{gvar.name_hint}: inference batch_norm decomposed into "
+                                "elementwise ops before conversion (decompose_batch_norm), so it "
+                                "computes in float32 inside the convolution's kernel")
+    if any(s.decompose_batch_norm for s in settings.values()):
+        relax_functions = [(gv, f) for gv, f in mod.functions_items()
+                           if isinstance(f, relax.Function)]
+        rewriter = MixedPrecisionRewriter(mod, policy, low, calibration)
+    for gvar, func in sorted(relax_functions, key=lambda item: item[0].name_hint):
+        target = targets[gvar.name_hint]
+        function_settings = settings[gvar.name_hint]
+        if any(value for _, value, _ in function_settings.reasons):
+            report.notes.append(f"{gvar.name_hint}: kernel settings: "
+                                f"{function_settings.describe()}")
         rule = target_rule(target, low, policy.fallback)
         if target is not None:
             caps = target_caps(target)
@@ -137,7 +158,7 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
             report.notes.append(f"{gvar.name_hint}: signature kept, other functions call it")
         new_func = rewriter.rewrite_function(gvar.name_hint, func, rule, signature_low,
                                              low_inputs, policy.input_dtypes,
-                                             policy.input_normalization)
+                                             policy.input_normalization, function_settings)
         rewriter.builder_.update_func(gvar, new_func)
     new_mod = rewriter.builder_.get()
     output_problem = _well_formed_problem(new_mod) if verify else None
@@ -162,6 +183,18 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     report.casts = rewriter.total_casts
     report.constants_converted = rewriter.constants_converted
     return new_mod, report
+
+
+def _has_inference_batch_norm(func) -> bool:
+    found = []
+
+    def visit(expr):
+        if (isinstance(expr, tvm.ir.Call) and isinstance(expr.op, tvm.ir.Op)
+                and expr.op.name == "relax.nn.batch_norm" and not bool(expr.attrs.training)):
+            found.append(expr)
+
+    relax.analysis.post_order_visit(func, visit)
+    return bool(found)
 
 
 def add_debug_guards(mod: tvm.IRModule, report: Report) -> tvm.IRModule:
