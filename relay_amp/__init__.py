@@ -8,6 +8,7 @@
 from . import codegen, evaluate
 from .calibrate import Calibration, calibrate
 from .fallback import auto_mixed_precision, bisect_fallback
+from .gpu_cost import GpuCost, gpu_cost
 from .op_tables import Category
 from .policy import Policy, amp_config, current_policy
 from .report import BindingRecord, Report
@@ -23,5 +24,5 @@ codegen.cuda.enable()
 __all__ = [
     "ToMixedPrecision", "convert", "Report", "BindingRecord", "Policy", "Category",
     "amp_config", "current_policy", "TargetCaps", "target_caps", "UnsupportedDtypeError",
-    "Calibration", "calibrate", "auto_mixed_precision", "bisect_fallback",
+    "Calibration", "calibrate", "auto_mixed_precision", "bisect_fallback", "GpuCost", "gpu_cost",
 ]

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 import tvm
+from tvm import relax
 
 from .evaluate import builtin_convert, compile_module, host_target, module_stats
 from .sweep import error_message, machine_description
@@ -321,6 +322,9 @@ def _mb(value: int) -> str:
 def markdown(results: dict) -> str:
     """The tables of ``docs/PERFORMANCE.md``."""
     lines = []
+    if results.get("gpu_cost"):
+        lines += [f"### GPU cost (CUDA {GPU_COST_TARGET['arch']}, after TVM's legalize-and-fuse "
+                  "passes)", "", gpu_cost_markdown(results["gpu_cost"]), ""]
     conversion = results.get("conversion", [])
     if conversion:
         lines += ["### Conversion time, synthetic graphs (float16, median)", "",
@@ -403,10 +407,14 @@ def markdown(results: dict) -> str:
 
 def run_bench(sizes=SIZES, kinds=KINDS, model_names=MODELS, latency_names=LATENCY_MODELS,
               repeats: int = 5, sweep_results: str | None = None, progress: bool = True,
-              profile_size: int | None = None) -> dict:
-    """Everything :mod:`scripts/bench.py` measures, as one JSON-ready dict."""
+              profile_size: int | None = None, gpu_cost_names=None) -> dict:
+    """Everything :mod:`scripts/bench.py` measures, as one JSON-ready dict (``gpu_cost_names``:
+    default :data:`GPU_COST_MODELS`, ``()`` for none)."""
+    gpu_cost_names = GPU_COST_MODELS if gpu_cost_names is None else gpu_cost_names
     results = {"meta": {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                         "machine": machine_description(), "repeats": repeats}}
+    if gpu_cost_names:
+        results["gpu_cost"] = gpu_cost_benchmark(gpu_cost_names, progress=progress)
     results["conversion"] = conversion_benchmark(kinds, sizes, repeats, progress) if sizes else []
     if profile_size:
         results["profile"] = profile_conversion("transformer", profile_size)
@@ -420,3 +428,99 @@ def run_bench(sizes=SIZES, kinds=KINDS, model_names=MODELS, latency_names=LATENC
         results["sweep_cast_ratios"] = cast_ratios_from_sweep(sweep_rows)
     results["goals"] = goals(results["conversion"], results["models"])
     return results
+
+
+# ------------------------------------------------------------------------------ GPU cost
+GPU_COST_MODELS = ("resnet50_v1", "mobilenetv2_1.0", "bert_base", "vit_b16", "llama_decoder")
+GPU_COST_TARGET = {"kind": "cuda", "arch": "sm_90"}
+#: (label, tool, dtype, float32 data inputs and outputs, kernel settings): the variants of the
+#: GPU cost table. Weights given as parameters are always in the low-precision dtype.
+GPU_COST_VARIANTS = (
+    ("relay_amp float16", "relay_amp", "float16", False, None),
+    ("relay_amp bfloat16", "relay_amp", "bfloat16", False, None),
+    ("relay_amp float16, float32 I/O", "relay_amp", "float16", True, None),
+    ("relay_amp float16, kernel settings off", "relay_amp", "float16", False, False),
+    ("built-in float16", "tvm", "float16", False, None),
+)
+
+
+def gpu_cost_model(name: str):
+    """``(module, weight parameter names)`` of a GPU cost model: GluonCV models through ONNX
+    with weights as constants, the transformer graphs with weights as parameters."""
+    from . import gpu_bench, models, transformer_graphs  # pylint: disable=import-outside-toplevel
+
+    builders = {"bert_base": gpu_bench.bert_encoder, "vit_b16": transformer_graphs.vit_encoder,
+                "llama_decoder": transformer_graphs.llama_decoder}
+    if name in builders:
+        model = builders[name]()
+        return model.mod, list(model.weights)
+    return models.load(name).mod, []
+
+
+def gpu_cost_variant(mod, weights, tool: str, dtype: str, keep_io: bool, settings, target):
+    """One variant of the GPU cost table: the ``weights`` parameters in the low-precision dtype,
+    the other float parameters (data inputs) too unless ``keep_io``."""
+    import relay_amp  # pylint: disable=import-outside-toplevel
+
+    floats = [p.name for p in mod["main"].params
+              if str(getattr(p.ty, "dtype", "")) == "float32"]
+    low = [name for name in floats if name in weights] if keep_io else floats
+    if tool == "tvm":
+        return relax.transform.ToMixedPrecision(out_dtype="float32",
+                                                fp16_input_names=low)(mod)
+    kernel = {} if settings is None else {
+        "decompose_batch_norm": settings, "mixed_kernels": settings,
+        "low_precision_boundaries": settings}
+    return relay_amp.convert(mod, dtype, target=target, keep_io_dtypes=keep_io,
+                             low_precision_inputs=low, **kernel)[0]
+
+
+def gpu_cost_benchmark(names=GPU_COST_MODELS, target=GPU_COST_TARGET,
+                       progress: bool = True) -> list[dict]:
+    """Kernels and bytes at kernel boundaries after TVM's CUDA legalize-and-fuse passes, for
+    float32, each variant of :data:`GPU_COST_VARIANTS`, and the ideal (float32's kernels with
+    every float tensor at 2 bytes)."""
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+
+    from .gpu_cost import gpu_cost  # pylint: disable=import-outside-toplevel
+
+    rows = []
+    for name in tqdm(names, desc="gpu cost", unit="model", disable=not progress):
+        mod, weights = gpu_cost_model(name)
+        fp32 = gpu_cost(mod, target)
+        row = {"model": name, "fp32": fp32.as_dict(),
+               "ideal_bytes": fp32.ideal_low_precision_bytes()}
+        for label, tool, dtype, keep_io, settings in GPU_COST_VARIANTS:
+            try:
+                start = time.perf_counter()
+                converted = gpu_cost_variant(mod, weights, tool, dtype, keep_io, settings, target)
+                convert_s = time.perf_counter() - start
+                row[label] = {**gpu_cost(converted, target).as_dict(), "convert_s": convert_s}
+            except Exception as err:  # a variant that fails is a message in its row
+                row[label] = {"error": error_message(err)}
+        rows.append(row)
+    return rows
+
+
+def gpu_cost_markdown(rows: list[dict]) -> str:
+    """The GPU cost table: bytes as a fraction of float32's, kernels, standalone casts."""
+    labels = [label for label, *_ in GPU_COST_VARIANTS]
+    lines = ["| model | float32 kernels | ideal bytes | " + " | ".join(labels) + " |",
+             "|---|---:|---:|" + "---:|" * len(labels)]
+    for row in rows:
+        fp32 = row["fp32"]
+        cells = []
+        for label in labels:
+            cost = row.get(label, {})
+            if "error" in cost:
+                cells.append(f"fails: {cost['error'][:60]}")
+            elif cost:
+                cells.append(f"{cost['bytes'] / fp32['bytes']:.3f}, {cost['kernels']} "
+                             f"({cost['casts']} casts, {cost['parameter_casts']} of parameters)")
+            else:
+                cells.append("-")
+        lines.append(f"| {row['model']} | {fp32['kernels']} | "
+                     f"{row['ideal_bytes'] / fp32['bytes']:.3f} | " + " | ".join(cells) + " |")
+    lines += ["", "Each cell: bytes at kernel boundaries ÷ float32's, kernels (standalone casts, "
+              "and of those the casts of a parameter or constant)."]
+    return "\n".join(lines)

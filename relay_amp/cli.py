@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
+from . import sweep as sweep_module
 from .models import DEFAULT_MODELS, REGISTRY
 
 
@@ -21,8 +23,15 @@ def _sweep(args) -> int:
             print(f"relay-amp sweep: unknown dtype {dtype!r} (float16, bfloat16)", file=sys.stderr)
             return 2
     try:
+        target = None if args.target == "none" else json.loads(args.target)
+    except ValueError as err:
+        print(f"relay-amp sweep: --target takes a JSON target dict or 'none': {err}",
+              file=sys.stderr)
+        return 2
+    try:
         results = sweep.run_sweep(names, dtypes, args.out, args.timeout, args.force,
-                                  progress=not args.quiet, calibrated=not args.no_calibration)
+                                  progress=not args.quiet, calibrated=not args.no_calibration,
+                                  target=target)
     except KeyError as err:
         print(f"relay-amp sweep: {err.args[0]}", file=sys.stderr)
         return 2
@@ -39,6 +48,9 @@ def _bench(args) -> int:
     def names(text):
         return [item for item in text.split(",") if item]
 
+    if args.gpu_cost_only:
+        args.sizes = args.models = args.latency_models = ""
+        args.profile_size = 0
     try:
         sizes = [int(size) for size in names(args.sizes)]
     except ValueError:
@@ -46,6 +58,8 @@ def _bench(args) -> int:
               file=sys.stderr)
         return 2
     unknown = [m for m in names(args.models) + names(args.latency_models) if m not in REGISTRY]
+    unknown += [m for m in names(args.gpu_cost_models)
+                if m not in REGISTRY and m not in bench.GPU_COST_MODELS]
     unknown += [k for k in names(args.kinds) if k not in bench.KINDS]
     if unknown or args.repeats < 1:
         print(f"relay-amp bench: unknown model or graph kind: {', '.join(unknown)}" if unknown
@@ -53,7 +67,8 @@ def _bench(args) -> int:
         return 2
     results = bench.run_bench(sizes, names(args.kinds), names(args.models),
                               names(args.latency_models), args.repeats, args.sweep_results,
-                              progress=not args.quiet, profile_size=args.profile_size)
+                              progress=not args.quiet, profile_size=args.profile_size,
+                              gpu_cost_names=names(args.gpu_cost_models))
     paths = bench.write_outputs(results, args.out)
     print(bench.markdown(results))
     print("wrote " + ", ".join(paths))
@@ -75,10 +90,14 @@ def main(argv=None) -> int:
     sweep.add_argument("--force", action="store_true", help="re-measure finished models")
     sweep.add_argument("--no-calibration", action="store_true",
                        help="convert without calibrated ranges (relay_amp calibrates by default)")
+    sweep.add_argument("--target", default=json.dumps(sweep_module.DEFAULT_TARGET),
+                       help="the target whose defaults relay_amp converts for, as a JSON dict, "
+                            "or 'none' (default: %(default)s; the models run on this CPU)")
     sweep.add_argument("--list", action="store_true", help="list the models and exit")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.set_defaults(run=_sweep)
-    from .bench import KINDS, LATENCY_MODELS, MODELS, SIZES  # pylint: disable=import-outside-toplevel
+    from .bench import (  # pylint: disable=import-outside-toplevel
+        GPU_COST_MODELS, KINDS, LATENCY_MODELS, MODELS, SIZES)
 
     bench = commands.add_parser(
         "bench", help="conversion speed and scaling, casts, bytes, CPU latency vs TVM's pass")
@@ -95,6 +114,10 @@ def main(argv=None) -> int:
     bench.add_argument("--profile-size", type=int, default=50000,
                        help="profile relay_amp on a transformer graph of this many bindings "
                             "(0: no profile; default: %(default)s)")
+    bench.add_argument("--gpu-cost-models", default=",".join(GPU_COST_MODELS),
+                       help="models of the GPU cost table (default: %(default)s)")
+    bench.add_argument("--gpu-cost-only", action="store_true",
+                       help="only the GPU cost table (about two minutes)")
     bench.add_argument("--out", default="results/bench", help="default: %(default)s")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
     bench.set_defaults(run=_bench)

@@ -19,6 +19,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .bundle_runner import make_weights
+
 VARIANTS = ("fp32", "relay_amp:float16", "relay_amp:bfloat16", "tvm:float16")
 
 
@@ -78,6 +80,20 @@ def bert_encoder(layers=12, hidden=768, heads=12, ffn=3072, seq=128, batch=1) ->
                       builder.get(), data, [w.name for w in weights])
 
 
+def drop_initializer_inputs(model):
+    """Remove from an ONNX model's graph inputs those that are initializers too; returns it.
+
+    MXNet's exporter lists every weight both as an initializer and as a graph input. TVM's
+    ``from_onnx(keep_params_in_input=True)`` makes a parameter of each, so without this every
+    weight would be a parameter twice and the module ill-formed.
+    """
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    inputs = [value for value in model.graph.input if value.name not in initializers]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    return model
+
+
 def gluon_model(name="resnet50_v1", size=224, workdir=None) -> BenchModel:
     """A GluonCV model through ONNX, its weights lifted to parameters."""
     import tempfile  # pylint: disable=import-outside-toplevel
@@ -88,31 +104,17 @@ def gluon_model(name="resnet50_v1", size=224, workdir=None) -> BenchModel:
     from .zoo import load_gluon  # pylint: disable=import-outside-toplevel
 
     model = load_gluon(name, image_size=size, workdir=workdir or tempfile.mkdtemp())
-    mod = from_onnx(onnx.load(model.onnx_path), keep_params_in_input=True)
+    mod = from_onnx(drop_initializer_inputs(onnx.load(model.onnx_path)),
+                    keep_params_in_input=True)
     data_name = mod["main"].params[0].name
     weights = [p.name for p in mod["main"].params[1:]]
     return BenchModel(name, mod, {data_name: model.inputs[0]}, weights)
 
 
-def make_weights(mod: tvm.IRModule, names, seed: int = 0) -> dict:
-    """Deterministic float32 weights of plausible magnitude for the named parameters."""
-    rng = np.random.default_rng(seed)
-    params = {p.name: p for p in mod["main"].params}
-    weights = {}
-    for name in names:
-        shape = tuple(int(d) for d in params[name].ty.shape.values)
-        lower = name.lower()
-        if "var" in lower:
-            value = rng.uniform(0.5, 1.5, shape)
-        elif any(k in lower for k in ("gamma", ".g1", ".g2")):
-            value = 1 + 0.1 * rng.normal(size=shape)
-        elif len(shape) <= 1:
-            value = 0.1 * rng.normal(size=shape)
-        else:
-            fan_in = int(np.prod(shape[1:])) if len(shape) > 2 else shape[0]
-            value = rng.normal(size=shape) / np.sqrt(max(fan_in, 1))
-        weights[name] = value.astype("float32")
-    return weights
+def weight_shapes(model: BenchModel) -> dict:
+    """The model's weights, name to shape, in parameter order (the input of ``make_weights``)."""
+    params = {p.name: p for p in model.mod["main"].params}
+    return {name: tuple(int(d) for d in params[name].ty.shape.values) for name in model.weights}
 
 
 # ------------------------------------------------------------------------------ variants
@@ -178,7 +180,7 @@ def run(model: BenchModel, arch: str | None = None, repeats: int = 50, seed: int
         raise RuntimeError("no CUDA GPU is visible to TVM on this machine")
     arch = arch or f"sm_{device.compute_version.replace('.', '')}"
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
-    weights = make_weights(model.mod, model.weights, seed)
+    weights = make_weights(weight_shapes(model), seed)
     results, reference = {}, None
     for variant in VARIANTS:
         mod = variant_module(model, variant, target)

@@ -109,12 +109,18 @@ def task_metrics(spec, reference: list, outputs: list, extra: dict) -> dict:
     return {}
 
 
+#: The target whose defaults relay_amp converts for: the output a GPU user gets (it runs on the
+#: CPU here; the target only sets the conversion's defaults).
+DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
+
+
 def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None = None,
-                  on_row=None, calibrated: bool = True) -> dict:
+                  on_row=None, calibrated: bool = True, target=DEFAULT_TARGET) -> dict:
     """Measure one model: the float32 baseline and every variant. Never raises.
 
     With ``calibrated``, relay_amp converts with ranges from :func:`relay_amp.calibrate` run on
-    the model's own input batches (TVM's built-in pass has no such input)."""
+    the model's own input batches (TVM's built-in pass has no such input). ``target`` sets
+    relay_amp's defaults (None: the defaults without a target)."""
     import relay_amp  # pylint: disable=import-outside-toplevel
     from . import evaluate, models  # pylint: disable=import-outside-toplevel
 
@@ -171,7 +177,7 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
                                "input_normalization": {integer["input"]: integer["normalization"]}}
                     batches = integer["batches"]
                     row["input"] = "uint8 (relay_amp.data.ImageBatches, normalization folded in)"
-                converted, conversion = relay_amp.convert(loaded.mod, dtype,
+                converted, conversion = relay_amp.convert(loaded.mod, dtype, target=target,
                                                           calibration=calibration, **options)
                 row["summary"] = conversion.summary()
             else:
@@ -207,26 +213,28 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
     return result
 
 
-def _worker(name, dtypes, path, workdir, calibrated):  # runs in a child process
+def _worker(name, dtypes, path, workdir, calibrated, target):  # runs in a child process
     def save(result):
         with open(path + ".tmp", "w", encoding="utf-8") as handle:
             json.dump(result, handle, default=float)
         os.replace(path + ".tmp", path)
 
     try:
-        measure_model(name, dtypes, workdir, on_row=save, calibrated=calibrated)
+        measure_model(name, dtypes, workdir, on_row=save, calibrated=calibrated, target=target)
     except BaseException:  # pragma: no cover - measure_model catches; this is a last resort
         traceback.print_exc()
         raise
 
 
-def measure_isolated(name: str, dtypes, timeout_s: float, calibrated: bool = True) -> dict:
+def measure_isolated(name: str, dtypes, timeout_s: float, calibrated: bool = True,
+                     target=DEFAULT_TARGET) -> dict:
     """:func:`measure_model` in a child process; a timeout or crash marks the missing rows."""
     context = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="relay_amp_sweep_") as workdir:
         path = os.path.join(workdir, "result.json")
         process = context.Process(target=_worker,
-                                  args=(name, tuple(dtypes), path, workdir, calibrated))
+                                  args=(name, tuple(dtypes), path, workdir, calibrated,
+                                        target))
         process.start()
         process.join(timeout_s)
         status = None
@@ -255,7 +263,8 @@ def measure_isolated(name: str, dtypes, timeout_s: float, calibrated: bool = Tru
 
 # ------------------------------------------------------------------------------ the sweep
 def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_s=900.0,
-              force=False, progress=True, calibrated: bool = True) -> dict:
+              force=False, progress=True, calibrated: bool = True,
+              target=DEFAULT_TARGET) -> dict:
     """Measure ``names`` and write results.json/.csv/.md and error.png into ``out_dir``."""
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
@@ -273,18 +282,23 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
                        "note": "GluonCV rows use seeded weights with BatchNorm statistics "
                                "re-estimated on real photos: they measure float16/bfloat16 "
                                "agreement with float32, not ImageNet accuracy.",
-                       "calibrated": calibrated}
-    todo = [n for n in names if force or not _finished(results["models"].get(n), dtypes)]
+                       "calibrated": calibrated,
+                       "relay_amp_target": target}
+    todo = [n for n in names
+            if force or not _finished(results["models"].get(n), dtypes, target)]
     bar = tqdm(todo, desc="sweep", unit="model", disable=not progress)
     for name in bar:
         bar.set_postfix_str(name)
-        results["models"][name] = measure_isolated(name, dtypes, timeout_s, calibrated)
+        results["models"][name] = measure_isolated(name, dtypes, timeout_s, calibrated, target)
+        results["models"][name]["relay_amp_target"] = target
         write_outputs(results, out_dir, order=names)
     write_outputs(results, out_dir, order=names)
     return results
 
 
-def _finished(result, dtypes) -> bool:
+def _finished(result, dtypes, target=DEFAULT_TARGET) -> bool:
+    if result and result.get("relay_amp_target", None) != target:
+        return False  # measured for another target's defaults
     if not result or result.get("fp32", {}).get("status") not in ("ok", "import error"):
         return False
     if result["fp32"]["status"] != "ok":

@@ -161,6 +161,14 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
                                              policy.input_normalization, function_settings)
         rewriter.builder_.update_func(gvar, new_func)
     new_mod = rewriter.builder_.get()
+    boundary_functions = [name for name, chosen in settings.items()
+                          if chosen.low_precision_boundaries]
+    if boundary_functions:
+        # A float32 result that left its dataflow block only to be cast for the signature stays
+        # inside it, so FuseOps can fuse the cast into the kernel that computes it.
+        canonical = relax.transform.CanonicalizeBindings()(new_mod)
+        for name in boundary_functions:
+            new_mod = with_function(new_mod, name, canonical[name])
     output_problem = _well_formed_problem(new_mod) if verify else None
     if output_problem is not None:
         input_problem = _well_formed_problem(mod)

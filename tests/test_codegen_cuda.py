@@ -40,7 +40,33 @@ extern "C" __global__ void __launch_bounds__(32) reduce(T* __restrict__ A, T* __
   if (threadIdx.x == 0) out[0] = A[0] - ((volatile T*)red_buf0)[0] / ((volatile T*)red_buf0)[1];
 }
 """
+# The other common idiom: the buffer itself declared volatile (qualifier, then storage class,
+# then type), and indexed without a cast.
+REDUCTION_DECLARED = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+extern "C" __global__ void __launch_bounds__(32) reduce(T* __restrict__ A, T* __restrict__ out) {
+  volatile __shared__ T red_buf[32];
+  red_buf[threadIdx.x] = A[threadIdx.x];
+  __syncwarp();
+  if (threadIdx.x < 16) {
+    red_buf[threadIdx.x] = red_buf[threadIdx.x] + red_buf[threadIdx.x + 16];
+    red_buf[threadIdx.x] = red_buf[threadIdx.x] * red_buf[threadIdx.x + 8];
+    if (red_buf[threadIdx.x] < red_buf[threadIdx.x + 4]) {
+      red_buf[threadIdx.x] += red_buf[threadIdx.x + 4];
+    }
+  }
+  __syncwarp();
+  if (threadIdx.x == 0) out[0] = A[0] - red_buf[0] / red_buf[1];
+}
+"""
+IDIOMS = {"cast": REDUCTION, "declared": REDUCTION_DECLARED}
 CUDA_TYPES = {"float16": "half", "bfloat16": "__nv_bfloat16"}
+
+
+def reduction(idiom: str, dtype: str) -> str:
+    return IDIOMS[idiom].replace("T*", CUDA_TYPES[dtype] + "*").replace(
+        "T red", CUDA_TYPES[dtype] + " red")
 
 
 def nvcc_compile(code: str, tmp_path, archs=("sm_80", "sm_90")):
@@ -52,9 +78,10 @@ def nvcc_compile(code: str, tmp_path, archs=("sm_80", "sm_90")):
     return result.returncode, result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("idiom", sorted(IDIOMS))
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_volatile_reduction_fails_without_the_hook_and_compiles_with_it(dtype, tmp_path):
-    code = REDUCTION.replace("T*", CUDA_TYPES[dtype] + "*").replace("T red", CUDA_TYPES[dtype] + " red")
+def test_volatile_reduction_fails_without_the_hook_and_compiles_with_it(dtype, idiom, tmp_path):
+    code = reduction(idiom, dtype)
     status, log = nvcc_compile(code, tmp_path)
     assert status != 0
     assert f'no operator "+" matches these operands' in log
@@ -81,7 +108,9 @@ def _libnvrtc():
     return ctypes.util.find_library("nvrtc")
 
 
-def test_patched_source_also_compiles_under_nvrtc():
+@pytest.mark.parametrize("idiom", sorted(IDIOMS))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_patched_source_also_compiles_under_nvrtc(dtype, idiom):
     path = _libnvrtc()
     if path is None:
         pytest.skip("libnvrtc is not installed with this CUDA toolkit")
@@ -89,8 +118,7 @@ def test_patched_source_also_compiles_under_nvrtc():
         if "alt" not in os.path.basename(builtins):
             ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)  # nvrtc loads it by soname
     nvrtc = ctypes.CDLL(path)
-    code = REDUCTION.replace("T*", "half*").replace("T red", "half red")
-    code = cuda.patch_source(code)
+    code = cuda.patch_source(reduction(idiom, dtype))
     program = ctypes.c_void_p()
     assert nvrtc.nvrtcCreateProgram(ctypes.byref(program), code.encode(), b"k.cu", 0, None,
                                     None) == 0
@@ -106,6 +134,24 @@ def test_patched_source_also_compiles_under_nvrtc():
     nvrtc.nvrtcGetProgramLog(program, log)
     nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
     assert status == 0, log.value.decode()
+
+
+@pytest.mark.parametrize("declaration, needed", [
+    ("volatile __shared__ half red_buf[32];", ["float16"]),
+    ("__shared__ volatile half red_buf[32];", ["float16"]),
+    ("static __shared__ volatile __half buf[8];", ["float16"]),
+    ("half volatile* p = q;", ["float16"]),
+    ("x = ((volatile half*)red_buf0)[0];", ["float16"]),
+    ("const volatile __half& a = b;", ["float16"]),
+    ("volatile __shared__ __nv_bfloat16 red_buf[32];", ["bfloat16"]),
+    ("x = ((volatile __nv_bfloat16*)red_buf0)[0];", ["bfloat16"]),
+    ("__nv_bfloat16 volatile b; volatile half h;", ["float16", "bfloat16"]),
+    ("volatile float x; half y;", []),
+    ("volatile int flag; __shared__ __nv_bfloat16 buf[4];", []),
+    ("half volatile_count;", []),
+])
+def test_every_declaration_form_is_detected(declaration, needed):
+    assert cuda.needed(declaration) == needed
 
 
 def test_patch_is_idempotent_and_only_where_needed():

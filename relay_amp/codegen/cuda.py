@@ -8,7 +8,8 @@ assignment) plus explicit volatile load/store helpers, through TVM's
 ``tvm_callback_cuda_postproc(code, target)`` hook:
 
 * the declarations are injected only into sources that use volatile half or bfloat16 values,
-  after TVM's own preamble and before the first kernel;
+  written in any declaration form (qualifiers and storage classes in any order, arrays,
+  pointers, casts), after TVM's own preamble and before the first kernel;
 * injection is idempotent (a marker and an include guard);
 * a callback registered before relay_amp keeps running first: relay_amp chains, never replaces;
 * :func:`enable`, :func:`disable`, :func:`is_enabled` and the :func:`volatile_half_operators`
@@ -34,10 +35,23 @@ _TYPES = {
     "float16": ("__half", "__CUDA_FP16_H__", "__h", "unsigned short"),
     "bfloat16": ("__nv_bfloat16", "__CUDA_BF16_H__", "__h", "unsigned short"),
 }
-_USES = {
-    "float16": re.compile(r"volatile\s+(?:__)?half\b|\b(?:__)?half\s+volatile\b"),
-    "bfloat16": re.compile(r"volatile\s+(?:__)?nv_bfloat16\b|\b(?:__)?nv_bfloat16\s+volatile\b"),
-}
+_TYPE_NAMES = {"float16": ("half", "__half"), "bfloat16": ("__nv_bfloat16", "nv_bfloat16")}
+#: A run of declaration specifiers: cv-qualifiers, storage classes, CUDA memory spaces and the
+#: low-precision type names, in any order (``volatile __shared__ half``, ``half volatile``,
+#: ``(volatile const __nv_bfloat16*)``, ``static __shared__ volatile half buf[32]``).
+_SPECIFIERS = re.compile(
+    r"(?:\b(?:volatile|const|static|extern|register|__shared__|__device__|__constant__|"
+    r"__managed__|__restrict__|half|__half|__nv_bfloat16|nv_bfloat16)\b\s*)+")
+
+
+def _uses_volatile(code: str, dtype: str) -> bool:
+    """Whether ``code`` declares or casts to a volatile value of ``dtype``'s CUDA type."""
+    names = _TYPE_NAMES[dtype]
+    for match in _SPECIFIERS.finditer(code):
+        words = match.group().split()
+        if "volatile" in words and any(name in words for name in names):
+            return True
+    return False
 
 
 def _declarations(dtype: str) -> str:
@@ -74,9 +88,9 @@ def _declarations(dtype: str) -> str:
 
 def needed(code: str) -> list[str]:
     """The low-precision dtypes whose volatile operators ``code`` needs (and lacks)."""
-    return [dtype for dtype, pattern in _USES.items()
-            if pattern.search(code) and f"RELAY_AMP_VOLATILE_{'HALF' if dtype == 'float16' else 'BF16'}"
-            not in code]
+    return [dtype for dtype in _TYPES
+            if f"RELAY_AMP_VOLATILE_{'HALF' if dtype == 'float16' else 'BF16'}" not in code
+            and _uses_volatile(code, dtype)]
 
 
 def patch_source(code: str) -> str:

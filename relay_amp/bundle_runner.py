@@ -1,0 +1,380 @@
+"""Run a relay_amp GPU bundle with TVM's runtime only: load, check against float32, time.
+
+This file is copied into every bundle that ``scripts/gpu_bundle.py`` writes, and runs there as a
+standalone script on a host that has numpy and nothing of relay_amp or TVM installed::
+
+    python BUNDLE/bundle_runner.py [--out DIR] [--repeats 100] [--compiler nvrtc|nvcc]
+
+It imports only numpy, the standard library and the TVM (runtime only, without the compiler
+library) that the bundle carries. Libraries built for CUDA hold CUDA source, which TVM's CUDA
+loader compiles when it loads them, through the global function ``tvm_callback_cuda_compile``:
+NVRTC (cuda-bindings) by default, nvcc with ``--compiler nvcc``. Weights are generated here from
+the manifest's seed (:func:`make_weights`), the same values for every variant, each variant taking
+them in its own dtype. Results go to ``results.json`` and ``results.md`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+
+
+# ------------------------------------------------------------------------------ weights
+def make_weights(shapes: dict, seed: int = 0) -> dict:
+    """Deterministic float32 weights of plausible magnitude.
+
+    Parameters
+    ----------
+    shapes : dict
+        Weight name to shape, in the order that defines the random stream (the parameter order).
+    seed : int
+        Seed of the ``numpy.random.default_rng`` stream.
+
+    Returns
+    -------
+    dict
+        Weight name to float32 array: variances uniform in [0.5, 1.5], scales (``gamma``, norm
+        gains named ``.g``, ``.g1``...) near 1, other vectors small, matrices and kernels normal
+        with a 1/sqrt(fan-in) scale.
+    """
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in shapes.items():
+        shape = tuple(int(d) for d in shape)
+        lower = name.lower()
+        if "var" in lower:
+            value = rng.uniform(0.5, 1.5, shape)
+        elif "gamma" in lower or re.search(r"\.g\d*$", lower):
+            value = 1 + 0.1 * rng.normal(size=shape)
+        elif len(shape) <= 1:
+            value = 0.1 * rng.normal(size=shape)
+        else:
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 2 else shape[0]
+            value = rng.normal(size=shape) / np.sqrt(max(fan_in, 1))
+        weights[name] = value.astype("float32")
+    return weights
+
+
+# ------------------------------------------------------------------------------ dtypes
+def bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16 bit patterns (uint16), rounding to nearest even; NaN stays NaN.
+
+    Done with integer arithmetic so that no ml_dtypes is needed on the GPU host.
+    """
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> 16
+    rounded = rounded.astype(np.uint16)
+    rounded[np.isnan(values)] = 0x7FC0
+    return rounded
+
+
+def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) to float32, exactly."""
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def to_device(tvm, value: np.ndarray, dtype: str, device):
+    """``value`` in TVM dtype ``dtype`` on ``device``."""
+    if dtype == "bfloat16":
+        tensor = tvm.runtime.empty(value.shape, "bfloat16", device)
+        return tensor.copyfrom(bfloat16_bits(value))
+    return tvm.runtime.tensor(np.ascontiguousarray(value.astype(dtype)), device)
+
+
+def to_numpy(tensor) -> np.ndarray:
+    """A TVM tensor as numpy; bfloat16 comes back as float32."""
+    if str(tensor.dtype) == "bfloat16":
+        view = tensor._create_view(tensor.shape, "uint16")  # pylint: disable=protected-access
+        return bfloat16_to_float32(view.numpy())
+    return tensor.numpy()
+
+
+def compare(reference: list, outputs: list) -> dict:
+    """Relative L2 error of ``outputs`` against ``reference`` over the float outputs together,
+    and the count of NaN/Inf values where the reference is finite.
+
+    The error is taken where both are finite, so that a few non-finite values do not hide how
+    close the rest is; the count says how many there are.
+    """
+    if len(reference) != len(outputs):
+        raise ValueError(f"{len(outputs)} outputs but {len(reference)} reference outputs")
+    num = den = 0.0
+    nonfinite = 0
+    for ref, out in zip(reference, outputs):
+        if ref.shape != out.shape:
+            raise ValueError(f"output shape {out.shape} differs from reference {ref.shape}")
+        if ref.dtype.kind != "f":
+            continue
+        ref64, out64 = ref.astype(np.float64), out.astype(np.float64)
+        finite_ref = np.isfinite(ref64)
+        nonfinite += int(np.count_nonzero(finite_ref & ~np.isfinite(out64)))
+        keep = finite_ref & np.isfinite(out64)
+        num += float(np.sum((ref64[keep] - out64[keep]) ** 2))
+        den += float(np.sum(ref64[keep] ** 2))
+    return {"relative_l2": float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num)),
+            "nonfinite": nonfinite}
+
+
+# ------------------------------------------------------------------------------ TVM runtime
+def import_bundled_tvm(bundle: str):
+    """Import the TVM the bundle carries, in runtime-only mode, and return the module.
+
+    Raises
+    ------
+    RuntimeError
+        If the imported TVM is not the bundle's, or loaded its compiler library.
+    """
+    bundle = os.path.abspath(bundle)
+    sys.path.insert(0, bundle)
+    os.environ["TVM_USE_RUNTIME_LIB"] = "1"
+    # tvm_ffi would otherwise import PyTorch, where installed, and may JIT-build an extension
+    os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
+    import tvm  # pylint: disable=import-outside-toplevel
+    import tvm.runtime.vm  # pylint: disable=import-outside-toplevel,unused-import
+
+    if not os.path.abspath(tvm.__file__).startswith(bundle + os.sep):
+        raise RuntimeError(f"imported {tvm.__file__}, not the TVM of the bundle {bundle}")
+    if not tvm.base._RUNTIME_ONLY:  # pylint: disable=protected-access
+        raise RuntimeError("TVM did not start in runtime-only mode")
+    return tvm
+
+
+def loaded_tvm_libraries() -> list:
+    """Paths of the TVM shared libraries mapped into this process (Linux; else empty)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as handle:
+            paths = {line.split()[-1] for line in handle if "libtvm" in line}
+    except OSError:
+        return []
+    return sorted(paths)
+
+
+def enable_cuda(tvm, compiler: str) -> None:
+    """Load TVM's CUDA runtime and register the CUDA source compiler its loader calls.
+
+    TVM loads ``libtvm_runtime_cuda.so`` only when its compiler library is present, so it is
+    loaded here. TVM's own ``tvm_callback_cuda_compile`` asks the current compilation target for
+    the arch, which runtime-only TVM cannot answer, so a callback that passes the GPU's arch
+    replaces it.
+    """
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    library = os.path.join(os.path.dirname(tvm.__file__), "lib", "libtvm_runtime_cuda.so")
+    try:
+        ctypes.CDLL(library, ctypes.RTLD_LOCAL)
+    except OSError as error:
+        raise RuntimeError(f"cannot load TVM's CUDA runtime ({error}); is CUDA 13's libcudart "
+                           "on the library path (LD_LIBRARY_PATH)?") from None
+    device = tvm.cuda(0)
+    if not device.exist:
+        raise RuntimeError("no CUDA GPU is visible to TVM on this machine")
+    arch = "sm_" + device.compute_version.replace(".", "")
+
+    def compile_cuda(code):
+        if compiler == "nvcc":
+            return _nvcc(code, arch)
+        from tvm.support import nvcc  # pylint: disable=import-outside-toplevel
+
+        return nvcc.compile_cuda(code, target_format="cubin", arch=arch, compiler="nvrtc")
+
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)
+
+
+# the flags TVM's own nvcc path passes, so both compilers build the same code the same way
+_NVCC_FLAGS = ["-O3", "--use_fast_math", "-U__CUDA_NO_HALF_OPERATORS__",
+               "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_OPERATORS__",
+               "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_BFLOAT162_OPERATORS__",
+               "-U__CUDA_NO_BFLOAT162_CONVERSIONS__"]
+
+
+def _nvcc(code: str, arch: str) -> bytearray:
+    with tempfile.TemporaryDirectory(prefix="bundle_nvcc_") as folder:
+        source, cubin = os.path.join(folder, "kernels.cu"), os.path.join(folder, "kernels.cubin")
+        with open(source, "w", encoding="utf-8") as handle:
+            handle.write(code)
+        result = subprocess.run(["nvcc", "--cubin", f"-arch={arch}", *_NVCC_FLAGS, "-o", cubin,
+                                 source], capture_output=True, text=True, check=False)
+        if result.returncode:
+            raise RuntimeError(f"nvcc failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
+        with open(cubin, "rb") as handle:
+            return bytearray(handle.read())
+
+
+# ------------------------------------------------------------------------------ running
+def weight_shapes(model: dict) -> dict:
+    """The model's weights, name to shape, in parameter order."""
+    return {name: shape for name, shape in model["weights"]}
+
+
+def run_variant(tvm, bundle: str, entry: dict, device, values: dict, repeats: int,
+                warmup: int) -> tuple:
+    """Load one variant's library, run it once and time it.
+
+    Returns
+    -------
+    tuple
+        ``(row, outputs)``: the row of measurements, and the outputs as numpy arrays.
+    """
+    start = time.perf_counter()
+    library = tvm.runtime.load_module(os.path.join(bundle, entry["library"]))
+    vm = tvm.runtime.vm.VirtualMachine(library, device)
+    load_s = time.perf_counter() - start
+    args = [to_device(tvm, values[p["name"]], p["dtype"], device) for p in entry["params"]]
+    result = vm["main"](*args)
+    outputs = [to_numpy(t) for t in ([result] if hasattr(result, "dtype") else result)]
+    for _ in range(warmup):
+        vm["main"](*args)
+    device.sync()
+    timer = vm.time_evaluator("main", device, number=1, repeat=repeats)
+    times_ms = np.array(timer(*args).results) * 1e3
+    row = {"load_s": load_s, "latency_ms": float(np.median(times_ms)),
+           "min_ms": float(times_ms.min()), "runs": int(times_ms.size)}
+    return row, outputs
+
+
+def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str = "nvrtc",
+               models=None) -> dict:
+    """Run every variant of every model in the bundle; one row per variant, errors included.
+
+    Returns
+    -------
+    dict
+        ``{"environment": ..., "models": {model: {variant: row}}}``. A row holds either the
+        measurements (``latency_ms``, ``speedup_vs_fp32``, ``relative_l2``, ``nonfinite``...) or
+        ``error``, a one-line message.
+    """
+    with open(os.path.join(bundle, MANIFEST), encoding="utf-8") as handle:
+        manifest = json.load(handle)
+    tvm = import_bundled_tvm(bundle)
+    environment = {"python": platform.python_version(), "numpy": np.__version__,
+                   "tvm": tvm.__version__, "tvm_file": tvm.__file__,
+                   "runtime_only": bool(tvm.base._RUNTIME_ONLY),  # pylint: disable=W0212
+                   "device_kind": manifest["device"], "built_for": manifest["target"]}
+    setup_error = None
+    try:
+        if manifest["device"] == "cuda":
+            enable_cuda(tvm, compiler)
+            device = tvm.cuda(0)
+            environment.update(gpu=device.device_name, compute_version=device.compute_version,
+                               compiler=compiler)
+        else:
+            device = tvm.cpu(0)
+    except RuntimeError as error:
+        setup_error = str(error)
+    results = {}
+    for name, model in manifest["models"].items():
+        if models and name not in models:
+            continue
+        rows = results[name] = {}
+        if setup_error:
+            rows.update({variant: {"error": setup_error} for variant in model["variants"]})
+            continue
+        values = make_weights(weight_shapes(model), model["weight_seed"])
+        with np.load(os.path.join(bundle, model["inputs"])) as inputs:
+            values.update({key: inputs[key] for key in inputs.files})
+        references = {}
+        for variant, entry in model["variants"].items():
+            try:
+                row, outputs = run_variant(tvm, bundle, entry, device, values, repeats, warmup)
+            except Exception as error:  # pylint: disable=broad-except
+                rows[variant] = {"error": _one_line(error)}
+                continue
+            if entry["base"] == "fp32":
+                references.setdefault(entry["mode"], outputs)
+            # every variant is checked against the plain float32 build where it ran
+            reference = references.get("vm", references.get(entry["mode"]))
+            if reference is not None:
+                row.update(compare(reference, outputs))
+            rows[variant] = row
+            print(_row_line(name, variant, row), flush=True)
+        _add_speedups(model, rows)
+    environment["tvm_libraries"] = loaded_tvm_libraries()
+    return {"environment": environment, "models": results}
+
+
+def _add_speedups(model: dict, rows: dict) -> None:
+    """Speed-up over the float32 variant built for the same execution mode."""
+    base = {model["variants"][v]["mode"]: row["latency_ms"] for v, row in rows.items()
+            if "latency_ms" in row and model["variants"][v]["base"] == "fp32"}
+    for variant, row in rows.items():
+        mode = model["variants"][variant]["mode"]
+        if "latency_ms" in row and mode in base:
+            row["speedup_vs_fp32"] = base[mode] / row["latency_ms"]
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    message = lines[-1] if lines else ""
+    return f"{type(error).__name__}: {message}"[:300]
+
+
+def _row_line(model: str, variant: str, row: dict) -> str:
+    if "error" in row:
+        return f"{model} {variant}: {row['error']}"
+    error = f"rel L2 {row['relative_l2']:.2e}" if "relative_l2" in row else "no reference"
+    return f"{model} {variant}: {row['latency_ms']:.3f} ms, {error}"
+
+
+def format_markdown(results: dict) -> str:
+    """The results as a markdown table: latency, speed-up over float32, relative L2, NaN/Inf."""
+    env = results["environment"]
+    lines = [f"Device: {env.get('gpu', env['device_kind'])}"
+             f"{' (compute ' + env['compute_version'] + ')' if 'compute_version' in env else ''}"
+             f", TVM {env['tvm']} runtime only, Python {env['python']}, numpy {env['numpy']}", "",
+             "| model | variant | latency ms (median) | speed-up vs fp32 | rel. L2 vs fp32 "
+             "| NaN/Inf |", "|---|---|---:|---:|---:|---:|"]
+    for model, rows in results["models"].items():
+        for variant, row in rows.items():
+            if "error" in row:
+                lines.append(f"| {model} | {variant} | error: {row['error']} | | | |")
+                continue
+            speedup = f"{row['speedup_vs_fp32']:.2f}" if "speedup_vs_fp32" in row else "-"
+            rel = f"{row['relative_l2']:.2e}" if "relative_l2" in row else "-"
+            nonfinite = row.get("nonfinite", "-")
+            lines.append(f"| {model} | {variant} | {row['latency_ms']:.3f} | {speedup} | {rel} "
+                         f"| {nonfinite} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    """Command line: run the bundle this script sits in and write results.json/results.md."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--bundle", default=os.path.dirname(os.path.abspath(__file__)),
+                        help="bundle folder (default: the folder of this script)")
+    parser.add_argument("--out", default=".", help="folder for results.json and results.md")
+    parser.add_argument("--repeats", type=int, default=100, help="timed runs (median reported)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed runs before timing")
+    parser.add_argument("--compiler", choices=("nvrtc", "nvcc"),
+                        default=os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc").lower(),
+                        help="CUDA source compiler (default: NVRTC through cuda-bindings)")
+    parser.add_argument("--models", default=None, help="comma-separated subset of the models")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    results = run_bundle(args.bundle, args.repeats, args.warmup, args.compiler,
+                         args.models.split(",") if args.models else None)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=1)
+    table = format_markdown(results)
+    with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as handle:
+        handle.write(table)
+    print(table)
+    rows = [row for model in results["models"].values() for row in model.values()]
+    return 0 if rows and all("error" not in row for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Build here, run on a GPU host with TVM's runtime only: a folder that carries everything.
+
+:func:`build_bundle` converts and compiles every variant (float32, relay_amp float16 and
+bfloat16, TVM's built-in float16; for CUDA each also with the VM's CUDA graph mode) of each model
+for one target, exports each library, and writes one folder::
+
+    BUNDLE/
+      manifest.json        models, variants, libraries, parameter names and dtypes, weight seeds
+      bundle_runner.py     the runner (a copy of relay_amp/bundle_runner.py): numpy + this folder
+      <model>/<variant>.so the exported libraries
+      <model>/inputs.npz   the data inputs (weights are generated on the host from their seed)
+      tvm/, tvm_ffi/       TVM without its compiler library, and tvm_ffi for the host's Python
+
+On the host: ``python BUNDLE/bundle_runner.py --out RESULTS``. A library built for CUDA holds
+CUDA source (this wheel's TVM has no CUDA compiler); TVM's CUDA loader compiles it there, through
+NVRTC or nvcc. A bundle built for ``llvm`` runs the same way on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import tvm
+
+from . import bundle_runner, gpu_bench
+
+#: The models of the GPU bundle, by the name :func:`bundle_model` takes.
+BUNDLE_MODELS = ("resnet50_v1", "mobilenetv2_1.0", "bert_base", "llama_decoder")
+CUDA_GRAPH = " (cuda graph)"
+#: What a runtime-only TVM does not need: the compiler library, headers and sources.
+_TVM_SKIP = ("libtvm_compiler.so", "3rdparty", "src", "include", "__pycache__")
+_FFI_SKIP = ("3rdparty", "include", "__pycache__", "cython")
+MAX_BUNDLE_BYTES = 64 * 1024 * 1024
+
+
+def bundle_model(name: str) -> gpu_bench.BenchModel:
+    """A model of the bundle: GluonCV models by name, ``bert_base``, ``vit_b16``,
+    ``llama_decoder`` (realistic sizes; weights as parameters)."""
+    from . import transformer_graphs  # pylint: disable=import-outside-toplevel
+
+    from .models import REGISTRY  # pylint: disable=import-outside-toplevel
+
+    builders = {"bert_base": gpu_bench.bert_encoder, "vit_b16": transformer_graphs.vit_encoder,
+                "llama_decoder": transformer_graphs.llama_decoder}
+    if name in builders:
+        model = builders[name]()
+        model.name = name
+        return model
+    gluon = sorted(n for n, spec in REGISTRY.items()
+                   if spec.family == "gluoncv" and spec.task == "classification")
+    if name not in gluon:
+        raise ValueError(f"unknown bundle model {name!r}: use {', '.join(builders)} or a GluonCV "
+                         f"classifier ({', '.join(gluon[:4])}, ...)")
+    return gpu_bench.gluon_model(name)
+
+
+def _target(kind: str, arch: str):
+    if kind == "cuda":
+        return tvm.target.Target({"kind": "cuda", "arch": arch})
+    if kind == "llvm":
+        from tvm.target.codegen import llvm_get_system_cpu  # pylint: disable=C0415
+
+        return tvm.target.Target({"kind": "llvm", "mcpu": llvm_get_system_cpu()})
+    raise ValueError(f"bundle target kind {kind!r}: use 'cuda' or 'llvm'")
+
+
+def _copy_package(package, destination: str, skip) -> None:
+    source = os.path.dirname(package.__file__)
+    shutil.copytree(source, destination,
+                    ignore=lambda folder, names: [n for n in names if n in skip])
+
+
+def runtime_packages(out_dir: str, python: str | None = None) -> dict:
+    """Put TVM (without its compiler library) and tvm_ffi for Python ``python`` in ``out_dir``.
+
+    ``tvm`` is pure Python plus version-independent libraries, so the installed one is copied,
+    with ``typing_extensions`` (one pure-Python file) that tvm_ffi imports.
+    tvm_ffi holds an extension built per Python version: for this Python it is copied, for
+    another (``"3.12"``) its wheel of the installed version is fetched with ``pip download``.
+    """
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    import typing_extensions  # pylint: disable=import-outside-toplevel
+
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    python = python or here
+    _copy_package(tvm, os.path.join(out_dir, "tvm"), _TVM_SKIP)
+    shutil.copy(typing_extensions.__file__, out_dir)  # pure Python; tvm_ffi imports it
+    if python == here:
+        _copy_package(tvm_ffi, os.path.join(out_dir, "tvm_ffi"), _FFI_SKIP)
+        return {"python": python, "tvm_ffi": "copied from this Python"}
+    from importlib.metadata import version  # pylint: disable=import-outside-toplevel
+    import zipfile  # pylint: disable=import-outside-toplevel
+
+    release = version("apache-tvm-ffi")
+    with tempfile.TemporaryDirectory(prefix="relay_amp_ffi_") as folder:
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                   "--only-binary=:all:", "--python-version", python, "-d", folder,
+                   f"apache-tvm-ffi=={release}"]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        wheels = [f for f in os.listdir(folder) if f.endswith(".whl")]
+        if result.returncode or not wheels:
+            raise RuntimeError(f"cannot fetch tvm_ffi {release} for Python {python}: "
+                               f"{(result.stderr or result.stdout).strip()[-300:]}")
+        with zipfile.ZipFile(os.path.join(folder, wheels[0])) as wheel:
+            members = [m for m in wheel.namelist() if m.startswith("tvm_ffi/")
+                       and not any(part in _FFI_SKIP for part in m.split("/"))]
+            wheel.extractall(out_dir, members)
+    return {"python": python, "tvm_ffi": wheels[0]}
+
+
+def _compile(mod, target, cuda_graph: bool):
+    config = {"relax.backend.use_cuda_graph": True} if cuda_graph else {}
+    with tvm.transform.PassContext(opt_level=3, config=config):
+        return tvm.compile(mod, target=target)
+
+
+def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: str = "sm_90",
+                 python: str | None = "3.12", weight_seed: int = 0, cuda_graph: bool = True,
+                 progress: bool = True) -> dict:
+    """Build every variant of ``models`` for one target into the bundle folder ``out_dir``.
+
+    Parameters
+    ----------
+    out_dir : str
+        The bundle folder; must not exist or be empty.
+    models : sequence of str or BenchModel
+        Model names (:func:`bundle_model`) or built models.
+    kind : {"cuda", "llvm"}
+        CUDA for ``arch``, or this host's CPU.
+    python : str, optional
+        The host's Python version, for tvm_ffi (default 3.12, the GPU host's; None: this one's).
+    cuda_graph : bool
+        For CUDA, also build each variant with the VM's CUDA graph mode.
+
+    Returns
+    -------
+    dict
+        The manifest written to ``manifest.json``.
+    """
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+
+    if os.path.isdir(out_dir) and os.listdir(out_dir):
+        raise FileExistsError(f"bundle folder {out_dir} is not empty; give a new folder")
+    target = _target(kind, arch)
+    models = [bundle_model(entry) if isinstance(entry, str) else entry for entry in models]
+    modes = [False, True] if kind == "cuda" and cuda_graph else [False]
+    os.makedirs(out_dir, exist_ok=True)
+    manifest = {"device": "cuda" if kind == "cuda" else "cpu", "target": str(target.export()),
+                "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "models": {}}
+    steps = [(m, v, g) for m in models for v in gpu_bench.VARIANTS for g in modes]
+    bar = tqdm(total=len(steps), desc="bundle", unit="library", disable=not progress)
+    for model in models:
+        folder = os.path.join(out_dir, model.name)
+        os.makedirs(folder, exist_ok=True)
+        np.savez(os.path.join(folder, "inputs.npz"), **model.data)
+        shapes = gpu_bench.weight_shapes(model)
+        record = manifest["models"][model.name] = {
+            "weights": [[name, list(shape)] for name, shape in shapes.items()],
+            "weight_seed": weight_seed, "inputs": f"{model.name}/inputs.npz", "variants": {}}
+        for variant in gpu_bench.VARIANTS:
+            bar.set_postfix_str(f"{model.name} {variant}")
+            start = time.perf_counter()
+            mod = gpu_bench.variant_module(model, variant, target)
+            convert_s = time.perf_counter() - start
+            for graph in modes:
+                name = variant + (CUDA_GRAPH if graph else "")
+                library = f"{model.name}/{name.replace(':', '-').replace(' ', '_')}.so"
+                start = time.perf_counter()
+                _compile(mod, target, graph).export_library(os.path.join(out_dir, library))
+                record["variants"][name] = {
+                    "library": library, "base": variant.split(":")[0],
+                    "mode": "cuda_graph" if graph else "vm",
+                    "params": [{"name": p.name, "dtype": str(p.ty.dtype)}
+                               for p in mod["main"].params],
+                    "convert_s": convert_s, "compile_s": time.perf_counter() - start}
+                bar.update()
+    bar.close()
+    manifest["runtime"] = runtime_packages(out_dir, python if kind == "cuda" else None)
+    shutil.copy(bundle_runner.__file__, os.path.join(out_dir, "bundle_runner.py"))
+    with open(os.path.join(out_dir, bundle_runner.MANIFEST), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=1)
+    size = folder_bytes(out_dir)
+    manifest["bytes"] = size
+    if size > MAX_BUNDLE_BYTES:
+        raise RuntimeError(f"bundle {out_dir} is {size / 2**20:.1f} MiB, over the 64 MiB a "
+                           "call to the GPU host takes; build fewer models per bundle")
+    return manifest
+
+
+def folder_bytes(folder: str) -> int:
+    """Total size of the files under ``folder``."""
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(folder) for name in names)

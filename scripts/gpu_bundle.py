@@ -1,0 +1,50 @@
+"""Build the GPU bundle: every variant of each model, compiled here, run on a GPU host.
+
+    python scripts/gpu_bundle.py --out bundle/                  # CUDA sm_90, the four models
+    python BUNDLE/bundle_runner.py --out results/               # on the GPU host
+    python scripts/gpu_bundle.py --target llvm --models bert_base --out cpu_bundle/   # this CPU
+
+See docs/GPU.md and relay_amp/gpu_bundle.py.
+"""
+
+import argparse
+import logging
+import sys
+
+from relay_amp import gpu_bundle
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="bundle folder (new or empty)")
+    parser.add_argument("--models", default=",".join(gpu_bundle.BUNDLE_MODELS),
+                        help="comma-separated (default: %(default)s; also vit_b16 and GluonCV "
+                             "model names)")
+    parser.add_argument("--target", choices=("cuda", "llvm"), default="cuda",
+                        help="cuda for --arch, or llvm for this CPU (default: %(default)s)")
+    parser.add_argument("--arch", default="sm_90", help="CUDA arch (default: %(default)s)")
+    parser.add_argument("--python", default="3.12",
+                        help="the GPU host's Python, for tvm_ffi (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    parser.add_argument("--no-cuda-graph", action="store_true",
+                        help="do not also build each variant with the VM's CUDA graph mode")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    logging.getLogger("topi").setLevel(logging.ERROR)  # TVM's legalization of mixed dtypes
+    models = [name for name in args.models.split(",") if name]
+    try:
+        manifest = gpu_bundle.build_bundle(args.out, models, args.target, args.arch, args.python,
+                                           args.seed, not args.no_cuda_graph,
+                                           progress=not args.quiet)
+    except (FileExistsError, ValueError, RuntimeError) as err:
+        print(f"gpu_bundle: {err}", file=sys.stderr)
+        return 2
+    libraries = sum(len(m["variants"]) for m in manifest["models"].values())
+    print(f"wrote {args.out}: {libraries} libraries, {manifest['bytes'] / 2**20:.1f} MiB; "
+          f"run: python {args.out.rstrip('/')}/bundle_runner.py --out RESULTS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""GPU cost of converted modules (kernels, bytes at kernel boundaries, standalone casts), pinned
+on a BERT-like layer and a conv-BN-ReLU block with a residual add, for a CUDA target."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import relay_amp
+from relay_amp import gpu_bench, transformer_graphs
+from relay_amp.gpu_cost import gpu_cost, lower_for_cuda
+from relay_amp.op_tables import FUSION_KINDS, FusionKind
+
+from helpers import convert_checked, random_inputs, run_module
+
+CUDA = {"kind": "cuda", "arch": "sm_90"}
+DTYPES = ("float16", "bfloat16")
+
+
+def bert_layer():
+    model = gpu_bench.bert_encoder(layers=1, hidden=64, heads=4, ffn=128, seq=16)
+    return model.mod, list(model.weights)
+
+
+def conv_bn_relu_residual():
+    """Two conv → batch_norm → ReLU stages and a residual add, weights as constants."""
+    rng = np.random.default_rng(0)
+    channels = 8
+
+    def const(*shape, scale=0.2, offset=0.0):
+        return relax.const((offset + scale * rng.normal(size=shape)).astype("float32"))
+
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, 16, 16), "float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            value = x
+            for _ in range(2):
+                value = builder.emit(relax.op.nn.conv2d(value, const(channels, channels, 3, 3),
+                                                        padding=1))
+                normed = builder.emit(relax.op.nn.batch_norm(
+                    value, const(channels, offset=1.0, scale=0.1), const(channels),
+                    const(channels), relax.const(np.ones(channels, "float32")), axis=1,
+                    training=False))
+                value = builder.emit(relax.op.nn.relu(builder.emit(relax.TupleGetItem(normed,
+                                                                                      0))))
+            out = builder.emit_output(relax.op.add(value, x))
+        builder.emit_func_output(out)
+    return builder.get(), []
+
+
+def low_precision_signature(mod, weights, dtype, keep_io=False):
+    floats = [p.name for p in mod["main"].params if str(p.ty.dtype) == "float32"]
+    low = [name for name in floats if name in weights] if keep_io else floats
+    return relay_amp.convert(mod, dtype, target=CUDA, keep_io_dtypes=keep_io,
+                             low_precision_inputs=low)
+
+
+MODELS = {"bert_layer": bert_layer, "conv_bn_relu_residual": conv_bn_relu_residual}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_half_the_bytes_no_more_kernels_no_parameter_casts(model, dtype):
+    mod, weights = MODELS[model]()
+    fp32 = gpu_cost(mod, CUDA)
+    converted, _ = low_precision_signature(mod, weights, dtype)
+    relax.analysis.well_formed(converted)
+    cost = gpu_cost(converted, CUDA)
+    assert cost.kernels <= fp32.kernels
+    assert cost.bytes <= 0.55 * fp32.bytes
+    assert cost.casts == 0 and cost.parameter_casts == 0
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_float32_io_costs_one_cast_of_the_input(model):
+    mod, weights = MODELS[model]()
+    converted, _ = low_precision_signature(mod, weights, "float16", keep_io=True)
+    assert [str(p.ty.dtype) for p in converted["main"].params][0] == "float32"
+    cost = gpu_cost(converted, CUDA)
+    assert cost.kernels <= gpu_cost(mod, CUDA).kernels + 1
+    assert cost.casts == cost.parameter_casts == 1  # x only: weights never get a cast kernel
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_kernel_settings_off_give_the_cpu_conversion(model):
+    """Without the settings a CUDA conversion costs more: the settings are what buys the gain."""
+    mod, weights = MODELS[model]()
+    floats = [p.name for p in mod["main"].params]
+    on = gpu_cost(low_precision_signature(mod, weights, "float16")[0], CUDA)
+    off, report = relay_amp.convert(mod, "float16", target=CUDA, keep_io_dtypes=False,
+                                    low_precision_inputs=floats, decompose_batch_norm=False,
+                                    mixed_kernels=False, low_precision_boundaries=False)
+    off_cost = gpu_cost(off, CUDA)
+    assert off_cost.kernels > on.kernels and off_cost.bytes > on.bytes
+    assert not any("kernel settings" in note for note in report.notes)
+
+
+def test_report_says_why_each_kernel_setting_holds():
+    mod, _ = conv_bn_relu_residual()
+    _, report = relay_amp.convert(mod, "float16", target=CUDA)
+    settings = [note for note in report.notes if "kernel settings" in note]
+    assert len(settings) == 1
+    for name in ("decompose_batch_norm", "mixed_kernels", "low_precision_boundaries"):
+        assert f"{name} on (target cuda sm_90 is memory-bound)" in settings[0]
+    assert any("batch_norm decomposed" in note for note in report.notes)
+    assert not any(row.op == "nn.batch_norm" for row in report.rows)
+
+    _, cpu = relay_amp.convert(mod, "float16", target="llvm")
+    assert any(row.op == "nn.batch_norm" for row in cpu.rows)
+    assert not any("batch_norm decomposed" in note for note in cpu.notes)
+
+
+def test_policy_overrides_the_target_default():
+    mod, _ = conv_bn_relu_residual()
+    _, report = relay_amp.convert(mod, "float16", target=CUDA, decompose_batch_norm=False)
+    note = next(note for note in report.notes if "kernel settings" in note)
+    assert "decompose_batch_norm off (set by the policy)" in note
+    assert any(row.op == "nn.batch_norm" for row in report.rows)
+
+
+@I.ir_module
+class LayerNormBetweenMatmuls:
+    @R.function
+    def main(x: R.Tensor((4, 16), "float16"), w: R.Tensor((16, 16), "float16"),
+             gamma: R.Tensor((16,), "float16"), beta: R.Tensor((16,), "float16")):
+        with R.dataflow():
+            lv = R.matmul(x, w, out_dtype="float32")
+            lv1 = R.astype(lv, "float16")
+            lv2 = R.nn.layer_norm(lv1, gamma, beta, axes=[-1])
+            gv = R.matmul(lv2, w, out_dtype="float32")
+            R.output(gv)
+        return gv
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_is_one_mixed_kernel(dtype):
+    """layer_norm reads the low dtype and its parameters as stored, computes in float32 and
+    writes the low dtype, in one kernel: no astype around it, no cast of gamma or beta."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((4, 16), "float32"), w: R.Tensor((16, 16), "float32"),
+                 gamma: R.Tensor((16,), "float32"), beta: R.Tensor((16,), "float32")):
+            with R.dataflow():
+                lv = R.matmul(x, w)
+                lv2 = R.nn.layer_norm(lv, gamma, beta, axes=[-1])
+                gv = R.matmul(lv2, w)
+                R.output(gv)
+            return gv
+
+    names = [p.name for p in Before["main"].params]
+    new, report = convert_checked(Before, dtype, target=CUDA, keep_io_dtypes=False,
+                                  low_precision_inputs=names)
+    assert [str(p.ty.dtype) for p in new["main"].params] == [dtype] * 4
+    layer_norm = next(row for row in report.rows if row.op == "nn.layer_norm")
+    assert "one kernel (mixed_kernels)" in layer_norm.rule
+    assert f"writes {dtype}" in layer_norm.rule
+    text = new.script()
+    assert "R.nn.layer_norm" not in text and "call_tir" in text
+    cost = gpu_cost(new, CUDA)
+    assert cost.casts == 0
+    assert cost.kernels == gpu_cost(Before, CUDA).kernels
+
+    inputs = random_inputs(Before, seed=1)
+    reference = run_module(Before, inputs)[0]
+    low = [tvm.runtime.tensor(a.astype("float32")).numpy() for a in inputs]
+    import ml_dtypes  # noqa: PLC0415 - numpy dtype of bfloat16 only where it is needed
+
+    cast_inputs = [a.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype) for a in low]
+    out = np.asarray(run_module(new, cast_inputs)[0], dtype="float32")
+    error = np.linalg.norm(out - reference) / np.linalg.norm(reference)
+    assert error < (2e-2 if dtype == "bfloat16" else 3e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_cuda_defaults_stay_close_to_float32_numerically(model, dtype):
+    """The GPU-fast conversion runs (on this CPU) close to float32 with float32 I/O."""
+    mod, weights = MODELS[model]()
+    if weights:
+        rng = np.random.default_rng(0)
+        values = gpu_bench.make_weights(gpu_bench.weight_shapes(gpu_bench.BenchModel(
+            model, mod, {}, weights)), seed=0)
+        inputs = [rng.normal(size=[int(d) for d in mod["main"].params[0].ty.shape.values])
+                  .astype("float32")] + [values[name] for name in weights]
+    else:
+        inputs = random_inputs(mod, seed=0)
+    converted, _ = convert_checked(mod, dtype, target=CUDA)
+    assert gpu_cost(converted, CUDA).parameter_casts <= len(inputs)
+    reference = np.asarray(run_module(mod, inputs)[0])
+    out = np.asarray(run_module(converted, inputs)[0], dtype="float32")
+    assert np.isfinite(out).all()
+    error = np.linalg.norm(out - reference) / np.linalg.norm(reference)
+    assert error < (3e-2 if dtype == "bfloat16" else 5e-3)
+
+
+def test_llama_decoder_gpu_cost_small():
+    model = transformer_graphs.llama_decoder(layers=1, hidden=64, heads=4, kv_heads=2,
+                                             intermediate=96, vocab=128, seq=8)
+    fp32 = gpu_cost(model.mod, CUDA)
+    converted, _ = low_precision_signature(model.mod, model.weights, "float16")
+    cost = gpu_cost(converted, CUDA)
+    assert cost.kernels <= fp32.kernels and cost.bytes <= 0.55 * fp32.bytes
+    assert cost.parameter_casts == 0
+
+
+@pytest.mark.parametrize("op", ["nn.layer_norm", "nn.softmax", "nn.relu", "add", "reshape",
+                                "nn.conv2d", "matmul", "sum", "astype", "permute_dims"])
+def test_fusion_kinds_match_tvm(op):
+    """The table's fusion kind of an op agrees with the pattern TVM's AnnotateTIROpPattern gives
+    its legalized PrimFunc (what FuseOps decides kernels from)."""
+    shapes = {"nn.conv2d": [(1, 4, 8, 8), (4, 4, 3, 3)], "matmul": [(4, 8), (8, 8)],
+              "add": [(4, 8), (4, 8)], "nn.layer_norm": [(4, 8), (8,), (8,)]}
+    params = [relax.Var(f"a{i}", relax.TensorType(shape, "float32"))
+              for i, shape in enumerate(shapes.get(op, [(4, 8)]))]
+    special = {"nn.layer_norm": lambda a, g, b: relax.op.nn.layer_norm(a, g, b, axes=[-1]),
+               "reshape": lambda a: relax.op.reshape(a, (8, 4)),
+               "sum": lambda a: relax.op.sum(a, axis=[1]),
+               "astype": lambda a: relax.op.astype(a, "float16"),
+               "permute_dims": lambda a: relax.op.permute_dims(a, [1, 0])}
+    namespace, _, name = op.rpartition(".")
+    call = special.get(op) or getattr(relax.op.nn if namespace == "nn" else relax.op, name)
+    builder = relax.BlockBuilder()
+    with builder.function("main", params):
+        with builder.dataflow():
+            out = builder.emit_output(call(*params))
+        builder.emit_func_output(out)
+    mod = relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(builder.get()))
+    patterns = [int(f.attrs["op_pattern"]) for _, f in mod.functions_items()
+                if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(patterns) == 1
+    expected = {0: FusionKind.ELEMWISE, 1: FusionKind.ELEMWISE, 2: FusionKind.INJECTIVE,
+                3: FusionKind.REDUCE, 4: FusionKind.ANCHOR}[patterns[0]]
+    assert FUSION_KINDS[op] == expected
+
+
+def test_lowering_does_not_change_the_input():
+    mod, _ = conv_bn_relu_residual()
+    text = mod.script(show_meta=False)
+    lowered = lower_for_cuda(mod, CUDA)
+    assert mod.script(show_meta=False) == text
+    assert any(isinstance(f, tvm.tirx.PrimFunc) for _, f in lowered.functions_items())
