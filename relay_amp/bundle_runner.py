@@ -16,11 +16,14 @@ them in its own dtype. Results go to ``results.json`` and ``results.md`` in ``--
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
+import gzip
 import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -218,6 +221,21 @@ def weight_shapes(model: dict) -> dict:
     return {name: shape for name, shape in model["weights"]}
 
 
+_UNPACKED = tempfile.mkdtemp(prefix="bundle_libraries_")
+atexit.register(shutil.rmtree, _UNPACKED, True)
+
+
+def library_file(bundle: str, library: str) -> str:
+    """The path of a library to load: a gzip-compressed one is unpacked to a temporary folder."""
+    path = os.path.join(bundle, library)
+    if not library.endswith(".gz"):
+        return path
+    unpacked = os.path.join(_UNPACKED, library[:-3].replace("/", "__"))
+    with gzip.open(path, "rb") as source, open(unpacked, "wb") as target:
+        shutil.copyfileobj(source, target)
+    return unpacked
+
+
 def run_variant(tvm, bundle: str, entry: dict, device, values: dict, repeats: int,
                 warmup: int) -> tuple:
     """Load one variant's library, run it once and time it.
@@ -228,7 +246,7 @@ def run_variant(tvm, bundle: str, entry: dict, device, values: dict, repeats: in
         ``(row, outputs)``: the row of measurements, and the outputs as numpy arrays.
     """
     start = time.perf_counter()
-    library = tvm.runtime.load_module(os.path.join(bundle, entry["library"]))
+    library = tvm.runtime.load_module(library_file(bundle, entry["library"]))
     vm = tvm.runtime.vm.VirtualMachine(library, device)
     load_s = time.perf_counter() - start
     args = [to_device(tvm, values[p["name"]], p["dtype"], device) for p in entry["params"]]

@@ -49,3 +49,50 @@ def test_run_needs_a_gpu(tiny_bert):
         pytest.skip("a GPU is present: run() is exercised by scripts/bench_gpu.py")
     with pytest.raises(RuntimeError, match="no CUDA GPU"):
         gpu_bench.run(tiny_bert)
+
+
+def test_gluon_import_is_well_formed_with_weights_as_parameters(resnet50):
+    """MXNet's ONNX lists every initializer as a graph input too: each weight is one parameter."""
+    tvm.relax.analysis.well_formed(resnet50.mod)
+    names = [p.name for p in resnet50.mod["main"].params]
+    assert len(names) == len(set(names)) == 1 + len(resnet50.weights)
+    assert "resnetv10_conv0_weight" in resnet50.weights
+
+
+def test_sweep_loader_keeps_one_parameter():
+    from relay_amp import models
+
+    mod = models.load("resnet18_v1").mod
+    tvm.relax.analysis.well_formed(mod)
+    assert len(mod["main"].params) == 1
+
+
+@pytest.fixture(scope="module")
+def resnet50():
+    return gpu_bench.gluon_model("resnet50_v1")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_all_four_resnet50_variants_build_for_sm90_and_compile_with_nvcc(resnet50, tmp_path):
+    facts = gpu_bench.build(resnet50, "sm_90", str(tmp_path))
+    assert list(facts) == list(gpu_bench.VARIANTS)
+    for variant, fact in facts.items():
+        assert fact["nvcc"] == "ok", (variant, fact["nvcc"])
+    assert facts["relay_amp:float16"]["kernels"] <= facts["fp32"]["kernels"]
+
+
+def test_float16_matmuls_past_the_tensor_core_threshold_compile():
+    """TVM 0.27's dlight wmma tensorization segfaults on these; gpu_bench's pipeline avoids it."""
+    from tvm import relax
+
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((128, 768), "float16"))
+    w = relax.Var("w", relax.TensorType((768, 768), "float16"))
+    with builder.function("main", [x, w]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.matmul(x, w, out_dtype="float32"))
+        builder.emit_func_output(out)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    executable = gpu_bench.compile_module(builder.get(), target)
+    source = executable.mod.imports[0].imports[0].inspect_source("cuda")
+    assert "__global__" in source and "half" in source

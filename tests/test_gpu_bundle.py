@@ -5,6 +5,7 @@ started by a Python that sees neither relay_amp nor the installed TVM (``-S``: n
 numpy alone on its path), so the bundle is proven to carry everything it needs.
 """
 
+import gzip
 import json
 import os
 import shutil
@@ -164,6 +165,7 @@ def test_cuda_bundle_carries_cuda_source_for_the_loader(tmp_path):
     assert len(variants) == 2 * len(gpu_bench.VARIANTS)
     assert {v["mode"] for v in variants.values()} == {"vm", "cuda_graph"}
     for entry in variants.values():
-        data = (tmp_path / "b" / entry["library"]).read_bytes()
+        assert entry["library"].endswith(".so.gz")
+        data = gzip.decompress((tmp_path / "b" / entry["library"]).read_bytes())
         assert b"__global__" in data and b"extern \"C\"" in data  # CUDA source, not a cubin
     assert manifest["device"] == "cuda" and "sm_90" in manifest["target"]
