@@ -138,18 +138,39 @@ def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: s
     Returns
     -------
     dict
-        The manifest written to ``manifest.json``.
-    """
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+        The manifest written to ``manifest.json``, with ``bytes``, the folder's size.
 
+    Raises
+    ------
+    FileExistsError
+        If ``out_dir`` holds files. On any other error the folder is removed.
+    """
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         raise FileExistsError(f"bundle folder {out_dir} is not empty; give a new folder")
     target = _target(kind, arch)
     models = [bundle_model(entry) if isinstance(entry, str) else entry for entry in models]
-    modes = [False, True] if kind == "cuda" and cuda_graph else [False]
     os.makedirs(out_dir, exist_ok=True)
+    try:
+        manifest = _build(out_dir, models, target, kind, python, weight_seed, cuda_graph,
+                          progress)
+    except BaseException:  # nothing half-written stays behind
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    size = folder_bytes(out_dir)
+    manifest["bytes"] = size
+    if size > MAX_BUNDLE_BYTES:
+        raise RuntimeError(f"bundle {out_dir} is {size / 2**20:.1f} MiB, over the 64 MiB a "
+                           "call to the GPU host takes; build fewer models per bundle")
+    return manifest
+
+
+def _build(out_dir, models, target, kind, python, weight_seed, cuda_graph, progress) -> dict:
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+
     manifest = {"device": "cuda" if kind == "cuda" else "cpu", "target": str(target.export()),
-                "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "models": {}}
+                "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "models": {},
+                "runtime": runtime_packages(out_dir, python if kind == "cuda" else None)}
+    modes = [False, True] if kind == "cuda" and cuda_graph else [False]
     steps = [(m, v, g) for m in models for v in gpu_bench.VARIANTS for g in modes]
     bar = tqdm(total=len(steps), desc="bundle", unit="library", disable=not progress)
     for model in models:
@@ -180,15 +201,9 @@ def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: s
                     "convert_s": convert_s, "compile_s": time.perf_counter() - start}
                 bar.update()
     bar.close()
-    manifest["runtime"] = runtime_packages(out_dir, python if kind == "cuda" else None)
     shutil.copy(bundle_runner.__file__, os.path.join(out_dir, "bundle_runner.py"))
     with open(os.path.join(out_dir, bundle_runner.MANIFEST), "w", encoding="utf-8") as handle:
         json.dump(manifest, handle, indent=1)
-    size = folder_bytes(out_dir)
-    manifest["bytes"] = size
-    if size > MAX_BUNDLE_BYTES:
-        raise RuntimeError(f"bundle {out_dir} is {size / 2**20:.1f} MiB, over the 64 MiB a "
-                           "call to the GPU host takes; build fewer models per bundle")
     return manifest
 
 

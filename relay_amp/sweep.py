@@ -505,3 +505,42 @@ def accuracy_markdown(results: dict, command: str, fallback_rows=None, plot_name
                   "counted as evaluations but are included in its wall time.", "",
                   table(fallback_rows), ""]
     return "\n".join(lines)
+
+
+def target_comparison_markdown(before: dict, after: dict) -> str:
+    """Two sweeps of the same models side by side: relay_amp's error without a target
+    (``before``) and with a target's defaults (``after``), each against the built-in pass of its
+    own run. Only the models ``after`` measured are listed."""
+    target = after.get("meta", {}).get("relay_amp_target")
+    lines = ["| model | relay_amp float16, no target | relay_amp float16, "
+             f"{json.dumps(target)} | built-in float16 | ≤ built-in | relay_amp bfloat16, "
+             "target | NaN/Inf (relay_amp) |", "|---|---:|---:|---:|---|---:|---:|"]
+    compared = at_most = nonfinite = 0
+    for name, model in after["models"].items():
+        variants = model.get("variants", {})
+        mine, theirs = variants.get("relay_amp:float16", {}), variants.get("tvm:float16", {})
+        old = before.get("models", {}).get(name, {}).get("variants", {}).get(
+            "relay_amp:float16", {})
+        bf16 = variants.get("relay_amp:bfloat16", {})
+
+        def cell(row):
+            return f"{row['relative_l2']:.2e}" if row.get("status") == "ok" else \
+                row.get("status", "-")
+
+        ok = mine.get("status") == "ok" and theirs.get("status") == "ok"
+        if ok:
+            compared += 1
+            at_most += mine["relative_l2"] <= theirs["relative_l2"]
+        bad = sum(row.get("nonfinite", 0) for row in (mine, bf16) if row.get("status") == "ok")
+        nonfinite += bad
+        verdict = ("yes" if mine["relative_l2"] <= theirs["relative_l2"] else
+                   f"no ({mine['relative_l2'] / theirs['relative_l2']:.2f}x)") if ok else "-"
+        if model.get("fp32", {}).get("status") != "ok":
+            lines.append(f"| {name} | - | {model.get('fp32', {}).get('status', '-')} | - | - | - "
+                         "| - |")
+            continue
+        lines.append(f"| {name} | {cell(old) if old else '-'} | {cell(mine)} | {cell(theirs)} | "
+                     f"{verdict} | {cell(bf16)} | {bad} |")
+    summary = (f"relay_amp float16 with the target's defaults: error ≤ the built-in pass's on "
+               f"{at_most} of {compared} models where both ran; {nonfinite} NaN/Inf values.")
+    return summary + "\n\n" + "\n".join(lines) + "\n"

@@ -15,6 +15,9 @@ def main(argv=None) -> int:
     parser.add_argument("--fallback", default="results/fallback.json")
     parser.add_argument("--command", default="relay-amp sweep --all --out results/")
     parser.add_argument("--out", default="docs/ACCURACY.md")
+    parser.add_argument("--target-results", default=None,
+                        help="a sweep's results.json run with a target's defaults: appended as a "
+                             "side-by-side section")
     parser.add_argument("--append", default=None,
                         help="a Markdown file appended as is (hand-written notes on the run)")
     args = parser.parse_args(argv)
@@ -27,6 +30,15 @@ def main(argv=None) -> int:
     folder = os.path.dirname(args.out) or "."
     sweep.plot_errors(results, os.path.join(folder, "accuracy_error.png"))
     text = sweep.accuracy_markdown(results, args.command, fallback, "accuracy_error.png")
+    if args.target_results:
+        with open(args.target_results, encoding="utf-8") as handle:
+            after = json.load(handle)
+        target = json.dumps(after.get("meta", {}).get("relay_amp_target"))
+        text += (f"\n## With a target's defaults: {target}\n\n"
+                 f"Command: `relay-amp sweep --target '{target}'` (the sweep's default target), "
+                 f"{after.get('meta', {}).get('date', '')}, same machine; "
+                 f"{len(after['models'])} of {len(results['models'])} models re-run.\n\n"
+                 + sweep.target_comparison_markdown(results, after))
     if args.append:
         with open(args.append, encoding="utf-8") as handle:
             text += "\n" + handle.read()

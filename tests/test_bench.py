@@ -119,7 +119,8 @@ def test_bench_command_end_to_end(tmp_path):
     result = subprocess.run(
         [sys.executable, "scripts/bench.py", "--sizes", "100,300", "--kinds", "convnet",
          "--models", "cifar_resnet20_v1", "--latency-models", "cifar_resnet20_v1",
-         "--repeats", "1", "--profile-size", "200", "--quiet", "--out", str(out)],
+         "--repeats", "1", "--profile-size", "200", "--gpu-cost-models", "cifar_resnet20_v1",
+         "--quiet", "--out", str(out)],
         capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads((out / "bench.json").read_text())
@@ -136,12 +137,34 @@ def test_bench_command_end_to_end(tmp_path):
     profile = results["profile"]
     assert profile["bindings"] > 150 and len(profile["top"]) == 12
     assert "### Profile: relay_amp on the transformer graph" in (out / "bench.md").read_text()
+    (cost,) = results["gpu_cost"]
+    assert cost["model"] == "cifar_resnet20_v1"
+    for label, *_ in bench.GPU_COST_VARIANTS:
+        assert "error" not in cost[label], (label, cost[label])
+    mine = cost["relay_amp float16"]
+    assert mine["kernels"] <= cost["fp32"]["kernels"]
+    assert mine["bytes"] <= 0.55 * cost["fp32"]["bytes"] and mine["parameter_casts"] == 0
+    assert "### GPU cost (CUDA sm_90" in (out / "bench.md").read_text()
+
+
+def test_gpu_cost_only_runs_just_the_gpu_cost_table(tmp_path):
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [sys.executable, "-m", "relay_amp.cli", "bench", "--gpu-cost-only", "--gpu-cost-models",
+         "cifar_resnet20_v1", "--quiet", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads((out / "bench.json").read_text())
+    assert results["conversion"] == [] and results["models"] == []
+    assert "profile" not in results and len(results["gpu_cost"]) == 1
+    assert "| cifar_resnet20_v1 |" in result.stdout
 
 
 def test_bench_command_rejects_bad_flags():
     for flags, message in ((["--sizes", "1k"], "comma-separated integers"),
                            (["--models", "nonet"], "unknown model"),
-                           (["--repeats", "0"], "at least 1")):
+                           (["--repeats", "0"], "at least 1"),
+                           (["--gpu-cost-models", "resnet5"], "unknown model")):
         result = subprocess.run([sys.executable, "-m", "relay_amp.cli", "bench", *flags],
                                 capture_output=True, text=True, check=False, timeout=120)
         assert result.returncode == 2 and message in result.stderr

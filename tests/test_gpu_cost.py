@@ -10,6 +10,7 @@ from tvm.script import relax as R
 
 import relay_amp
 from relay_amp import gpu_bench, transformer_graphs
+from relay_amp.dtypes import numpy_dtype
 from relay_amp.gpu_cost import gpu_cost, lower_for_cuda
 from relay_amp.op_tables import FUSION_KINDS, FusionKind
 
@@ -121,20 +122,6 @@ def test_policy_overrides_the_target_default():
     assert any(row.op == "nn.batch_norm" for row in report.rows)
 
 
-@I.ir_module
-class LayerNormBetweenMatmuls:
-    @R.function
-    def main(x: R.Tensor((4, 16), "float16"), w: R.Tensor((16, 16), "float16"),
-             gamma: R.Tensor((16,), "float16"), beta: R.Tensor((16,), "float16")):
-        with R.dataflow():
-            lv = R.matmul(x, w, out_dtype="float32")
-            lv1 = R.astype(lv, "float16")
-            lv2 = R.nn.layer_norm(lv1, gamma, beta, axes=[-1])
-            gv = R.matmul(lv2, w, out_dtype="float32")
-            R.output(gv)
-        return gv
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_layer_norm_is_one_mixed_kernel(dtype):
     """layer_norm reads the low dtype and its parameters as stored, computes in float32 and
@@ -167,11 +154,8 @@ def test_layer_norm_is_one_mixed_kernel(dtype):
 
     inputs = random_inputs(Before, seed=1)
     reference = run_module(Before, inputs)[0]
-    low = [tvm.runtime.tensor(a.astype("float32")).numpy() for a in inputs]
-    import ml_dtypes  # noqa: PLC0415 - numpy dtype of bfloat16 only where it is needed
-
-    cast_inputs = [a.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype) for a in low]
-    out = np.asarray(run_module(new, cast_inputs)[0], dtype="float32")
+    out = np.asarray(run_module(new, [a.astype(numpy_dtype(dtype)) for a in inputs])[0],
+                     dtype="float32")
     error = np.linalg.norm(out - reference) / np.linalg.norm(reference)
     assert error < (2e-2 if dtype == "bfloat16" else 3e-3)
 
@@ -190,7 +174,6 @@ def test_cuda_defaults_stay_close_to_float32_numerically(model, dtype):
     else:
         inputs = random_inputs(mod, seed=0)
     converted, _ = convert_checked(mod, dtype, target=CUDA)
-    assert gpu_cost(converted, CUDA).parameter_casts <= len(inputs)
     reference = np.asarray(run_module(mod, inputs)[0])
     out = np.asarray(run_module(converted, inputs)[0], dtype="float32")
     assert np.isfinite(out).all()
