@@ -433,14 +433,18 @@ def run_bench(sizes=SIZES, kinds=KINDS, model_names=MODELS, latency_names=LATENC
 # ------------------------------------------------------------------------------ GPU cost
 GPU_COST_MODELS = ("resnet50_v1", "mobilenetv2_1.0", "bert_base", "vit_b16", "llama_decoder")
 GPU_COST_TARGET = {"kind": "cuda", "arch": "sm_90"}
-#: (label, tool, dtype, float32 data inputs and outputs, kernel settings): the variants of the
+_SETTINGS_OFF = {"decompose_batch_norm": False, "mixed_kernels": False,
+                 "low_precision_boundaries": False}
+#: (label, tool, dtype, float32 data inputs and outputs, policy settings): the variants of the
 #: GPU cost table. Weights given as parameters are always in the low-precision dtype.
 GPU_COST_VARIANTS = (
-    ("relay_amp float16", "relay_amp", "float16", False, None),
-    ("relay_amp bfloat16", "relay_amp", "bfloat16", False, None),
-    ("relay_amp float16, float32 I/O", "relay_amp", "float16", True, None),
-    ("relay_amp float16, kernel settings off", "relay_amp", "float16", False, False),
-    ("built-in float16", "tvm", "float16", False, None),
+    ("relay_amp float16", "relay_amp", "float16", False, {}),
+    ("relay_amp bfloat16", "relay_amp", "bfloat16", False, {}),
+    ("relay_amp float16, float32 I/O", "relay_amp", "float16", True, {}),
+    ("relay_amp float16, low-precision residuals", "relay_amp", "float16", False,
+     {"low_precision_residuals": True}),
+    ("relay_amp float16, kernel settings off", "relay_amp", "float16", False, _SETTINGS_OFF),
+    ("built-in float16", "tvm", "float16", False, {}),
 )
 
 
@@ -468,11 +472,8 @@ def gpu_cost_variant(mod, weights, tool: str, dtype: str, keep_io: bool, setting
     if tool == "tvm":
         return relax.transform.ToMixedPrecision(out_dtype="float32",
                                                 fp16_input_names=low)(mod)
-    kernel = {} if settings is None else {
-        "decompose_batch_norm": settings, "mixed_kernels": settings,
-        "low_precision_boundaries": settings}
     return relay_amp.convert(mod, dtype, target=target, keep_io_dtypes=keep_io,
-                             low_precision_inputs=low, **kernel)[0]
+                             low_precision_inputs=low, **settings)[0]
 
 
 def gpu_cost_benchmark(names=GPU_COST_MODELS, target=GPU_COST_TARGET,

@@ -45,7 +45,8 @@ _USER_LIST_KEYWORDS = {
 }
 _FALLBACKS = (None, "storage")
 #: Policy settings whose None means "the target's default" (see relay_amp.targets.KernelSettings).
-KERNEL_SETTINGS = ("decompose_batch_norm", "mixed_kernels", "low_precision_boundaries")
+KERNEL_SETTINGS = ("decompose_batch_norm", "mixed_kernels", "low_precision_boundaries",
+                   "low_precision_residuals")
 
 
 def known_op_names() -> list[str]:
@@ -172,6 +173,16 @@ class Policy:
         Per integer input, ``{"mean": [...], "std": [...], "axis": 1}`` (per channel, in the
         units of the integer values) or ``{"scale": s, "offset": o}``: folded into that first
         cast as ``(x - mean) / std`` or ``x * scale + offset``.
+    decompose_batch_norm, mixed_kernels, low_precision_boundaries : bool, optional
+        Kernel settings for what a memory-bound GPU pays for (bytes at kernel boundaries and
+        launches): inference batch_norm decomposed into elementwise ops before conversion;
+        accumulate ops as one kernel that reads and writes ``dtype`` and computes in float32;
+        values stored in ``dtype`` wherever they cross a kernel boundary. None (default): on
+        for memory-bound targets, off otherwise (:func:`relay_amp.targets.kernel_settings`).
+    low_precision_residuals : bool, optional
+        With ``low_precision_boundaries``, also store residual streams (a value that an
+        elementwise op in another kernel adds to in float32) in ``dtype``: fewer bytes, one
+        more rounding per block. None (default): off on every target.
 
     Examples
     --------
@@ -202,6 +213,7 @@ class Policy:
         decompose_batch_norm: bool | None = None,
         mixed_kernels: bool | None = None,
         low_precision_boundaries: bool | None = None,
+        low_precision_residuals: bool | None = None,
     ):
         self.dtype = check_low_precision_dtype(dtype)
         self._categories: dict[str, Category] = {}
@@ -240,6 +252,8 @@ class Policy:
         self.mixed_kernels = _as_optional_bool(mixed_kernels, "mixed_kernels")
         self.low_precision_boundaries = _as_optional_bool(low_precision_boundaries,
                                                           "low_precision_boundaries")
+        self.low_precision_residuals = _as_optional_bool(low_precision_residuals,
+                                                         "low_precision_residuals")
 
     # ----------------------------------------------------------------- fluent setters
     def _set(self, ops: Iterable[str], category: Category, where: str) -> "Policy":

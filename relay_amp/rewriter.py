@@ -474,10 +474,29 @@ class FunctionPlanner:
             if (self.dtype_of(var) == "float32" and self.can_low.get(var, False)
                     and var not in self.hot and self.group_kind[var] in _STORING_KINDS
                     and any(c is not None and (var, c) not in self.fused and self._reads_stored(c)
-                            for c in uses.get(var, ()))):
+                            for c in uses.get(var, ()))
+                    and not self._keeps_residual(var, plan)):
                 self.stored_low.add(var)
             if self._computes_low(var, plan):
                 self.low_values.add(var)
+
+    def _keeps_residual(self, var, plan: _Plan) -> bool:
+        """A residual stream keeps float32 between kernels (unless ``low_precision_residuals``):
+        a value computed in float32 registers that an elementwise op in another kernel adds to
+        in float32. Stored in low precision it would be rounded once more per block, on the
+        path that carries the sum through the network. (A mixed kernel's result is exempt: it
+        writes low precision for its dot-product consumers.)"""
+        if self.settings.low_precision_residuals or plan.mixed:
+            return False
+        for consumer in self.uses.get(var, ()):
+            other = self.plans.get(consumer)
+            if (consumer is not None and other is not None and (var, consumer) not in self.fused
+                    and other.category == Category.FOLLOW and other.op not in EXACT_OPS
+                    and FUSION_KINDS.get(other.op) == FusionKind.ELEMWISE):
+                plan.rule += (f"; stored float32 between kernels: {consumer.name} adds to it in "
+                              "float32, a residual stream (low_precision_residuals off)")
+                return True
+        return False
 
     def _fuse_inputs(self, var, plan: _Plan):
         kind = FusionKind.ANCHOR if plan.mixed else FUSION_KINDS.get(plan.op, FusionKind.OPAQUE)

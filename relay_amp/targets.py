@@ -26,6 +26,7 @@ model spend their time moving the tensors at their boundaries, so the kernel set
 :class:`relay_amp.Policy` (``decompose_batch_norm``, ``mixed_kernels``,
 ``low_precision_boundaries``) default to on there, and to off on CPUs and without a target,
 where the extra conversions inside kernels cost compute and bytes matter less.
+``low_precision_residuals`` defaults to off everywhere: it trades accuracy for bytes.
 """
 
 from __future__ import annotations
@@ -167,6 +168,7 @@ class KernelSettings:
     decompose_batch_norm: bool = False
     mixed_kernels: bool = False
     low_precision_boundaries: bool = False
+    low_precision_residuals: bool = False
     reasons: tuple = ()  # (setting, value, why), in KERNEL_SETTINGS order
 
     def describe(self) -> str:
@@ -184,6 +186,9 @@ def kernel_settings(policy, target) -> KernelSettings:
         chosen = getattr(policy, name)
         if chosen is not None:
             values[name], why = chosen, "set by the policy"
+        elif name == "low_precision_residuals":
+            values[name], why = False, ("default: residual streams keep float32, which the next "
+                                        "block adds to")
         elif caps is None:
             values[name], why = False, "default without a target"
         elif caps.memory_bound:

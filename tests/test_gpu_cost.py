@@ -227,3 +227,58 @@ def test_lowering_does_not_change_the_input():
     lowered = lower_for_cuda(mod, CUDA)
     assert mod.script(show_meta=False) == text
     assert any(isinstance(f, tvm.tirx.PrimFunc) for _, f in lowered.functions_items())
+
+
+def residual_blocks():
+    """A stem conv → BN → ReLU whose output ``r`` feeds a second conv block and, around it, a
+    residual add: ``r`` is a residual stream."""
+    rng = np.random.default_rng(1)
+    channels = 8
+
+    def const(*shape, scale=0.2, offset=0.0):
+        return relax.const((offset + scale * rng.normal(size=shape)).astype("float32"))
+
+    def conv_bn(builder, value):
+        value = builder.emit(relax.op.nn.conv2d(value, const(channels, channels, 3, 3), padding=1))
+        normed = builder.emit(relax.op.nn.batch_norm(
+            value, const(channels, offset=1.0, scale=0.1), const(channels), const(channels),
+            relax.const(np.ones(channels, "float32")), axis=1, training=False))
+        return builder.emit(relax.TupleGetItem(normed, 0))
+
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, 16, 16), "float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            r = builder.emit(relax.op.nn.relu(conv_bn(builder, x)), "r")
+            inner = conv_bn(builder, builder.emit(relax.op.nn.relu(conv_bn(builder, r))))
+            out = builder.emit_output(relax.op.nn.relu(builder.emit(relax.op.add(inner, r))))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_residual_streams_keep_float32_between_kernels_by_default(dtype):
+    mod = residual_blocks()
+    fp32 = gpu_cost(mod, CUDA)
+    kept, report = convert_checked(mod, dtype, target=CUDA, keep_io_dtypes=False)
+    stored, stored_report = convert_checked(mod, dtype, target=CUDA, keep_io_dtypes=False,
+                                            low_precision_residuals=True)
+    row = report.find("r")
+    assert "a residual stream (low_precision_residuals off)" in row.rule
+    assert "residual stream" not in stored_report.find("r").rule
+    assert "low_precision_residuals off (default" in next(
+        note for note in report.notes if "kernel settings" in note)
+    kept_cost, stored_cost = gpu_cost(kept, CUDA), gpu_cost(stored, CUDA)
+    # float32 r: the add reads it as it is, the second conv reads it through one cast kernel
+    assert kept_cost.casts == 1 and kept_cost.parameter_casts == 0 and stored_cost.casts == 0
+    assert stored_cost.bytes < kept_cost.bytes <= 0.75 * fp32.bytes
+    assert kept_cost.kernels <= fp32.kernels
+
+    inputs = random_inputs(mod, seed=2)
+    reference = np.asarray(run_module(mod, inputs)[0], dtype="float64")
+    low_inputs = [a.astype(numpy_dtype(dtype)) for a in inputs]
+    errors = []
+    for converted in (kept, stored):
+        out = np.asarray(run_module(converted, low_inputs)[0], dtype="float64")
+        errors.append(np.linalg.norm(out - reference) / np.linalg.norm(reference))
+    assert all(np.isfinite(errors)) and max(errors) < (3e-2 if dtype == "bfloat16" else 3e-3)
