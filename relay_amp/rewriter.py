@@ -173,6 +173,7 @@ class FunctionPlanner:
         self.fused: set = set()  # (value, consumer) edges that stay inside one kernel
         self.group_kind: dict = {}  # var -> FusionKind of the kernel that computes it
         self.stored_low: set = set()  # float32 values stored in low precision between kernels
+        self.residuals: set = set()  # float32 values kept float32 between kernels
         self.low_values: set = set()  # float32 values that the rewrite computes in low precision
         self.folded: set = set()  # values computed from constants alone (folded at build time)
         self.observed = observed  # var -> calibrated max |x| (None: not calibrated)
@@ -495,6 +496,7 @@ class FunctionPlanner:
                     and FUSION_KINDS.get(other.op) == FusionKind.ELEMWISE):
                 plan.rule += (f"; stored float32 between kernels: {consumer.name} adds to it in "
                               "float32, a residual stream (low_precision_residuals off)")
+                self.residuals.add(var)
                 return True
         return False
 
@@ -1111,7 +1113,7 @@ class MixedPrecisionRewriter(PyExprMutator):
             new_var = self._emit(source, var.name, output)
             self._record(var, call, new_var, [a for a, _ in self._planner.call_args[var]], plan)
             return new_var
-        new_args = []
+        new_args, narrowed = [], []
         for index, (arg, _) in enumerate(self._planner.call_args[var]):
             visited = self.visit_leaf(arg)
             lowered = plan.mode == _LOW and not (
@@ -1133,6 +1135,11 @@ class MixedPrecisionRewriter(PyExprMutator):
             elif (self._planner.boundaries and not lowered and dtype == "float32"
                   and self.dtype_of(visited) == low and plan.category not in (None, Category.FP32)):
                 new_args.append(self._widen(visited))
+            elif (lowered and arg in self._planner.residuals
+                  and plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE
+                  and self.dtype_of(visited) == "float32"):
+                narrowed.append(index)  # rounded inside the dot product's own kernel
+                new_args.append(visited)
             elif lowered:
                 new_args.append(self.cast(visited, low if dtype == "float32" else dtype))
             elif plan.mode == _STORAGE and type(arg) is _GenericConst and dtype == "float32":
@@ -1151,6 +1158,15 @@ class MixedPrecisionRewriter(PyExprMutator):
                 self._adopt_cast(new_args[0], var)
             self._record(var, call, var, new_args, plan)
             return var
+        if narrowed:
+            kernel = self._emit_narrowing_kernel(plan.op, call, attrs, new_args, narrowed,
+                                                 var.name, output)
+            if kernel is not None:
+                plan.rule += (f"; reads {', '.join(new_args[i].name for i in narrowed)} in "
+                              f"float32 and rounds it to {low} in its own kernel")
+                self._record(var, call, kernel, new_args, plan)
+                return kernel
+            new_args = [self.cast(a, low) if i in narrowed else a for i, a in enumerate(new_args)]
         if plan.mixed:
             out_dtype = low if var in self._planner.low_values or (
                 self.low in self._planner.demand.get(var, ())
@@ -1234,6 +1250,59 @@ class MixedPrecisionRewriter(PyExprMutator):
         try:
             value = self.builder_.normalize(self.builder_.call_te(
                 compute, *mapped, primfunc_name_hint=f"relay_amp_{hint}", **te_kwargs))
+        except Exception:  # TE rejects these dtypes: keep the op as it is
+            return None
+        return self._emit(value, name, output)
+
+    def _emit_narrowing_kernel(self, op: str, call, attrs, args, narrowed, name: str,
+                               output: bool):
+        """``op`` as one TensorIR kernel that rounds its float32 operands at ``narrowed`` to the
+        low dtype itself (a residual stream that crosses the kernel boundary in float32), then
+        computes as TVM's legalization of ``op`` does with low-precision operands; None if that
+        legalization is not a single TE computation."""
+        low = self.low
+        stand_ins = [relax.Var(f"narrowed{i}", TensorType(a.ty.shape, low)) if i in narrowed
+                     else a for i, a in enumerate(args)]
+        recorder = _TeRecorder()
+        legalize = tvm.ir.Op.get("relax." + op).get_attr("FLegalize")
+        try:
+            legalize(recorder, Call(call.op, stand_ins, attrs, call.ty_args, call.span))
+        except Exception:  # any builder use beyond call_te: keep the op as it is
+            return None
+        if len(recorder.calls) != 1:
+            return None
+        te_func, te_args, te_kwargs = recorder.calls[0]
+        positions = {a.__chandle__(): i for i, a in enumerate(stand_ins)}
+
+        def source(value):
+            if isinstance(value, relax.Expr):
+                index = positions.get(value.__chandle__())
+                return (args[index], index) if index is not None else (value, None)
+            return value, None
+
+        mapped = [source(a) for a in te_args]
+        keyed = {k: source(v) for k, v in te_kwargs.items()}
+        if any(isinstance(v, relax.Expr) and i is None
+               for v, i in mapped + list(keyed.values())):
+            return None
+        to_round = {i for _, i in mapped if i in narrowed}
+        to_round |= {k for k, (_, i) in keyed.items() if i in narrowed}
+        hint = te_kwargs.get("primfunc_name_hint", op.split(".")[-1])
+        positional = [v for v, _ in mapped]
+        rounded_positions = [n for n, (_, i) in enumerate(mapped) if i in narrowed]
+        keywords = {k: v for k, (v, _) in keyed.items() if k != "primfunc_name_hint"}
+
+        def compute(*tensors, **kwargs):
+            from tvm import topi  # pylint: disable=import-outside-toplevel
+
+            tensors = [topi.cast(t, low) if n in rounded_positions else t
+                       for n, t in enumerate(tensors)]
+            kwargs = {k: topi.cast(v, low) if k in to_round else v for k, v in kwargs.items()}
+            return te_func(*tensors, **kwargs)
+
+        try:
+            value = self.builder_.normalize(self.builder_.call_te(
+                compute, *positional, primfunc_name_hint=f"relay_amp_{hint}", **keywords))
         except Exception:  # TE rejects these dtypes: keep the op as it is
             return None
         return self._emit(value, name, output)
