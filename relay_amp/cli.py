@@ -24,8 +24,13 @@ def _sweep(args) -> int:
             return 2
     try:
         target = None if args.target == "none" else json.loads(args.target)
-    except ValueError as err:
-        print(f"relay-amp sweep: --target takes a JSON target dict or 'none': {err}",
+        if target is not None:
+            import tvm  # pylint: disable=import-outside-toplevel
+
+            tvm.target.Target(target)
+    except Exception as err:  # not JSON, or not a target TVM knows
+        message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        print(f"relay-amp sweep: --target takes a JSON target dict or 'none': {message}",
               file=sys.stderr)
         return 2
     try:

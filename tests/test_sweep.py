@@ -189,11 +189,13 @@ def test_rows_measured_for_another_target_are_measured_again(tmp_path, monkeypat
     assert results["meta"]["relay_amp_target"] is None
 
 
-def test_sweep_command_rejects_a_bad_target():
+@pytest.mark.parametrize("target", ["{cuda", '{"kind": "no_such_kind"}'])
+def test_sweep_command_rejects_a_bad_target(target):
     result = subprocess.run([sys.executable, "-m", "relay_amp.cli", "sweep", "--models", "alexnet",
-                             "--target", "{cuda"], capture_output=True, text=True, check=False,
+                             "--target", target], capture_output=True, text=True, check=False,
                             timeout=120)
     assert result.returncode == 2 and "--target takes a JSON target dict" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_error_messages_keep_the_reason():
