@@ -150,19 +150,20 @@ def _dtypes(ty):
     return None
 
 
-def check_invariants(case: Case, dtype: str) -> tuple:
-    """Convert ``case`` and assert what every conversion must keep. Returns (module, report)."""
+def check_invariants(case: Case, dtype: str, target=None) -> tuple:
+    """Convert ``case`` (with ``target``'s defaults) and assert what every conversion must
+    keep. Returns (module, report)."""
     import relay_amp  # pylint: disable=import-outside-toplevel
 
     mod = case.mod
     before = tvm_ffi.structural_hash(mod)
-    new, report = relay_amp.convert(mod, dtype)
+    new, report = relay_amp.convert(mod, dtype, target=target)
     assert tvm_ffi.structural_hash(mod) == before, "input module changed"
     relax.analysis.well_formed(new)
     old_func, new_func = mod["main"], new["main"]
     assert [_dtypes(p.ty) for p in old_func.params] == [_dtypes(p.ty) for p in new_func.params]
     assert _dtypes(old_func.ret_ty) == _dtypes(new_func.ret_ty), "return dtypes changed"
-    again, _ = relay_amp.convert(new, dtype)
+    again, _ = relay_amp.convert(new, dtype, target=target)
     tvm.ir.assert_structural_equal(again, new)
     reported = {r.name for r in report.rows}
     original = set()

@@ -523,11 +523,14 @@ class FunctionPlanner:
 
     def _reads_stored(self, consumer) -> bool:
         """Float32 and unknown ops read the float32 value the policy protects for them, and an
-        exact op that only feeds the function's result is no kernel (a view) worth a cast."""
+        exact op that only feeds the function's result or explicit casts (which choose their own
+        dtype) is no kernel (a view) worth a cast."""
         plan = self.plans.get(consumer)
         if plan is None or plan.category in (None, Category.FP32):
             return False
-        return not (plan.op in EXACT_OPS and all(u is None for u in self.uses.get(consumer, ())))
+        return not (plan.op in EXACT_OPS and all(
+            u is None or getattr(self.plans.get(u), "op", None) == "astype"
+            for u in self.uses.get(consumer, ())))
 
     def arrives_low(self, value, consumer) -> bool:
         """Does ``consumer`` read ``value`` in low precision across a kernel boundary?"""

@@ -163,12 +163,8 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     new_mod = rewriter.builder_.get()
     boundary_functions = [name for name, chosen in settings.items()
                           if chosen.low_precision_boundaries]
-    if boundary_functions:
-        # A float32 result that left its dataflow block only to be cast for the signature stays
-        # inside it, so FuseOps can fuse the cast into the kernel that computes it.
-        canonical = relax.transform.CanonicalizeBindings()(new_mod)
-        for name in boundary_functions:
-            new_mod = with_function(new_mod, name, canonical[name])
+    for name in boundary_functions:
+        new_mod = with_function(new_mod, name, internalize_dataflow_outputs(new_mod[name]))
     output_problem = _well_formed_problem(new_mod) if verify else None
     if output_problem is not None:
         input_problem = _well_formed_problem(mod)
@@ -191,6 +187,51 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     report.casts = rewriter.total_casts
     report.constants_converted = rewriter.constants_converted
     return new_mod, report
+
+
+@relax.expr_functor.mutator
+class _Internalize(relax.PyExprMutator):
+    """Turns the dataflow outputs in ``internal`` into DataflowVars, names unchanged."""
+
+    def __init__(self, internal):
+        super().__init__()
+        self.internal = internal
+
+    def visit_var_binding_(self, binding):
+        value = self.visit_expr(binding.value)
+        var = binding.var
+        if var.__chandle__() in self.internal:
+            new = relax.DataflowVar(var.name, value.ty)
+            self.set_var_remap(var, new)
+            var = new
+        self.builder_.emit_normalized(relax.VarBinding(var, value))
+
+
+def internalize_dataflow_outputs(func: relax.Function) -> relax.Function:
+    """``func`` with every dataflow-block output that no other block and not the result reads
+    made a DataflowVar (names kept). A float32 result that left its block only to be cast for
+    the signature then stays inside it, and FuseOps fuses the cast into the kernel that
+    computes it."""
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return func
+    readers: dict = {}  # var handle -> the blocks (or -1, the result) that read it
+
+    def reads(expr, where):
+        relax.analysis.post_order_visit(expr, lambda e: readers.setdefault(
+            e.__chandle__(), set()).add(where) if isinstance(e, relax.Var) else None)
+
+    for index, block in enumerate(body.blocks):
+        for binding in block.bindings:
+            reads(binding.value, index)
+    reads(body.body, -1)
+    internal = {binding.var.__chandle__()
+                for index, block in enumerate(body.blocks)
+                if isinstance(block, relax.DataflowBlock)
+                for binding in block.bindings
+                if type(binding) is relax.VarBinding and type(binding.var) is relax.Var
+                and readers.get(binding.var.__chandle__(), set()) <= {index}}
+    return _Internalize(internal).visit_expr(func) if internal else func
 
 
 def _has_inference_batch_norm(func) -> bool:

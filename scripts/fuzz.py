@@ -8,6 +8,7 @@ in the report. Every --numeric-every-th If-free example is also compiled and run
 
 import argparse
 import collections
+import json
 import sys
 import time
 
@@ -23,7 +24,11 @@ def main(argv=None) -> int:
     parser.add_argument("--examples", type=int, default=10000)
     parser.add_argument("--numeric-every", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target", default="none",
+                        help="convert with this target's defaults, as a JSON dict (e.g. "
+                             "'{\"kind\": \"cuda\", \"arch\": \"sm_90\"}'), or none")
     args = parser.parse_args(argv)
+    target = None if args.target == "none" else json.loads(args.target)
     counts = collections.Counter()
     ops = collections.Counter()
     worst = {"float16": 0.0, "bfloat16": 0.0}
@@ -34,7 +39,7 @@ def main(argv=None) -> int:
     @given(case=fuzz.cases(), dtype=st.sampled_from(["float16", "bfloat16"]))
     def run(case, dtype):
         try:
-            converted, _ = fuzz.check_invariants(case, dtype)
+            converted, _ = fuzz.check_invariants(case, dtype, target)
         except Exception:
             print(f"FAILING {dtype} {case.ops}\n{case.mod.script(show_meta=False)}", flush=True)
             raise

@@ -284,3 +284,45 @@ def test_residual_streams_keep_float32_between_kernels_by_default(dtype):
         out = np.asarray(run_module(converted, low_inputs)[0], dtype="float64")
         errors.append(np.linalg.norm(out - reference) / np.linalg.norm(reference))
     assert all(np.isfinite(errors)) and max(errors) < (3e-2 if dtype == "bfloat16" else 3e-3)
+
+
+def test_converting_again_with_cuda_defaults_changes_nothing():
+    """A converted module holds explicit casts; with kernel boundaries on, a view that only feeds
+    such a cast must not make its producer store low precision (a float16 → float32 → float16
+    round trip on the second conversion)."""
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4), "float32"))
+    w = relax.Var("w", relax.TensorType((4, 4), "float32"))
+    with builder.function("main", [x, w]):
+        with builder.dataflow():
+            image = builder.emit(relax.op.reshape(x, (1, 4, 1, 1)))
+            conv = builder.emit(relax.op.nn.conv2d(
+                image, relax.const(np.ones((4, 4, 1, 1), "float32"))))
+            flat = builder.emit(relax.op.reshape(conv, (1, 4)))
+            pair = builder.emit(relax.Tuple([x, flat]))
+            out = builder.emit_output(relax.op.matmul(
+                builder.emit(relax.TupleGetItem(pair, 1)), w))
+        builder.emit_func_output(out)
+    for dtype in DTYPES:
+        convert_checked(builder.get(), dtype, target=CUDA)  # asserts idempotence
+
+
+def test_kernel_boundary_cleanup_keeps_every_binding_name_in_the_report():
+    """Dataflow outputs become DataflowVars under their own names: the report still names the
+    binding of each op (TVM's CanonicalizeBindings would fold ``gv = lv`` into ``gv = matmul``)."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 4), "float32"), w: R.Tensor((4, 4), "float32")):
+            with R.dataflow():
+                lv = R.matmul(x, w)
+                gv = lv
+                R.output(gv)
+            return gv
+
+    for keep_io in (True, False):
+        new, report = convert_checked(Before, "float16", target=CUDA, keep_io_dtypes=keep_io)
+        calls = {b.var.name for b in new["main"].body.blocks[0].bindings
+                 if isinstance(b.value, relax.Call) and b.value.op.name == "relax.matmul"}
+        assert calls == {"lv"} and report.find("lv").op == "matmul"
