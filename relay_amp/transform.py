@@ -189,17 +189,23 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     return new_mod, report
 
 
+_ASTYPE = tvm.ir.Op.get("relax.astype")
+
+
 @relax.expr_functor.mutator
 class _Internalize(relax.PyExprMutator):
-    """Turns the dataflow outputs in ``internal`` into DataflowVars, names unchanged."""
+    """Turns the dataflow outputs in ``internal`` into DataflowVars, names unchanged, and drops
+    the bindings in ``dead``."""
 
-    def __init__(self, internal):
+    def __init__(self, internal, dead):
         super().__init__()
-        self.internal = internal
+        self.internal, self.dead = internal, dead
 
     def visit_var_binding_(self, binding):
-        value = self.visit_expr(binding.value)
         var = binding.var
+        if var.__chandle__() in self.dead:
+            return
+        value = self.visit_expr(binding.value)
         if var.__chandle__() in self.internal:
             new = relax.DataflowVar(var.name, value.ty)
             self.set_var_remap(var, new)
@@ -209,9 +215,10 @@ class _Internalize(relax.PyExprMutator):
 
 def internalize_dataflow_outputs(func: relax.Function) -> relax.Function:
     """``func`` with every dataflow-block output that no other block and not the result reads
-    made a DataflowVar (names kept). A float32 result that left its block only to be cast for
-    the signature then stays inside it, and FuseOps fuses the cast into the kernel that
-    computes it."""
+    made a DataflowVar (names kept), and every cast that nothing reads dropped. A float32 result
+    that left its block only to be cast for the signature then stays inside it, and FuseOps
+    fuses the cast into the kernel that computes it; a low-precision copy planned for a kernel
+    boundary that its reader did not take (it computes in float32 after all) costs no kernel."""
     body = func.body
     if not isinstance(body, relax.SeqExpr):
         return func
@@ -225,13 +232,20 @@ def internalize_dataflow_outputs(func: relax.Function) -> relax.Function:
         for binding in block.bindings:
             reads(binding.value, index)
     reads(body.body, -1)
-    internal = {binding.var.__chandle__()
-                for index, block in enumerate(body.blocks)
-                if isinstance(block, relax.DataflowBlock)
-                for binding in block.bindings
-                if type(binding) is relax.VarBinding and type(binding.var) is relax.Var
-                and readers.get(binding.var.__chandle__(), set()) <= {index}}
-    return _Internalize(internal).visit_expr(func) if internal else func
+    internal, dead = set(), set()
+    for index, block in enumerate(body.blocks):
+        if not isinstance(block, relax.DataflowBlock):
+            continue
+        for binding in block.bindings:
+            var, value = binding.var, binding.value
+            read_by = readers.get(var.__chandle__(), set())
+            if (not read_by and type(binding) is relax.VarBinding
+                    and isinstance(value, tvm.ir.Call) and value.op.same_as(_ASTYPE)):
+                dead.add(var.__chandle__())
+            elif type(binding) is relax.VarBinding and type(var) is relax.Var and (
+                    read_by <= {index}):
+                internal.add(var.__chandle__())
+    return _Internalize(internal, dead).visit_expr(func) if internal or dead else func
 
 
 def _has_inference_batch_norm(func) -> bool:

@@ -326,3 +326,26 @@ def test_kernel_boundary_cleanup_keeps_every_binding_name_in_the_report():
         calls = {b.var.name for b in new["main"].body.blocks[0].bindings
                  if isinstance(b.value, relax.Call) and b.value.op.name == "relax.matmul"}
         assert calls == {"lv"} and report.find("lv").op == "matmul"
+
+
+def test_a_boundary_copy_its_reader_did_not_take_is_dropped():
+    """concat reads a float32 parameter too, so it computes in float32 and reads the matmul's
+    result as it is: the low-precision copy planned for the boundary would be a dead cast."""
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4), "float32"))
+    w = relax.Var("w", relax.TensorType((4, 4), "float32"))
+    with builder.function("main", [x, w]):
+        with builder.dataflow():
+            product = builder.emit(relax.op.matmul(x, w))
+            joined = builder.emit(relax.op.concat([x, product], axis=1))
+            halves = builder.emit(relax.op.split(joined, 2, axis=1))
+            out = builder.emit_output(relax.TupleGetItem(halves, 0))
+        builder.emit_func_output(out)
+    new, _ = convert_checked(builder.get(), "float16", target=CUDA)
+    bindings = new["main"].body.blocks[0].bindings
+    read = set()
+    relax.analysis.post_order_visit(new["main"], lambda e: read.add(e.name)
+                                    if isinstance(e, relax.Var) else None)
+    casts = [b.var.name for b in bindings
+             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.astype"]
+    assert casts and all(name in read for name in casts)
