@@ -1250,12 +1250,7 @@ class MixedPrecisionRewriter(PyExprMutator):
             result = te_func(*widened, **kwargs)
             return topi.cast(result, out_dtype) if str(result.dtype) != out_dtype else result
 
-        try:
-            value = self.builder_.normalize(self.builder_.call_te(
-                compute, *mapped, primfunc_name_hint=f"relay_amp_{hint}", **te_kwargs))
-        except Exception:  # TE rejects these dtypes: keep the op as it is
-            return None
-        return self._emit(value, name, output)
+        return self._emit_te(compute, mapped, te_kwargs, hint, name, output)
 
     def _emit_narrowing_kernel(self, op: str, call, attrs, args, narrowed, name: str,
                                output: bool):
@@ -1303,9 +1298,13 @@ class MixedPrecisionRewriter(PyExprMutator):
             kwargs = {k: topi.cast(v, low) if k in to_round else v for k, v in kwargs.items()}
             return te_func(*tensors, **kwargs)
 
+        return self._emit_te(compute, positional, keywords, hint, name, output)
+
+    def _emit_te(self, compute, args, kwargs, hint: str, name: str, output: bool):
+        """``compute`` as one PrimFunc named after the op; None if TE rejects it."""
         try:
             value = self.builder_.normalize(self.builder_.call_te(
-                compute, *positional, primfunc_name_hint=f"relay_amp_{hint}", **keywords))
+                compute, *args, primfunc_name_hint=f"relay_amp_{hint}", **kwargs))
         except Exception:  # TE rejects these dtypes: keep the op as it is
             return None
         return self._emit(value, name, output)
