@@ -1223,34 +1223,10 @@ class MixedPrecisionRewriter(PyExprMutator):
         """``op`` as one TensorIR kernel that widens its float operands to float32, computes
         with TVM's own legalization of ``op`` and writes ``out_dtype``; None if the legalization
         is not a single TE computation."""
-        recorder = _TeRecorder()
-        legalize = tvm.ir.Op.get("relax." + op).get_attr("FLegalize")
-        try:
-            legalize(recorder, call)
-        except Exception:  # any builder use beyond call_te: keep the op as it is
-            return None
-        if len(recorder.calls) != 1:
-            return None
-        te_func, te_args, te_kwargs = recorder.calls[0]
-        positions = {arg.__chandle__(): i for i, arg in enumerate(call.args)}
-        mapped = []
-        for arg in te_args:
-            index = positions.get(arg.__chandle__()) if isinstance(arg, relax.Expr) else None
-            if isinstance(arg, relax.Expr) and index is None:
-                return None
-            mapped.append(args[index] if index is not None else arg)
-        te_kwargs = dict(te_kwargs)
-        hint = te_kwargs.pop("primfunc_name_hint", op.split(".")[-1])
-
-        def compute(*tensors, **kwargs):
-            from tvm import te, topi  # pylint: disable=import-outside-toplevel
-
-            widened = [topi.cast(t, "float32") if isinstance(t, te.Tensor)
-                       and str(t.dtype) in (self.low,) else t for t in tensors]
-            result = te_func(*widened, **kwargs)
-            return topi.cast(result, out_dtype) if str(result.dtype) != out_dtype else result
-
-        return self._emit_te(compute, mapped, te_kwargs, hint, name, output)
+        low = self.low
+        return self._emit_legalized(
+            op, call, args, lambda index, tensor: "float32" if str(tensor.dtype) == low else None,
+            name, output, out_dtype)
 
     def _emit_narrowing_kernel(self, op: str, call, attrs, args, narrowed, name: str,
                                output: bool):
@@ -1261,44 +1237,53 @@ class MixedPrecisionRewriter(PyExprMutator):
         low = self.low
         stand_ins = [relax.Var(f"narrowed{i}", TensorType(a.ty.shape, low)) if i in narrowed
                      else a for i, a in enumerate(args)]
+        return self._emit_legalized(
+            op, Call(call.op, stand_ins, attrs, call.ty_args, call.span), args,
+            lambda index, tensor: low if index in narrowed else None, name, output)
+
+    def _emit_legalized(self, op: str, legal_call, args, operand_dtype, name: str, output: bool,
+                        out_dtype: str | None = None):
+        """TVM's legalization of ``legal_call`` (one ``call_te``, recorded) re-emitted on
+        ``args``, the operands of ``legal_call`` position for position, as one kernel that casts
+        operand ``i`` to ``operand_dtype(i, tensor)`` (None: as it is) and its result to
+        ``out_dtype``. None if the legalization is anything but one ``call_te``."""
         recorder = _TeRecorder()
         legalize = tvm.ir.Op.get("relax." + op).get_attr("FLegalize")
         try:
-            legalize(recorder, Call(call.op, stand_ins, attrs, call.ty_args, call.span))
+            legalize(recorder, legal_call)
         except Exception:  # any builder use beyond call_te: keep the op as it is
             return None
         if len(recorder.calls) != 1:
             return None
         te_func, te_args, te_kwargs = recorder.calls[0]
-        positions = {a.__chandle__(): i for i, a in enumerate(stand_ins)}
+        te_kwargs = dict(te_kwargs)
+        hint = te_kwargs.pop("primfunc_name_hint", op.split(".")[-1])
+        positions = {arg.__chandle__(): i for i, arg in enumerate(legal_call.args)}
+        keys = list(te_kwargs)
+        values, indices = [], []
+        for value in list(te_args) + [te_kwargs[k] for k in keys]:
+            index = positions.get(value.__chandle__()) if isinstance(value, relax.Expr) else None
+            if isinstance(value, relax.Expr) and index is None:
+                return None
+            values.append(args[index] if index is not None else value)
+            indices.append(index)
+        count = len(te_args)
 
-        def source(value):
-            if isinstance(value, relax.Expr):
-                index = positions.get(value.__chandle__())
-                return (args[index], index) if index is not None else (value, None)
-            return value, None
+        def kernel(*tensors, **kwargs):
+            from tvm import te, topi  # pylint: disable=import-outside-toplevel
 
-        mapped = [source(a) for a in te_args]
-        keyed = {k: source(v) for k, v in te_kwargs.items()}
-        if any(isinstance(v, relax.Expr) and i is None
-               for v, i in mapped + list(keyed.values())):
-            return None
-        to_round = {i for _, i in mapped if i in narrowed}
-        to_round |= {k for k, (_, i) in keyed.items() if i in narrowed}
-        hint = te_kwargs.get("primfunc_name_hint", op.split(".")[-1])
-        positional = [v for v, _ in mapped]
-        rounded_positions = [n for n, (_, i) in enumerate(mapped) if i in narrowed]
-        keywords = {k: v for k, (v, _) in keyed.items() if k != "primfunc_name_hint"}
+            given = list(tensors) + [kwargs[k] for k in keys]
+            operands = []
+            for tensor, index in zip(given, indices):
+                dtype = operand_dtype(index, tensor) if isinstance(tensor, te.Tensor) else None
+                operands.append(topi.cast(tensor, dtype) if dtype else tensor)
+            result = te_func(*operands[:count], **dict(zip(keys, operands[count:])))
+            if out_dtype is not None and str(result.dtype) != out_dtype:
+                return topi.cast(result, out_dtype)
+            return result
 
-        def compute(*tensors, **kwargs):
-            from tvm import topi  # pylint: disable=import-outside-toplevel
-
-            tensors = [topi.cast(t, low) if n in rounded_positions else t
-                       for n, t in enumerate(tensors)]
-            kwargs = {k: topi.cast(v, low) if k in to_round else v for k, v in kwargs.items()}
-            return te_func(*tensors, **kwargs)
-
-        return self._emit_te(compute, positional, keywords, hint, name, output)
+        return self._emit_te(kernel, values[:count], dict(zip(keys, values[count:])), hint,
+                             name, output)
 
     def _emit_te(self, compute, args, kwargs, hint: str, name: str, output: bool):
         """``compute`` as one PrimFunc named after the op; None if TE rejects it."""

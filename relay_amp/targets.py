@@ -176,6 +176,13 @@ class KernelSettings:
                          for name, value, why in self.reasons)
 
 
+#: Kernel settings whose default does not depend on the target: (value, why).
+TARGET_INDEPENDENT_DEFAULTS = {
+    "low_precision_residuals": (False, "default: residual streams keep float32, which the next "
+                                       "block adds to"),
+}
+
+
 def kernel_settings(policy, target) -> KernelSettings:
     """The policy's kernel settings, with None resolved by the target's default."""
     from .policy import KERNEL_SETTINGS  # pylint: disable=import-outside-toplevel
@@ -186,9 +193,8 @@ def kernel_settings(policy, target) -> KernelSettings:
         chosen = getattr(policy, name)
         if chosen is not None:
             values[name], why = chosen, "set by the policy"
-        elif name == "low_precision_residuals":
-            values[name], why = False, ("default: residual streams keep float32, which the next "
-                                        "block adds to")
+        elif name in TARGET_INDEPENDENT_DEFAULTS:
+            values[name], why = TARGET_INDEPENDENT_DEFAULTS[name]
         elif caps is None:
             values[name], why = False, "default without a target"
         elif caps.memory_bound:
