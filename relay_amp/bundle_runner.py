@@ -263,8 +263,11 @@ def run_variant(tvm, bundle: str, entry: dict, device, values: dict, repeats: in
 
 
 def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str = "nvrtc",
-               models=None) -> dict:
+               models=None, checkpoint=None) -> dict:
     """Run every variant of every model in the bundle; one row per variant, errors included.
+
+    ``checkpoint``, if given, is called with the results so far after every variant, so that a
+    run stopped part-way still leaves what it measured.
 
     Returns
     -------
@@ -317,6 +320,9 @@ def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str 
                 row.update(compare(reference, outputs))
             rows[variant] = row
             print(_row_line(name, variant, row), flush=True)
+            _add_speedups(model, rows)
+            if checkpoint:
+                checkpoint({"environment": environment, "models": results})
         _add_speedups(model, rows)
     environment["tvm_libraries"] = loaded_tvm_libraries()
     return {"environment": environment, "models": results}
@@ -381,15 +387,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    results = run_bundle(args.bundle, args.repeats, args.warmup, args.compiler,
-                         args.models.split(",") if args.models else None)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as handle:
-        json.dump(results, handle, indent=1)
-    table = format_markdown(results)
-    with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as handle:
-        handle.write(table)
-    print(table)
+
+    def save(results):
+        with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
+        table = format_markdown(results)
+        with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as handle:
+            handle.write(table)
+        return table
+
+    results = run_bundle(args.bundle, args.repeats, args.warmup, args.compiler,
+                         args.models.split(",") if args.models else None, checkpoint=save)
+    print(save(results))
     rows = [row for model in results["models"].values() for row in model.values()]
     return 0 if rows and all("error" not in row for row in rows) else 1
 

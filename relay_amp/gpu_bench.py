@@ -122,14 +122,8 @@ def _matmul_without_tensor_cores():
     from tvm.s_tir import dlight as dl  # pylint: disable=import-outside-toplevel
 
     class MatmulWithoutTensorCores(dl.gpu.Matmul):
-        """dlight's Matmul rule, scheduled as for a GPU without tensor cores.
-
-        In TVM 0.27 the rule's wmma tensorization crashes the process (a segfault in
-        ``Schedule.tensorize`` of ``wmma_load_16x16x16_f16_a_shared_dyn``) for every float16
-        matmul or convolution whose extents all exceed 64 on sm_70+, so ``tvm.compile`` cannot
-        build a float16 ResNet-50 or BERT-base for CUDA, whichever pass converted it. The target
-        the rule sees says sm_60; code generation still uses the real target.
-        """
+        """dlight's Matmul rule, scheduled as for a GPU without tensor cores (the target the
+        rule sees says sm_60; code generation still uses the real target)."""
 
         def apply(self, func, target, tunable):  # pylint: disable=arguments-renamed
             if target.kind.name == "cuda":
@@ -140,16 +134,23 @@ def _matmul_without_tensor_cores():
     return MatmulWithoutTensorCores()
 
 
-def cuda_pipeline(target) -> tvm.transform.Pass:
-    """TVM's CUDA pipeline (``relax.backend.cuda.get_default_pipeline``) with dlight's Matmul
-    rule kept off tensor cores (see ``MatmulWithoutTensorCores``); float32 and every variant are
-    scheduled alike."""
+def cuda_pipeline(target, tensor_cores: bool = True) -> tvm.transform.Pass:
+    """TVM's CUDA pipeline (``relax.backend.cuda.get_default_pipeline``); with
+    ``tensor_cores=False``, dlight's Matmul rule is kept off tensor cores, which isolates what
+    half the bytes gain from what tensor cores gain.
+
+    dlight puts float16 matmuls and convolutions whose extents all exceed 64 on tensor cores
+    (wmma) for sm_70+. That needs ``Schedule.tensorize``, which segfaults when apache-tvm 0.27.0
+    runs with apache-tvm-ffi 0.1.15 (an ABI mismatch; 0.1.14 works), hence the pin in
+    requirements.txt and :func:`check_tensorize`.
+    """
     from tvm.relax.backend.cuda import pipeline  # pylint: disable=import-outside-toplevel
     from tvm.s_tir import dlight as dl  # pylint: disable=import-outside-toplevel
 
+    matmul = dl.gpu.Matmul() if tensor_cores else _matmul_without_tensor_cores()
     legalize = pipeline.legalize_passes(target)[:-1] + [dl.ApplyDefaultSchedule(
-        _matmul_without_tensor_cores(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-        dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
+        matmul, dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+        dl.gpu.Fallback())]
 
     @tvm.transform.module_pass(opt_level=0)
     def _pipeline(mod, _context):
@@ -161,14 +162,42 @@ def cuda_pipeline(target) -> tvm.transform.Pass:
     return _pipeline
 
 
-def compile_module(mod: tvm.IRModule, target, cuda_graph: bool = False):
+def check_tensorize() -> None:
+    """Raise RuntimeError unless ``Schedule.tensorize`` works in this TVM (run in a child
+    process, since the broken case is a segfault)."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    code = ("import tvm\nfrom tvm import te\n"
+            "from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization\n"
+            "a = te.placeholder((128, 128), 'float16')\nb = te.placeholder((128, 128), 'float16')\n"
+            "k = te.reduce_axis((0, 128))\n"
+            "c = te.compute((128, 128), lambda i, j: te.sum(a[i, k].astype('float32') "
+            "* b[k, j].astype('float32'), axis=k))\n"
+            "f = te.create_prim_func([a, b, c])\n"
+            "t = tvm.target.Target({'kind': 'cuda', 'arch': 'sm_80'})\n"
+            "assert MatmulTensorization().apply(f, t, False) is not None\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=False)
+    if result.returncode:
+        from importlib.metadata import version  # pylint: disable=import-outside-toplevel
+
+        raise RuntimeError(
+            f"Schedule.tensorize fails in apache-tvm {version('apache-tvm')} with "
+            f"apache-tvm-ffi {version('apache-tvm-ffi')} (exit {result.returncode}); "
+            "apache-tvm-ffi 0.1.14.post1 works: pip install apache-tvm-ffi==0.1.14.post1")
+
+
+def compile_module(mod: tvm.IRModule, target, cuda_graph: bool = False,
+                   tensor_cores: bool = True):
     """``tvm.compile`` for ``target``; for CUDA through :func:`cuda_pipeline`, optionally with
     the VM's CUDA graph mode."""
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     config = {"relax.backend.use_cuda_graph": True} if cuda_graph else {}
     with tvm.transform.PassContext(opt_level=3, config=config):
         if target.kind.name == "cuda":
-            return tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(target))
+            return tvm.compile(mod, target=target,
+                               relax_pipeline=cuda_pipeline(target, tensor_cores))
         return tvm.compile(mod, target=target)
 
 

@@ -148,6 +148,8 @@ def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: s
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         raise FileExistsError(f"bundle folder {out_dir} is not empty; give a new folder")
     target = _target(kind, arch)
+    if kind == "cuda":
+        gpu_bench.check_tensorize()
     models = [bundle_model(entry) if isinstance(entry, str) else entry for entry in models]
     os.makedirs(out_dir, exist_ok=True)
     try:
