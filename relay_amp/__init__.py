@@ -3,13 +3,19 @@
 >>> import relay_amp
 >>> mod, report = relay_amp.convert(mod, "float16")          # doctest: +SKIP
 >>> seq = tvm.transform.Sequential([relay_amp.ToMixedPrecision("bfloat16")])  # doctest: +SKIP
+
+This package is the pass and only the pass (runtime dependencies: tvm, numpy, ml_dtypes). The
+evaluation harness (model-zoo sweep, benchmarks, conformance, fuzzing, GPU bundle, the
+``relay-amp`` command) is :mod:`relay_amp.eval`, which imports the pass and never the reverse.
 """
 
-from . import codegen, evaluate
+from . import codegen
 from .calibrate import Calibration, calibrate
+from .execution import Agreement, agreement, compile_module, host_target, run
 from .fallback import auto_mixed_precision, bisect_fallback
 from .gpu_cost import GpuCost, gpu_cost
 from .op_tables import Category
+from .pipeline import DecomposeAttention, cuda_pipeline
 from .policy import Policy, amp_config, current_policy
 from .report import BindingRecord, Report
 from .targets import TargetCaps, UnsupportedDtypeError, target_caps
@@ -25,4 +31,6 @@ __all__ = [
     "ToMixedPrecision", "convert", "Report", "BindingRecord", "Policy", "Category",
     "amp_config", "current_policy", "TargetCaps", "target_caps", "UnsupportedDtypeError",
     "Calibration", "calibrate", "auto_mixed_precision", "bisect_fallback", "GpuCost", "gpu_cost",
+    "Agreement", "agreement", "compile_module", "host_target", "run", "cuda_pipeline",
+    "DecomposeAttention",
 ]

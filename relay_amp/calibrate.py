@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .evaluate import compile_module, contiguous, with_function
+from .execution import compile_module, contiguous, with_function
 
 
 @dataclass

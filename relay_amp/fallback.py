@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from .calibrate import _as_batches, _check_batch, calibrate
-from .evaluate import agreement, compile_module, contiguous, with_function
+from .execution import agreement, compile_module, contiguous, with_function
 from .policy import Policy
 from .report import Report
 from .transform import convert, resolve_policy
@@ -56,7 +56,7 @@ class _Harness:
         self.run_target = run_target
         self.metric = _metric(metric)
         vm = compile_module(mod, run_target)
-        from .evaluate import run  # pylint: disable=import-outside-toplevel
+        from .execution import run  # pylint: disable=import-outside-toplevel
 
         self.run = run
         self.reference = [out for batch in batches for out in run(vm, batch)]

@@ -53,7 +53,8 @@ from .op_tables import (
     fuses,
 )
 from .policy import Decision, Policy
-from .report import BindingRecord, estimate_macs, short_dtype as _short
+from .report import BindingRecord, estimate_macs
+from .report import short_dtype as _short
 from .targets import KernelSettings
 
 _GenericConst = type(relax.const(0.0))

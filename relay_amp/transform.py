@@ -7,7 +7,7 @@ from tvm import relax
 
 from .calibrate import Calibration
 from .dtypes import check_low_precision_dtype
-from .evaluate import with_function
+from .execution import with_function
 from .policy import Policy, current_policy
 from .report import Report
 from .rewriter import MixedPrecisionRewriter

@@ -3,10 +3,9 @@
 import argparse
 import json
 import os
-import shutil
 import sys
 
-from relay_amp import sweep
+from relay_amp.eval import sweep
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,7 @@ import sys
 
 from tqdm import tqdm
 
-from relay_amp import bench_fallback
+from relay_amp.eval import bench_fallback
 
 
 def main(argv=None) -> int:

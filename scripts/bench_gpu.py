@@ -9,7 +9,7 @@ See docs/GPU.md for running it on a GPU host without a package index.
 import argparse
 import sys
 
-from relay_amp import gpu_bench
+from relay_amp.eval import gpu_bench
 
 
 def main(argv=None) -> int:

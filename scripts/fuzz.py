@@ -15,7 +15,7 @@ import time
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from relay_amp import fuzz
+from relay_amp.eval import fuzz
 
 
 def main(argv=None) -> int:

@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 
-from relay_amp import gpu_bundle
+from relay_amp.eval import gpu_bundle
 
 
 def main(argv=None) -> int:
@@ -27,16 +27,20 @@ def main(argv=None) -> int:
     parser.add_argument("--python", default="3.12",
                         help="the GPU host's Python, for tvm_ffi (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
-    parser.add_argument("--no-cuda-graph", action="store_true",
-                        help="do not also build each variant with the VM's CUDA graph mode")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="also build each variant with the VM's CUDA graph mode")
+    parser.add_argument("--no-tvm-pipeline", action="store_true",
+                        help="do not also build fp32 and relay_amp float16 with TVM's own "
+                             "CUDA pipeline")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     logging.getLogger("topi").setLevel(logging.ERROR)  # TVM's legalization of mixed dtypes
     models = [name for name in args.models.split(",") if name]
     try:
         manifest = gpu_bundle.build_bundle(args.out, models, args.target, args.arch, args.python,
-                                           args.seed, not args.no_cuda_graph,
-                                           progress=not args.quiet)
+                                           args.seed, args.cuda_graph,
+                                           progress=not args.quiet,
+                                           tvm_pipeline=not args.no_tvm_pipeline)
     except (FileExistsError, ValueError, RuntimeError) as err:
         print(f"gpu_bundle: {err}", file=sys.stderr)
         return 2

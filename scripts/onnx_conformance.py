@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 
 from tqdm import tqdm
 
-from relay_amp import conformance
-from relay_amp.sweep import machine_description
+from relay_amp.eval import conformance
+from relay_amp.eval.sweep import machine_description
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
-from relay_amp import evaluate
+from relay_amp import execution
 
 
 def convert_checked(mod, dtype, **kwargs):
@@ -40,7 +40,7 @@ def random_inputs(mod, seed=0, low=-1.0, high=1.0, func="main"):
 
 
 def run_module(mod, inputs):
-    return evaluate.run(evaluate.compile_module(mod), inputs)
+    return execution.run(execution.compile_module(mod), inputs)
 
 
 @I.ir_module

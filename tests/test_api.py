@@ -4,11 +4,10 @@ import json
 
 import pytest
 import tvm
+from helpers import MatmulReluMatmulSoftmax
 from tvm import relax
 
 import relay_amp
-from helpers import MatmulReluMatmulSoftmax
-
 
 Small = MatmulReluMatmulSoftmax
 

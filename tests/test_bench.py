@@ -9,9 +9,10 @@ import pytest
 from tvm import relax
 
 import relay_amp
-from relay_amp import bench
-from relay_amp.evaluate import builtin_convert, compile_module, run
-from relay_amp.synthetic import KINDS, count_bindings, synthetic_module
+from relay_amp.eval import bench
+from relay_amp.eval.stats import builtin_convert
+from relay_amp.eval.synthetic import KINDS, count_bindings, synthetic_module
+from relay_amp.execution import compile_module, run
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -150,7 +151,7 @@ def test_bench_command_end_to_end(tmp_path):
 def test_gpu_cost_only_runs_just_the_gpu_cost_table(tmp_path):
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, "-m", "relay_amp.cli", "bench", "--gpu-cost-only", "--gpu-cost-models",
+        [sys.executable, "-m", "relay_amp.eval.cli", "bench", "--gpu-cost-only", "--gpu-cost-models",
          "cifar_resnet20_v1", "--quiet", "--out", str(out)],
         capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -165,7 +166,7 @@ def test_bench_command_rejects_bad_flags():
                            (["--models", "nonet"], "unknown model"),
                            (["--repeats", "0"], "at least 1"),
                            (["--gpu-cost-models", "resnet5"], "unknown model")):
-        result = subprocess.run([sys.executable, "-m", "relay_amp.cli", "bench", *flags],
+        result = subprocess.run([sys.executable, "-m", "relay_amp.eval.cli", "bench", *flags],
                                 capture_output=True, text=True, check=False, timeout=120)
         assert result.returncode == 2 and message in result.stderr
 

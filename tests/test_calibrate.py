@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
+from helpers import convert_checked, run_module
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
-from relay_amp import evaluate
-from helpers import convert_checked, run_module
+from relay_amp import execution
 
 
 @I.ir_module
@@ -51,10 +51,10 @@ def test_calibration_turns_overflow_into_finite_outputs():
     inputs = _inputs(0)
     reference = run_module(Overflowing, inputs)
     plain, _ = relay_amp.convert(Overflowing, "float16")
-    assert evaluate.agreement(reference, run_module(plain, inputs)).nonfinite > 0
+    assert execution.agreement(reference, run_module(plain, inputs)).nonfinite > 0
     calibration = relay_amp.calibrate(Overflowing, [inputs])
     calibrated, report = convert_checked(Overflowing, "float16", calibration=calibration)
-    result = evaluate.agreement(reference, run_module(calibrated, inputs))
+    result = execution.agreement(reference, run_module(calibrated, inputs))
     assert result.nonfinite == 0 and result.relative_l2 < 1e-3
     assert report.find("lv").compute_dtype == "float16"  # inputs in range, fp32 accumulator
     assert "result kept float32: observed max" in report.find("lv").rule

@@ -2,7 +2,6 @@
 
 import re
 
-import pytest
 import tvm
 from tvm.script import ir as I
 from tvm.script import relax as R

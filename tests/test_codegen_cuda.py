@@ -84,7 +84,7 @@ def test_volatile_reduction_fails_without_the_hook_and_compiles_with_it(dtype, i
     code = reduction(idiom, dtype)
     status, log = nvcc_compile(code, tmp_path)
     assert status != 0
-    assert f'no operator "+" matches these operands' in log
+    assert 'no operator "+" matches these operands' in log
     assert f"volatile {CUDA_TYPES[dtype]} + volatile {CUDA_TYPES[dtype]}" in log
     patched = cuda.patch_source(code)
     assert cuda.MARKER in patched
@@ -243,7 +243,7 @@ def resnet_block(tmp_path_factory):
     import mxnet as mx
     from gluoncv.model_zoo.resnet import BasicBlockV1
 
-    from relay_amp.zoo import gluon_to_relax
+    from relay_amp.eval.models import gluon_to_relax
 
     mx.random.seed(0)
     block = BasicBlockV1(32, 1, downsample=False, in_channels=32)

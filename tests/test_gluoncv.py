@@ -4,13 +4,15 @@ import numpy as np
 import pytest
 
 import relay_amp
-from relay_amp import data, evaluate, zoo
+from relay_amp import execution
+from relay_amp.eval import data, models
+from relay_amp.eval.stats import builtin_convert
 
 
 @pytest.fixture(scope="module")
 def resnet18(tmp_path_factory):
-    model = zoo.load_gluon("resnet18_v1", workdir=str(tmp_path_factory.mktemp("zoo")))
-    reference = evaluate.run(evaluate.compile_module(model.mod), model.inputs)
+    model = models.load("resnet18_v1", str(tmp_path_factory.mktemp("zoo")), batch_size=1)
+    reference = execution.run(execution.compile_module(model.mod), model.batches[0])
     return model, reference
 
 
@@ -24,9 +26,9 @@ def test_batchnorm_reestimation_gives_realistic_logits(resnet18):
 @pytest.fixture(scope="module")
 def builtin_error(resnet18):
     model, reference = resnet18
-    outputs = evaluate.run(evaluate.compile_module(evaluate.builtin_convert(model.mod)),
-                           model.inputs)
-    return evaluate.agreement(reference, outputs)
+    outputs = execution.run(execution.compile_module(builtin_convert(model.mod)),
+                           model.batches[0])
+    return execution.agreement(reference, outputs)
 
 
 @pytest.mark.parametrize("dtype,tolerance", [("float16", 1e-3), ("bfloat16", 1e-2)])
@@ -34,8 +36,8 @@ def test_resnet18_agrees_with_float32(resnet18, builtin_error, dtype, tolerance)
     model, reference = resnet18
     converted, report = relay_amp.convert(model.mod, dtype)
     assert report.low_precision_mac_fraction() == pytest.approx(1.0)
-    outputs = evaluate.run(evaluate.compile_module(converted), model.inputs)
-    ours = evaluate.agreement(reference, outputs)
+    outputs = execution.run(execution.compile_module(converted), model.batches[0])
+    ours = execution.agreement(reference, outputs)
     print(f"resnet18_v1 {dtype}: relay_amp {ours}, TVM built-in float16 {builtin_error}")
     assert ours.nonfinite == 0
     assert ours.relative_l2 <= tolerance

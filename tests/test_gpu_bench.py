@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tvm
 
-from relay_amp import gpu_bench
+from relay_amp.eval import gpu_bench
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +68,20 @@ def test_gluon_import_is_well_formed_with_weights_as_parameters(resnet50):
 
 
 def test_sweep_loader_keeps_one_parameter():
-    from relay_amp import models
+    from relay_amp.eval import models
 
     mod = models.load("resnet18_v1").mod
     tvm.relax.analysis.well_formed(mod)
     assert len(mod["main"].params) == 1
 
 
-def test_float16_matmuls_past_the_tensor_core_threshold_compile():
-    """TVM 0.27's dlight wmma tensorization segfaults on these; gpu_bench's pipeline avoids it."""
+def test_tensorize_works_with_the_pinned_tvm_ffi():
+    """apache-tvm-ffi 0.1.15 makes TVM 0.27's Schedule.tensorize segfault (no tensor cores)."""
+    gpu_bench.check_tensorize()
+
+
+@pytest.mark.parametrize("relay_amp_schedules", [True, False])
+def test_float16_matmuls_past_the_tensor_core_threshold_use_tensor_cores(relay_amp_schedules):
     from tvm import relax
 
     builder = relax.BlockBuilder()
@@ -87,6 +92,10 @@ def test_float16_matmuls_past_the_tensor_core_threshold_compile():
             out = builder.emit_output(relax.op.matmul(x, w, out_dtype="float32"))
         builder.emit_func_output(out)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    executable = gpu_bench.compile_module(builder.get(), target)
-    source = executable.mod.imports[0].imports[0].inspect_source("cuda")
-    assert "__global__" in source and "half" in source
+
+    def source(**flags):
+        executable = gpu_bench.compile_module(builder.get(), target, **flags)
+        return executable.mod.imports[0].imports[0].inspect_source("cuda")
+
+    assert "wmma::mma_sync" in source(relay_amp_schedules=relay_amp_schedules)
+    assert "wmma::" not in source(relay_amp_schedules=relay_amp_schedules, tensor_cores=False)

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from relay_amp import bundle_runner, gpu_bench, gpu_bundle, transformer_graphs
+from relay_amp.eval import bundle_runner, gpu_bench, gpu_bundle, transformer_graphs
 
 
 def small_models():

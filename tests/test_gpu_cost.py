@@ -4,17 +4,16 @@ on a BERT-like layer and a conv-BN-ReLU block with a residual add, for a CUDA ta
 import numpy as np
 import pytest
 import tvm
+from helpers import convert_checked, random_inputs, run_module
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
-from relay_amp import gpu_bench, transformer_graphs
 from relay_amp.dtypes import numpy_dtype
+from relay_amp.eval import gpu_bench, transformer_graphs
 from relay_amp.gpu_cost import gpu_cost, lower_for_cuda
 from relay_amp.op_tables import FUSION_KINDS, FusionKind
-
-from helpers import convert_checked, random_inputs, run_module
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 DTYPES = ("float16", "bfloat16")

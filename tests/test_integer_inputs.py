@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from helpers import convert_checked, run_module
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
-from relay_amp import evaluate
-from relay_amp.data import IMAGENET_UINT8, ImageBatches, normalize, sample_images
-from helpers import convert_checked, run_module
+from relay_amp import execution
+from relay_amp.eval.data import IMAGENET_UINT8, ImageBatches, normalize, sample_images
 
 
 @I.ir_module
@@ -86,15 +86,15 @@ def test_loader_and_uint8_model_match_host_normalized_float32(dtype):
     weight = rng.normal(0, 0.3, (8, 3, 3, 3)).astype("float32")
     converted, _ = relay_amp.convert(Conv, dtype, input_dtypes={"data": "uint8"},
                                      input_normalization={"data": IMAGENET_UINT8})
-    reference_vm = evaluate.compile_module(Conv)
-    converted_vm = evaluate.compile_module(converted)
+    reference_vm = execution.compile_module(Conv)
+    converted_vm = execution.compile_module(converted)
     reference, outputs = [], []
     for batch in batches:
         assert batch.dtype == np.uint8 and batch.shape == (1, 3, 16, 16)
         host = normalize(batch.transpose(0, 2, 3, 1))  # the float32 pipeline normalizes on host
-        reference += evaluate.run(reference_vm, [host, weight])
-        outputs += evaluate.run(converted_vm, [batch, weight])
-    agreement = evaluate.agreement(reference, outputs)
+        reference += execution.run(reference_vm, [host, weight])
+        outputs += execution.run(converted_vm, [batch, weight])
+    agreement = execution.agreement(reference, outputs)
     assert agreement.nonfinite == 0
     assert agreement.relative_l2 < {"float16": 1e-3, "bfloat16": 1e-2}[dtype], agreement
 
@@ -220,7 +220,7 @@ def test_qdq_resnet_block_from_onnx(tmp_path):
     dequantize_rows = [r for r in report.rows if r.op == "dequantize"]
     assert any(r.output_dtype == "float16" for r in dequantize_rows)
     assert all(r.compute_dtype == "float16" for r in report.rows if r.op == "nn.conv2d")
-    agreement = evaluate.agreement(reference, run_module(new, [x]))
+    agreement = execution.agreement(reference, run_module(new, [x]))
     assert agreement.nonfinite == 0 and agreement.relative_l2 < 1e-2, agreement
 
 

@@ -2,14 +2,14 @@
 
 import numpy as np
 import pytest
-import tvm
+from helpers import random_inputs, run_module
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
 import relay_amp
-from relay_amp import evaluate
-from helpers import random_inputs, run_module
+from relay_amp import execution
+from relay_amp.eval.stats import builtin_convert
 
 TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2}
 
@@ -185,13 +185,13 @@ SEEDS = range(6)
 
 def _reference(mod, seeds=(1,)):
     inputs = [random_inputs(mod, seed=seed) for seed in seeds]
-    vm = evaluate.compile_module(mod)
-    return inputs, [out for batch in inputs for out in evaluate.run(vm, batch)]
+    vm = execution.compile_module(mod)
+    return inputs, [out for batch in inputs for out in execution.run(vm, batch)]
 
 
 def _outputs(mod, inputs):
-    vm = evaluate.compile_module(mod)
-    return [out for batch in inputs for out in evaluate.run(vm, batch)]
+    vm = execution.compile_module(mod)
+    return [out for batch in inputs for out in execution.run(vm, batch)]
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
@@ -201,15 +201,15 @@ def test_small_graphs_agree_with_float32(name, dtype):
     inputs, reference = _reference(mod, SEEDS)
     converted, report = relay_amp.convert(mod, dtype)
     assert report.converted, "nothing ran in low precision"
-    ours = evaluate.agreement(reference, _outputs(converted, inputs))
+    ours = execution.agreement(reference, _outputs(converted, inputs))
     assert ours.nonfinite == 0
     assert ours.relative_l2 <= TOLERANCE[dtype], ours
     if dtype == "float16":
         try:
-            builtin_mod = evaluate.builtin_convert(mod)
+            builtin_mod = builtin_convert(mod)
         except Exception:  # TVM's pass crashes on some graphs (R.outer): nothing to compare
             return
-        builtin = evaluate.agreement(reference, _outputs(builtin_mod, inputs))
+        builtin = execution.agreement(reference, _outputs(builtin_mod, inputs))
         # equal computations give equal errors; 2% covers rounding noise between equal-quality
         # computations on outputs of a few hundred values
         assert ours.relative_l2 <= builtin.relative_l2 * 1.02 + 1e-7, (ours, builtin)
@@ -228,8 +228,8 @@ def test_exp_after_matmul_stays_finite_where_the_builtin_overflows():
 
     inputs = [np.full((1, 4), 3.0, "float32"), np.ones((4, 4), "float32")]  # exp(12) > 65504
     reference = run_module(Before, inputs)
-    ours = evaluate.agreement(reference, run_module(relay_amp.convert(Before, "float16")[0], inputs))
-    builtin = evaluate.agreement(reference, run_module(evaluate.builtin_convert(Before), inputs))
+    ours = execution.agreement(reference, run_module(relay_amp.convert(Before, "float16")[0], inputs))
+    builtin = execution.agreement(reference, run_module(builtin_convert(Before), inputs))
     assert ours.nonfinite == 0 and ours.relative_l2 < 1e-3
     assert builtin.nonfinite > 0
 
@@ -238,8 +238,8 @@ def test_attention_attributes_survive_where_the_builtin_drops_them():
     mod = GRAPHS["Attention"]
     inputs = random_inputs(mod, seed=1)
     reference = run_module(mod, inputs)
-    ours = evaluate.agreement(reference, run_module(relay_amp.convert(mod, "float16")[0], inputs))
-    builtin = evaluate.agreement(reference, run_module(evaluate.builtin_convert(mod), inputs))
+    ours = execution.agreement(reference, run_module(relay_amp.convert(mod, "float16")[0], inputs))
+    builtin = execution.agreement(reference, run_module(builtin_convert(mod), inputs))
     assert ours.relative_l2 < 1e-3
     assert builtin.relative_l2 > 0.1  # scale, causal mask and bias were dropped
 
@@ -266,7 +266,7 @@ def test_scaled_attention_feeds_low_precision_consumers(dtype):
     converted, report = relay_amp.convert(Before, dtype)
     assert report.find("lv").compute_dtype == dtype and "pinned" in report.find("lv").rule
     assert report.find("lv1").compute_dtype == dtype
-    result = evaluate.agreement(run_module(Before, [q, w]), run_module(converted, [q, w]))
+    result = execution.agreement(run_module(Before, [q, w]), run_module(converted, [q, w]))
     assert result.relative_l2 < TOLERANCE[dtype], result
 
 
@@ -293,4 +293,4 @@ def test_bfloat16_ops_tvm_cannot_compile_stay_float32():
         assert row.compute_dtype == "float32" and "TVM" in row.rule, row
     outputs = run_module(converted, inputs)
     np.testing.assert_array_equal(outputs[0], reference[0])
-    assert evaluate.agreement(reference[1:], outputs[1:]).relative_l2 < 1e-2
+    assert execution.agreement(reference[1:], outputs[1:]).relative_l2 < 1e-2

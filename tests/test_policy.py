@@ -5,13 +5,13 @@ import json
 import numpy as np
 import pytest
 import tvm
+from helpers import convert_checked
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
-from relay_amp import Category, Policy, amp_config
+from relay_amp import Policy, amp_config
 from relay_amp.targets import target_caps
-from helpers import convert_checked
 
 
 @I.ir_module

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from relay_amp import metrics, ocr, sweep
-from relay_amp.models import REGISTRY, get_spec
+from relay_amp.eval import metrics, ocr, sweep
+from relay_amp.eval.models import REGISTRY, get_spec
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -92,7 +92,7 @@ def test_batchnorm_reestimation_normalizes_each_layer():
     import mxnet as mx
     from mxnet.gluon import nn
 
-    from relay_amp.zoo import reestimate_batchnorm
+    from relay_amp.eval.models import reestimate_batchnorm
 
     mx.random.seed(0)
     net = nn.HybridSequential()
@@ -138,7 +138,7 @@ def test_one_model_sweep_end_to_end(tmp_path):
         assert 0 <= row["top1_agreement"] <= 1
         assert row["latency_ms"] > 0 and row["compile_s"] > 0
     ours, theirs = model["variants"]["relay_amp:float16"], model["variants"]["tvm:float16"]
-    assert ours["input"].startswith("uint8 (relay_amp.data.ImageBatches") and "input" not in theirs
+    assert ours["input"].startswith("uint8 (relay_amp.eval.data.ImageBatches") and "input" not in theirs
     assert ours["relative_l2"] <= theirs["relative_l2"]
     assert ours["round_trips"] == 0 and ours["casts"] < theirs["casts"]
     assert ours["param_bytes"] < 0.6 * model["fp32"]["param_bytes"]
@@ -191,7 +191,7 @@ def test_rows_measured_for_another_target_are_measured_again(tmp_path, monkeypat
 
 @pytest.mark.parametrize("target", ["{cuda", '{"kind": "no_such_kind"}'])
 def test_sweep_command_rejects_a_bad_target(target):
-    result = subprocess.run([sys.executable, "-m", "relay_amp.cli", "sweep", "--models", "alexnet",
+    result = subprocess.run([sys.executable, "-m", "relay_amp.eval.cli", "sweep", "--models", "alexnet",
                              "--target", target], capture_output=True, text=True, check=False,
                             timeout=120)
     assert result.returncode == 2 and "--target takes a JSON target dict" in result.stderr
@@ -211,7 +211,7 @@ def test_detection_models_build_without_downloading_a_backbone():
     them with none (this machine, like CI, has no network: a download attempt would fail)."""
     from gluoncv import model_zoo
 
-    from relay_amp.models import _gluon_net
+    from relay_amp.eval.models import _gluon_net
 
     assert type(_gluon_net(model_zoo, "ssd_300_vgg16_atrous_voc")).__name__ == "SSD"
     assert type(_gluon_net(model_zoo, "resnet18_v1")).__name__ == "ResNetV1"

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from relay_amp import conformance
+from relay_amp.eval import conformance
 
 SAMPLE = [
     # tuple-valued ops, shape-valued arguments, call_tir (Clip), If: where TVM's pass breaks

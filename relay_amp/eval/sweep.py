@@ -54,7 +54,7 @@ def _error(status: str, err: BaseException) -> dict:
 
 def _run_all(vm, batches):
     """Outputs of every batch, and the wall time of the first run."""
-    from .evaluate import run  # pylint: disable=import-outside-toplevel
+    from ..execution import run  # pylint: disable=import-outside-toplevel
 
     start = time.perf_counter()
     outputs = [run(vm, batches[0])]
@@ -122,7 +122,10 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
     the model's own input batches (TVM's built-in pass has no such input). ``target`` sets
     relay_amp's defaults (None: the defaults without a target)."""
     import relay_amp  # pylint: disable=import-outside-toplevel
-    from . import evaluate, models  # pylint: disable=import-outside-toplevel
+
+    from .. import execution  # pylint: disable=import-outside-toplevel
+    from . import models  # pylint: disable=import-outside-toplevel
+    from .stats import builtin_convert, latency_ms, module_stats  # pylint: disable=C0415
 
     spec = get_spec(name)
     result = {"model": name, "family": spec.family, "task": spec.task, "weights": spec.weights,
@@ -139,12 +142,12 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
         return result
     try:
         start = time.perf_counter()
-        vm = evaluate.compile_module(loaded.mod)
+        vm = execution.compile_module(loaded.mod)
         compile_s = time.perf_counter() - start
         reference, first_run = _run_all(vm, loaded.batches)
-        stats = evaluate.module_stats(loaded.mod)
+        stats = module_stats(loaded.mod)
         result["fp32"] = {"status": "ok", "compile_s": compile_s,
-                          "latency_ms": evaluate.latency_ms(vm, loaded.batches[0],
+                          "latency_ms": latency_ms(vm, loaded.batches[0],
                                                             previous_run_s=first_run),
                           "param_bytes": stats["param_bytes"], "ops": stats["ops"]}
         if spec.task == "ocr-rec":
@@ -172,25 +175,25 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
             if tool == "relay_amp":
                 integer = loaded.extra.get("uint8")
                 options = {}
-                if integer:  # images go in as uint8 from relay_amp.data.ImageBatches
+                if integer:  # images go in as uint8 from relay_amp.eval.data.ImageBatches
                     options = {"input_dtypes": {integer["input"]: "uint8"},
                                "input_normalization": {integer["input"]: integer["normalization"]}}
                     batches = integer["batches"]
-                    row["input"] = "uint8 (relay_amp.data.ImageBatches, normalization folded in)"
+                    row["input"] = "uint8 (relay_amp.eval.data.ImageBatches, normalization folded in)"
                 converted, conversion = relay_amp.convert(loaded.mod, dtype, target=target,
                                                           calibration=calibration, **options)
                 row["summary"] = conversion.summary()
             else:
-                converted = evaluate.builtin_convert(loaded.mod)
+                converted = builtin_convert(loaded.mod)
             row["convert_s"] = time.perf_counter() - start
         except Exception as err:
             result["variants"][variant] = _error("convert error", err)
             report(result)
             continue
-        row.update(evaluate.module_stats(converted, dtype))
+        row.update(module_stats(converted, dtype))
         try:
             start = time.perf_counter()
-            vm = evaluate.compile_module(converted)
+            vm = execution.compile_module(converted)
             row["compile_s"] = time.perf_counter() - start
         except Exception as err:
             result["variants"][variant] = {**row, **_error("compile error", err)}
@@ -198,12 +201,12 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
             continue
         try:
             outputs, first_run = _run_all(vm, batches)
-            row["latency_ms"] = evaluate.latency_ms(vm, batches[0], previous_run_s=first_run)
+            row["latency_ms"] = latency_ms(vm, batches[0], previous_run_s=first_run)
         except Exception as err:
             result["variants"][variant] = {**row, **_error("run error", err)}
             report(result)
             continue
-        agreement = evaluate.agreement([o for batch in reference for o in batch],
+        agreement = execution.agreement([o for batch in reference for o in batch],
                                        [o for batch in outputs for o in batch])
         row.update(agreement.as_dict())
         row.update(task_metrics(spec, reference, outputs, loaded.extra))
@@ -485,7 +488,7 @@ def accuracy_markdown(results: dict, command: str, fallback_rows=None, plot_name
              f"Models measured: {done} of {len(REGISTRY)} in the registry. relay_amp converts "
              "with calibrated ranges (one float32 run on the model's own inputs). Of the "
              f"{len(ran)} GluonCV rows that ran, relay_amp was fed uint8 batches from "
-             "`relay_amp.data.ImageBatches` with the ImageNet normalization folded into the first "
+             "`relay_amp.eval.data.ImageBatches` with the ImageNet normalization folded into the first "
              f"cast in {uint8} (the rows whose `input` field says so in results.json)"
              + (f"; {len(square)} ({', '.join(square)}) were measured before the sweep switched "
                 "to uint8 and got float32 input" if square else "")

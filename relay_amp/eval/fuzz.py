@@ -169,7 +169,7 @@ def check_invariants(case: Case, dtype: str, target=None) -> tuple:
     original = set()
     relax.analysis.post_order_visit(old_func, lambda e: original.add(e.name)
                                     if isinstance(e, relax.Var) else None)
-    from .evaluate import all_bindings  # pylint: disable=import-outside-toplevel
+    from .stats import all_bindings  # pylint: disable=import-outside-toplevel
 
     for binding in all_bindings(new_func.body):
         value = binding.value
@@ -185,7 +185,7 @@ def check_invariants(case: Case, dtype: str, target=None) -> tuple:
 
 def check_numerics(case: Case, converted: tvm.IRModule, dtype: str) -> float:
     """Relative L2 error of ``converted`` against the float32 module on bounded inputs."""
-    from .evaluate import agreement, compile_module, run  # pylint: disable=import-outside-toplevel
+    from ..execution import agreement, compile_module, run  # pylint: disable=import-outside-toplevel
 
     reference = run(compile_module(case.mod), case.inputs)
     outputs = run(compile_module(converted), case.inputs)

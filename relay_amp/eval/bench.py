@@ -19,10 +19,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .evaluate import builtin_convert, compile_module, host_target, module_stats
+from ..execution import compile_module, host_target
+from ..transform import convert
+from .stats import builtin_convert, module_stats
 from .sweep import error_message, machine_description
 from .synthetic import KINDS, count_bindings, synthetic_module
-from .transform import convert
 
 SIZES = (1000, 5000, 20000, 50000)
 MODELS = ("resnet18_v1", "resnet50_v1", "mobilenetv2_1.0", "mobilenet0.25", "densenet121",
@@ -483,7 +484,7 @@ def gpu_cost_benchmark(names=GPU_COST_MODELS, target=GPU_COST_TARGET,
     every float tensor at 2 bytes)."""
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
-    from .gpu_cost import gpu_cost  # pylint: disable=import-outside-toplevel
+    from ..gpu_cost import gpu_cost  # pylint: disable=import-outside-toplevel
 
     rows = []
     for name in tqdm(names, desc="gpu cost", unit="model", disable=not progress):

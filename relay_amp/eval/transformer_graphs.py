@@ -3,7 +3,7 @@
 A ViT-B/16-shaped encoder (pre-norm, GELU) and a LLaMA-style decoder stack (RMSNorm, rotary
 position embedding, SiLU-gated MLP, grouped key/value heads, causal attention). Weights are
 function parameters so that a benchmark can generate them where it runs
-(:func:`relay_amp.gpu_bench.make_weights`) and every variant takes them in its own dtype.
+(:func:`relay_amp.eval.gpu_bench.make_weights`) and every variant takes them in its own dtype.
 """
 
 from __future__ import annotations

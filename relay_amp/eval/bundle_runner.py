@@ -19,6 +19,7 @@ import argparse
 import atexit
 import ctypes
 import gzip
+import hashlib
 import json
 import os
 import platform
@@ -66,7 +67,7 @@ def make_weights(shapes: dict, seed: int = 0) -> dict:
         else:
             fan_in = int(np.prod(shape[1:])) if len(shape) > 2 else shape[0]
             value = rng.normal(size=shape) / np.sqrt(max(fan_in, 1))
-        weights[name] = value.astype("float32")
+        weights[name] = np.asarray(value, dtype="float32")
     return weights
 
 
@@ -76,11 +77,10 @@ def bfloat16_bits(values: np.ndarray) -> np.ndarray:
 
     Done with integer arithmetic so that no ml_dtypes is needed on the GPU host.
     """
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    bits = np.array(values, dtype=np.float32, order="C").view(np.uint32)  # keeps 0-d 0-d
     rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> 16
-    rounded = rounded.astype(np.uint16)
-    rounded[np.isnan(values)] = 0x7FC0
-    return rounded
+    nan = np.isnan(np.asarray(values, dtype=np.float32))
+    return np.asarray(np.where(nan, np.uint16(0x7FC0), rounded), dtype=np.uint16)
 
 
 def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
@@ -93,7 +93,7 @@ def to_device(tvm, value: np.ndarray, dtype: str, device):
     if dtype == "bfloat16":
         tensor = tvm.runtime.empty(value.shape, "bfloat16", device)
         return tensor.copyfrom(bfloat16_bits(value))
-    return tvm.runtime.tensor(np.ascontiguousarray(value.astype(dtype)), device)
+    return tvm.runtime.tensor(np.array(value, dtype=dtype, order="C"), device)  # keeps 0-d 0-d
 
 
 def to_numpy(tensor) -> np.ndarray:
@@ -164,13 +164,14 @@ def loaded_tvm_libraries() -> list:
     return sorted(paths)
 
 
-def enable_cuda(tvm, compiler: str) -> None:
+def enable_cuda(tvm, compiler: str, cache: str | None = None) -> None:
     """Load TVM's CUDA runtime and register the CUDA source compiler its loader calls.
 
     TVM loads ``libtvm_runtime_cuda.so`` only when its compiler library is present, so it is
     loaded here. TVM's own ``tvm_callback_cuda_compile`` asks the current compilation target for
     the arch, which runtime-only TVM cannot answer, so a callback that passes the GPU's arch
-    replaces it.
+    replaces it. With ``cache``, a folder, each compiled cubin is kept there under the hash of
+    its source, arch and compiler, and a later load of the same source reads it back.
     """
     import tvm_ffi  # pylint: disable=import-outside-toplevel
 
@@ -185,12 +186,27 @@ def enable_cuda(tvm, compiler: str) -> None:
         raise RuntimeError("no CUDA GPU is visible to TVM on this machine")
     arch = "sm_" + device.compute_version.replace(".", "")
 
-    def compile_cuda(code):
+    def compile_uncached(code):
         if compiler == "nvcc":
             return _nvcc(code, arch)
         from tvm.support import nvcc  # pylint: disable=import-outside-toplevel
 
         return nvcc.compile_cuda(code, target_format="cubin", arch=arch, compiler="nvrtc")
+
+    def compile_cuda(code):
+        if not cache:
+            return compile_uncached(code)
+        key = hashlib.sha256(f"{compiler} {arch}\n{code}".encode()).hexdigest()
+        path = os.path.join(cache, key + ".cubin")
+        if os.path.exists(path):
+            with open(path, "rb") as handle:
+                return bytearray(handle.read())
+        binary = compile_uncached(code)
+        os.makedirs(cache, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=cache, delete=False) as handle:
+            handle.write(bytes(binary))
+        os.replace(handle.name, path)  # atomic: parallel compilers never see half a file
+        return binary
 
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)
 
@@ -236,8 +252,74 @@ def library_file(bundle: str, library: str) -> str:
     return unpacked
 
 
+class KernelProfile:
+    """Per-call device time of a VM function, by callee symbol, through the VM's instrument hook.
+
+    On CUDA each call is bracketed by CUDA events on the default stream (cuda-bindings); on other
+    devices by a device sync and the wall clock, which adds the launch overhead to each call.
+    """
+
+    def __init__(self, device):
+        self.device = device
+        self.pending = []
+        try:
+            from cuda.bindings import runtime  # pylint: disable=import-outside-toplevel
+
+            self.cudart = runtime if device.dlpack_device_type() == 2 else None
+        except ImportError:
+            self.cudart = None
+
+    def _mark(self):
+        if self.cudart is None:
+            self.device.sync()
+            return time.perf_counter()
+        _, event = self.cudart.cudaEventCreate()
+        self.cudart.cudaEventRecord(event, 0)
+        return event
+
+    def __call__(self, _func, symbol, before_run, _ret, *_args):
+        if before_run:
+            self.pending.append([str(symbol), self._mark(), None])
+        else:
+            self.pending[-1][2] = self._mark()
+        return 0
+
+    def collect(self, runs: int) -> list:
+        """``[symbol, milliseconds per run, calls per run]``, longest first."""
+        self.device.sync()
+        totals = {}
+        for symbol, start, end in self.pending:
+            if self.cudart is None:
+                elapsed = (end - start) * 1e3
+            else:
+                self.cudart.cudaEventSynchronize(end)
+                elapsed = float(self.cudart.cudaEventElapsedTime(start, end)[1])
+                self.cudart.cudaEventDestroy(start)
+                self.cudart.cudaEventDestroy(end)
+            entry = totals.setdefault(symbol, [0.0, 0])
+            entry[0] += elapsed
+            entry[1] += 1
+        self.pending = []
+        rows = [[symbol, total / runs, count // runs] for symbol, (total, count) in totals.items()]
+        return sorted(rows, key=lambda row: -row[1])
+
+
+def profile_variant(tvm, vm, args, device, runs: int = 5) -> dict:
+    """Time every call the VM makes in ``main`` (see :class:`KernelProfile`)."""
+    profile = KernelProfile(device)
+    vm.set_instrument(profile)
+    try:
+        for _ in range(runs):
+            vm["main"](*args)
+        rows = profile.collect(runs)
+    finally:
+        vm.set_instrument(None)
+    return {"calls": sum(row[2] for row in rows), "call_ms": sum(row[1] for row in rows),
+            "top": rows[:25]}
+
+
 def run_variant(tvm, bundle: str, entry: dict, device, values: dict, repeats: int,
-                warmup: int) -> tuple:
+                warmup: int, profile: bool = False) -> tuple:
     """Load one variant's library, run it once and time it.
 
     Returns
@@ -259,15 +341,51 @@ def run_variant(tvm, bundle: str, entry: dict, device, values: dict, repeats: in
     times_ms = np.array(timer(*args).results) * 1e3
     row = {"load_s": load_s, "latency_ms": float(np.median(times_ms)),
            "min_ms": float(times_ms.min()), "runs": int(times_ms.size)}
+    if profile and entry.get("mode") != "cuda_graph":
+        row["profile"] = profile_variant(tvm, vm, args, device)
     return row, outputs
 
 
+def precompile(bundle: str, libraries: list, compiler: str, cache: str, jobs: int) -> list:
+    """Compile the CUDA of ``libraries`` into ``cache`` with ``jobs`` processes at once.
+
+    Each process loads its share of the libraries, which makes TVM's loader compile their CUDA
+    through the caching callback; the timed run then loads every library from the cache. Returns
+    the error lines of processes that failed (their libraries are compiled again, and fail with
+    their own message, in the timed run).
+    """
+    shares = [libraries[i::jobs] for i in range(jobs) if libraries[i::jobs]]
+    script = os.path.abspath(__file__)
+    processes = [subprocess.Popen([sys.executable, script, "--bundle", bundle, "--compiler",
+                                   compiler, "--cache", cache, "--load-only", ",".join(share)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for share in shares]
+    errors = []
+    for process in processes:
+        output, _ = process.communicate()
+        if process.returncode:
+            errors.append(output.strip().splitlines()[-1] if output.strip() else
+                          f"exit {process.returncode}")
+    return errors
+
+
+def _load_only(bundle: str, libraries: list, compiler: str, cache: str) -> int:
+    tvm = import_bundled_tvm(bundle)
+    enable_cuda(tvm, compiler, cache)
+    for library in libraries:
+        tvm.runtime.load_module(library_file(bundle, library))
+    return 0
+
+
 def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str = "nvrtc",
-               models=None, checkpoint=None) -> dict:
+               models=None, checkpoint=None, cache: str | None = None, jobs: int = 1,
+               profile: bool = False) -> dict:
     """Run every variant of every model in the bundle; one row per variant, errors included.
 
     ``checkpoint``, if given, is called with the results so far after every variant, so that a
-    run stopped part-way still leaves what it measured.
+    run stopped part-way still leaves what it measured. With ``cache`` (a folder), compiled
+    CUDA is kept there, and with ``jobs`` > 1 every library's CUDA is compiled first by that
+    many processes at once (:func:`precompile`).
 
     Returns
     -------
@@ -286,7 +404,15 @@ def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str 
     setup_error = None
     try:
         if manifest["device"] == "cuda":
-            enable_cuda(tvm, compiler)
+            enable_cuda(tvm, compiler, cache)
+            if cache and jobs > 1:
+                start = time.perf_counter()
+                libraries = [entry["library"] for name, model in manifest["models"].items()
+                             if not models or name in models
+                             for entry in model["variants"].values()]
+                environment["precompile_errors"] = precompile(bundle, libraries, compiler,
+                                                              cache, jobs)
+                environment["precompile_s"] = time.perf_counter() - start
             device = tvm.cuda(0)
             environment.update(gpu=device.device_name, compute_version=device.compute_version,
                                compiler=compiler)
@@ -308,7 +434,8 @@ def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str 
         references = {}
         for variant, entry in model["variants"].items():
             try:
-                row, outputs = run_variant(tvm, bundle, entry, device, values, repeats, warmup)
+                row, outputs = run_variant(tvm, bundle, entry, device, values, repeats, warmup,
+                                           profile)
             except Exception as error:  # pylint: disable=broad-except
                 rows[variant] = {"error": _one_line(error)}
                 continue
@@ -384,7 +511,16 @@ def main(argv=None) -> int:
                         default=os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc").lower(),
                         help="CUDA source compiler (default: NVRTC through cuda-bindings)")
     parser.add_argument("--models", default=None, help="comma-separated subset of the models")
+    parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "relay_amp_cubins"),
+                        help="folder of compiled CUDA, reused across runs (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                        help="processes that compile the CUDA first (default: %(default)s)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also time each kernel call (results.json, 'profile')")
+    parser.add_argument("--load-only", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.load_only is not None:
+        return _load_only(args.bundle, args.load_only.split(","), args.compiler, args.cache)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     os.makedirs(args.out, exist_ok=True)
@@ -398,7 +534,8 @@ def main(argv=None) -> int:
         return table
 
     results = run_bundle(args.bundle, args.repeats, args.warmup, args.compiler,
-                         args.models.split(",") if args.models else None, checkpoint=save)
+                         args.models.split(",") if args.models else None, checkpoint=save,
+                         cache=args.cache, jobs=args.jobs, profile=args.profile)
     print(save(results))
     rows = [row for model in results["models"].values() for row in model.values()]
     return 0 if rows and all("error" not in row for row in rows) else 1

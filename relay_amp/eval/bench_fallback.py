@@ -6,10 +6,10 @@ import os
 
 import numpy as np
 
-from . import fallback
+from .. import fallback
+from ..execution import agreement, compile_module, run
+from ..transform import convert
 from .data import sample_images
-from .evaluate import agreement, compile_module, run
-from .transform import convert
 
 LIGHT_MODELS = ("light_squeezenet", "light_shufflenet", "light_bvlc_alexnet",
                 "light_inception_v1", "light_densenet121", "light_resnet50", "light_inception_v2",
@@ -46,7 +46,7 @@ def load(name: str):
 
 def measure(name: str, dtype: str = "float16", max_bisection: int = 60) -> dict:
     """Both searches on one model, at a tolerance of half the calibrated conversion's error."""
-    from .calibrate import calibrate  # pylint: disable=import-outside-toplevel
+    from ..calibrate import calibrate  # pylint: disable=import-outside-toplevel
 
     mod, batches = load(name)
     reference = [o for b in batches for o in run(compile_module(mod), b)]

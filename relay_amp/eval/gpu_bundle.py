@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,9 @@ from . import bundle_runner, gpu_bench
 #: The models of the GPU bundle, by the name :func:`bundle_model` takes.
 BUNDLE_MODELS = ("resnet50_v1", "mobilenetv2_1.0", "bert_base", "llama_decoder")
 CUDA_GRAPH = " (cuda graph)"
+TVM_PIPELINE = " (TVM pipeline)"
+#: Variants also built with TVM's own CUDA pipeline, to show what relay_amp's pipeline changes.
+TVM_PIPELINE_VARIANTS = ("fp32", "relay_amp:float16")
 #: What a runtime-only TVM does not need: the compiler library, headers and sources.
 _TVM_SKIP = ("libtvm_compiler.so", "3rdparty", "src", "include", "__pycache__")
 _FFI_SKIP = ("3rdparty", "include", "__pycache__", "cython")
@@ -45,7 +49,6 @@ def bundle_model(name: str) -> gpu_bench.BenchModel:
     """A model of the bundle: GluonCV models by name, ``bert_base``, ``vit_b16``,
     ``llama_decoder`` (realistic sizes; weights as parameters)."""
     from . import transformer_graphs  # pylint: disable=import-outside-toplevel
-
     from .models import REGISTRY  # pylint: disable=import-outside-toplevel
 
     builders = {"bert_base": gpu_bench.bert_encoder, "vit_b16": transformer_graphs.vit_encoder,
@@ -87,7 +90,6 @@ def runtime_packages(out_dir: str, python: str | None = None) -> dict:
     another (``"3.12"``) its wheel of the installed version is fetched with ``pip download``.
     """
     import tvm_ffi  # pylint: disable=import-outside-toplevel
-
     import typing_extensions  # pylint: disable=import-outside-toplevel
 
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -97,8 +99,8 @@ def runtime_packages(out_dir: str, python: str | None = None) -> dict:
     if python == here:
         _copy_package(tvm_ffi, os.path.join(out_dir, "tvm_ffi"), _FFI_SKIP)
         return {"python": python, "tvm_ffi": "copied from this Python"}
-    from importlib.metadata import version  # pylint: disable=import-outside-toplevel
     import zipfile  # pylint: disable=import-outside-toplevel
+    from importlib.metadata import version  # pylint: disable=import-outside-toplevel
 
     release = version("apache-tvm-ffi")
     with tempfile.TemporaryDirectory(prefix="relay_amp_ffi_") as folder:
@@ -118,8 +120,8 @@ def runtime_packages(out_dir: str, python: str | None = None) -> dict:
 
 
 def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: str = "sm_90",
-                 python: str | None = "3.12", weight_seed: int = 0, cuda_graph: bool = True,
-                 progress: bool = True) -> dict:
+                 python: str | None = "3.12", weight_seed: int = 0, cuda_graph: bool = False,
+                 progress: bool = True, tvm_pipeline: bool = True) -> dict:
     """Build every variant of ``models`` for one target into the bundle folder ``out_dir``.
 
     Parameters
@@ -134,6 +136,9 @@ def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: s
         The host's Python version, for tvm_ffi (default 3.12, the GPU host's; None: this one's).
     cuda_graph : bool
         For CUDA, also build each variant with the VM's CUDA graph mode.
+    tvm_pipeline : bool
+        For CUDA, also build ``TVM_PIPELINE_VARIANTS`` with TVM's own pipeline (every variant is
+        built with :func:`relay_amp.cuda_pipeline`).
 
     Returns
     -------
@@ -154,7 +159,7 @@ def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: s
     os.makedirs(out_dir, exist_ok=True)
     try:
         manifest = _build(out_dir, models, target, kind, python, weight_seed, cuda_graph,
-                          progress)
+                          progress, tvm_pipeline and kind == "cuda")
     except BaseException:  # nothing half-written stays behind
         shutil.rmtree(out_dir, ignore_errors=True)
         raise
@@ -166,14 +171,20 @@ def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: s
     return manifest
 
 
-def _build(out_dir, models, target, kind, python, weight_seed, cuda_graph, progress) -> dict:
+def _build(out_dir, models, target, kind, python, weight_seed, cuda_graph, progress,
+           tvm_pipeline) -> dict:
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
     manifest = {"device": "cuda" if kind == "cuda" else "cpu", "target": str(target.export()),
                 "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "models": {},
                 "runtime": runtime_packages(out_dir, python if kind == "cuda" else None)}
-    modes = [False, True] if kind == "cuda" and cuda_graph else [False]
-    steps = [(m, v, g) for m in models for v in gpu_bench.VARIANTS for g in modes]
+    modes = [(False, True)] + ([(True, True)] if kind == "cuda" and cuda_graph else [])
+
+    def builds(variant):
+        extra = [(False, False)] if tvm_pipeline and variant in TVM_PIPELINE_VARIANTS else []
+        return modes + extra
+
+    steps = [(m, v, b) for m in models for v in gpu_bench.VARIANTS for b in builds(v)]
     bar = tqdm(total=len(steps), desc="bundle", unit="library", disable=not progress)
     for model in models:
         folder = os.path.join(out_dir, model.name)
@@ -188,16 +199,17 @@ def _build(out_dir, models, target, kind, python, weight_seed, cuda_graph, progr
             start = time.perf_counter()
             mod = gpu_bench.variant_module(model, variant, target)
             convert_s = time.perf_counter() - start
-            for graph in modes:
-                name = variant + (CUDA_GRAPH if graph else "")
-                library = f"{model.name}/{name.replace(':', '-').replace(' ', '_')}.so"
+            for graph, ours in builds(variant):
+                name = variant + (CUDA_GRAPH if graph else "") + ("" if ours else TVM_PIPELINE)
+                library = (f"{model.name}/"
+                           f"{re.sub('[^A-Za-z0-9._-]+', '_', name.replace(':', '-'))}.so")
                 start = time.perf_counter()
-                gpu_bench.compile_module(mod, target, graph).export_library(
-                    os.path.join(out_dir, library))
+                gpu_bench.compile_module(mod, target, graph, relay_amp_schedules=ours
+                                         ).export_library(os.path.join(out_dir, library))
                 library = _gzip(out_dir, library)
                 record["variants"][name] = {
                     "library": library, "base": variant.split(":")[0],
-                    "mode": "cuda_graph" if graph else "vm",
+                    "mode": ("cuda_graph" if graph else "vm") + ("" if ours else "_tvm_pipeline"),
                     "params": [{"name": p.name, "dtype": str(p.ty.dtype)}
                                for p in mod["main"].params],
                     "convert_s": convert_s, "compile_s": time.perf_counter() - start}

@@ -101,8 +101,7 @@ def main(argv=None) -> int:
     sweep.add_argument("--list", action="store_true", help="list the models and exit")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.set_defaults(run=_sweep)
-    from .bench import (  # pylint: disable=import-outside-toplevel
-        GPU_COST_MODELS, KINDS, LATENCY_MODELS, MODELS, SIZES)
+    from .bench import GPU_COST_MODELS, KINDS, LATENCY_MODELS, MODELS, SIZES  # pylint: disable=import-outside-toplevel
 
     bench = commands.add_parser(
         "bench", help="conversion speed and scaling, casts, bytes, CPU latency vs TVM's pass")

@@ -19,6 +19,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..pipeline import cuda_pipeline
 from .bundle_runner import make_weights
 
 VARIANTS = ("fp32", "relay_amp:float16", "relay_amp:bfloat16", "tvm:float16")
@@ -94,21 +95,22 @@ def drop_initializer_inputs(model):
     return model
 
 
-def gluon_model(name="resnet50_v1", size=224, workdir=None) -> BenchModel:
-    """A GluonCV model through ONNX, its weights lifted to parameters."""
+def gluon_model(name="resnet50_v1", workdir=None) -> BenchModel:
+    """A GluonCV model (the sweep's loader, batch 1) through ONNX, its weights lifted to
+    parameters."""
     import tempfile  # pylint: disable=import-outside-toplevel
 
     import onnx  # pylint: disable=import-outside-toplevel
     from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
 
-    from .zoo import load_gluon  # pylint: disable=import-outside-toplevel
+    from .models import load  # pylint: disable=import-outside-toplevel
 
-    model = load_gluon(name, image_size=size, workdir=workdir or tempfile.mkdtemp())
-    mod = from_onnx(drop_initializer_inputs(onnx.load(model.onnx_path)),
+    loaded = load(name, workdir or tempfile.mkdtemp(prefix="relay_amp_"), batch_size=1)
+    mod = from_onnx(drop_initializer_inputs(onnx.load(loaded.extra["onnx_path"])),
                     keep_params_in_input=True)
     data_name = mod["main"].params[0].name
     weights = [p.name for p in mod["main"].params[1:]]
-    return BenchModel(name, mod, {data_name: model.inputs[0]}, weights)
+    return BenchModel(name, mod, {data_name: loaded.batches[0][0]}, weights)
 
 
 def weight_shapes(model: BenchModel) -> dict:
@@ -118,50 +120,6 @@ def weight_shapes(model: BenchModel) -> dict:
 
 
 # ------------------------------------------------------------------------------ compiling
-def _matmul_without_tensor_cores():
-    from tvm.s_tir import dlight as dl  # pylint: disable=import-outside-toplevel
-
-    class MatmulWithoutTensorCores(dl.gpu.Matmul):
-        """dlight's Matmul rule, scheduled as for a GPU without tensor cores (the target the
-        rule sees says sm_60; code generation still uses the real target)."""
-
-        def apply(self, func, target, tunable):  # pylint: disable=arguments-renamed
-            if target.kind.name == "cuda":
-                config = {k: v for k, v in target.export().items() if k not in ("arch", "tag")}
-                target = tvm.target.Target({**config, "arch": "sm_60"})
-            return super().apply(func, target, tunable)
-
-    return MatmulWithoutTensorCores()
-
-
-def cuda_pipeline(target, tensor_cores: bool = True) -> tvm.transform.Pass:
-    """TVM's CUDA pipeline (``relax.backend.cuda.get_default_pipeline``); with
-    ``tensor_cores=False``, dlight's Matmul rule is kept off tensor cores, which isolates what
-    half the bytes gain from what tensor cores gain.
-
-    dlight puts float16 matmuls and convolutions whose extents all exceed 64 on tensor cores
-    (wmma) for sm_70+. That needs ``Schedule.tensorize``, which segfaults when apache-tvm 0.27.0
-    runs with apache-tvm-ffi 0.1.15 (an ABI mismatch; 0.1.14 works), hence the pin in
-    requirements.txt and :func:`check_tensorize`.
-    """
-    from tvm.relax.backend.cuda import pipeline  # pylint: disable=import-outside-toplevel
-    from tvm.s_tir import dlight as dl  # pylint: disable=import-outside-toplevel
-
-    matmul = dl.gpu.Matmul() if tensor_cores else _matmul_without_tensor_cores()
-    legalize = pipeline.legalize_passes(target)[:-1] + [dl.ApplyDefaultSchedule(
-        matmul, dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-        dl.gpu.Fallback())]
-
-    @tvm.transform.module_pass(opt_level=0)
-    def _pipeline(mod, _context):
-        with target:
-            return tvm.transform.Sequential(
-                pipeline.library_dispatch_passes(target) + legalize
-                + pipeline.dataflow_lower_passes(target) + pipeline.finalize_passes(target))(mod)
-
-    return _pipeline
-
-
 def check_tensorize() -> None:
     """Raise RuntimeError unless ``Schedule.tensorize`` works in this TVM (run in a child
     process, since the broken case is a segfault)."""
@@ -189,15 +147,16 @@ def check_tensorize() -> None:
 
 
 def compile_module(mod: tvm.IRModule, target, cuda_graph: bool = False,
-                   tensor_cores: bool = True):
-    """``tvm.compile`` for ``target``; for CUDA through :func:`cuda_pipeline`, optionally with
-    the VM's CUDA graph mode."""
+                   tensor_cores: bool = True, relay_amp_schedules: bool = True):
+    """``tvm.compile`` for ``target``; for CUDA through :func:`relay_amp.cuda_pipeline`
+    (``relay_amp_schedules=False``: TVM's own pipeline), optionally with the VM's CUDA graph
+    mode."""
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     config = {"relax.backend.use_cuda_graph": True} if cuda_graph else {}
     with tvm.transform.PassContext(opt_level=3, config=config):
         if target.kind.name == "cuda":
-            return tvm.compile(mod, target=target,
-                               relax_pipeline=cuda_pipeline(target, tensor_cores))
+            return tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(
+                target, tensor_cores, relay_amp_schedules))
         return tvm.compile(mod, target=target)
 
 
@@ -257,7 +216,7 @@ def build(model: BenchModel, arch: str = "sm_90", out_dir: str | None = None,
 
 def run(model: BenchModel, arch: str | None = None, repeats: int = 50, seed: int = 0) -> dict:
     """Compile, run and time every variant on the first CUDA GPU (needs a CUDA-enabled TVM)."""
-    from .evaluate import agreement  # pylint: disable=import-outside-toplevel
+    from ..execution import agreement  # pylint: disable=import-outside-toplevel
 
     device = tvm.cuda(0)
     if not device.exist:
@@ -290,7 +249,7 @@ def run(model: BenchModel, arch: str | None = None, repeats: int = 50, seed: int
 
 
 def _cast(value: np.ndarray, dtype: str) -> np.ndarray:
-    from .dtypes import numpy_dtype  # pylint: disable=import-outside-toplevel
+    from ..dtypes import numpy_dtype  # pylint: disable=import-outside-toplevel
 
     return np.ascontiguousarray(value.astype(numpy_dtype(dtype)))
 

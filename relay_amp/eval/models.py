@@ -14,8 +14,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .data import (IMAGENET_MEAN, IMAGENET_STD, IMAGENET_UINT8, ImageBatches, normalize,
-                   photo_list, sample_images)
+from .data import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    IMAGENET_UINT8,
+    ImageBatches,
+    normalize,
+    photo_list,
+    sample_images,
+)
 
 
 @dataclass(frozen=True)
@@ -120,11 +127,17 @@ def get_spec(name: str) -> ModelSpec:
     return REGISTRY[name]
 
 
-def load(name: str, workdir: str | None = None) -> LoadedModel:
-    """Load model ``name`` as a Relax module with its input batches."""
+def load(name: str, workdir: str | None = None, batch_size: int | None = None) -> LoadedModel:
+    """Load model ``name`` as a Relax module with its input batches.
+
+    ``batch_size`` sets the batch of GluonCV models (default: 2, or 1 from 300 px up); the other
+    models take one input at a time.
+    """
     spec = get_spec(name)
     workdir = workdir or tempfile.mkdtemp(prefix="relay_amp_")
-    loader = {"gluoncv": _load_gluon, "paddleocr": _load_paddleocr, "yolov8": _load_yolov8,
+    if spec.family == "gluoncv":
+        return _load_gluon(spec, workdir, batch_size)
+    loader = {"paddleocr": _load_paddleocr, "yolov8": _load_yolov8,
               "mediapipe": _load_mediapipe}[spec.family]
     return loader(spec, workdir)
 
@@ -183,12 +196,72 @@ def _xavier_or_constant(mx):
     return XavierOrConstant
 
 
-def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
+def _blocks(block):
+    yield block
+    for child in block._children.values():  # pylint: disable=protected-access
+        yield from _blocks(child)
+
+
+def reestimate_batchnorm(net, batch) -> int:
+    """Set every BatchNorm's running statistics to those of its input on ``batch``.
+
+    One inference pass: a pre-hook on each BatchNorm measures its input (which already reflects
+    the re-estimated layers before it) before the layer runs. Returns the number of layers set.
+    """
+    from mxnet.gluon import nn  # pylint: disable=import-outside-toplevel
+
+    norms = [b for b in _blocks(net) if isinstance(b, nn.BatchNorm)]
+
+    def measure(block, inputs):
+        data = inputs[0]
+        axis = block._kwargs.get("axis", 1) % data.ndim  # pylint: disable=protected-access
+        axes = tuple(i for i in range(data.ndim) if i != axis)
+        mean = data.mean(axis=axes)
+        shape = [1] * data.ndim
+        shape[axis] = -1
+        var = ((data - mean.reshape(shape)) ** 2).mean(axis=axes)
+        block.running_mean.set_data(mean)
+        block.running_var.set_data(var)
+
+    hooks = [b.register_forward_pre_hook(measure) for b in norms]
+    try:
+        net(batch)
+    finally:
+        for hook in hooks:
+            hook.detach()
+    return len(norms)
+
+
+def gluon_to_relax(net, batch: np.ndarray, workdir: str, name: str = "model"):
+    """Hybridize ``net``, export it with ``mx.onnx.export_model`` and import it into Relax.
+
+    Returns ``(IRModule, onnx_path)``.
+    """
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    import onnx  # pylint: disable=import-outside-toplevel
+    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
+
+    net.hybridize()
+    net(mx.nd.array(batch))
+    prefix = os.path.join(workdir, name)
+    net.export(prefix)
+    onnx_path = prefix + ".onnx"
+    mx.onnx.export_model(prefix + "-symbol.json", prefix + "-0000.params", [batch.shape],
+                         [np.float32], onnx_path)
+    return from_onnx(onnx.load(onnx_path)), onnx_path
+
+
+def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) -> LoadedModel:
+    """Build the GluonCV model, initialize it (seeded Xavier), re-estimate its BatchNorm
+    statistics on real photos, export it through ONNX (``workdir/NAME.onnx``) and import it.
+
+    No pretrained weights can be downloaded here, so activations get realistic magnitudes from
+    the re-estimated statistics; comparisons made with these models measure low-precision
+    agreement with float32, not ImageNet accuracy.
+    """
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     import onnx  # pylint: disable=import-outside-toplevel
     from gluoncv import model_zoo  # pylint: disable=import-outside-toplevel
-
-    from .zoo import gluon_to_relax, reestimate_batchnorm  # pylint: disable=import-outside-toplevel
 
     mx.random.seed(0)
     np.random.seed(0)
@@ -208,7 +281,7 @@ def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
         net.initialize(_xavier_or_constant(mx)(magnitude=2.0))
         net(mx.nd.array(calibration[:1]))
     reestimate_batchnorm(net, mx.nd.array(calibration))
-    size = 1 if max(height, width) >= 300 else 2
+    size = batch_size or (1 if max(height, width) >= 300 else 2)
     batch = calibration[:size]
     notes: list = []
     try:
@@ -219,7 +292,7 @@ def _load_gluon(spec: ModelSpec, workdir: str) -> LoadedModel:
             raise  # the export itself failed: its error is the row's message
         model = onnx.load(exported)
         mod = import_onnx(model, {model.graph.input[0].name: list(batch.shape)}, notes, True)
-    extra = {}
+    extra = {"onnx_path": os.path.join(workdir, spec.name + ".onnx")}
     if height == width:
         extra["uint8"] = {"input": mod["main"].params[0].name,
                           "batches": [[np.ascontiguousarray(pixels[:size].transpose(0, 3, 1, 2))]],

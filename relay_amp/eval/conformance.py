@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import glob
 import json
-import re
 import multiprocessing
 import os
+import re
 import time
 import traceback
 
@@ -85,7 +85,8 @@ def run_case(path: str) -> dict:
     from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
 
     import relay_amp  # pylint: disable=import-outside-toplevel
-    from relay_amp.evaluate import builtin_convert, compile_module, run  # pylint: disable=import-outside-toplevel
+    from relay_amp.eval.stats import builtin_convert  # pylint: disable=import-outside-toplevel
+    from relay_amp.execution import compile_module, run  # pylint: disable=import-outside-toplevel
 
     row = {"case": case_name(path)}
 

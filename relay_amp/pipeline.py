@@ -1,0 +1,216 @@
+"""A CUDA compile pipeline for mixed-precision modules: TVM's own, with two changes that decide
+whether a float16 model runs faster than its float32 original on a GPU.
+
+``tvm.compile(mod, target, relax_pipeline=relay_amp.cuda_pipeline(target))`` runs TVM's CUDA
+pipeline (``relax.backend.cuda.pipeline``: library dispatch, LegalizeOps, FuseOps, FuseTIR, dlight
+schedules, lowering) with:
+
+1. :func:`DecomposeAttention` before legalization. TVM legalizes ``R.nn.attention`` into one
+   kernel that dlight can only give its fallback schedule, so attention is as slow in float16 as
+   in float32 and accumulates q·kᵀ in the input dtype. Decomposed into two matmuls and a
+   softmax, the matmuls get dlight's matmul schedules (tensor cores where the shapes allow), the
+   softmax its reduction schedule, and low-precision inputs are multiplied with float32
+   accumulation (``out_dtype``) and a float32 softmax.
+2. :class:`SmallReduction` ahead of dlight's ``GeneralReduction``. A kernel whose reduction is
+   short (a depthwise 3×3 convolution: 9 products per output) and whose output is large is best
+   computed one output per thread. dlight gives such a kernel one thread block per output
+   (256 threads for 9 products) as soon as it has an elementwise epilogue, which is exactly what
+   a converted depthwise convolution has (its cast, its folded batch norm); the rule schedules it
+   as dlight schedules a lone depthwise convolution.
+
+Float32 modules compile with the same pipeline, so float32 and low precision are compared on
+equal terms; ``tensor_cores=False`` keeps dlight's matmul rule off tensor cores.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+_LOW = ("float16", "bfloat16")
+#: A reduction this short (product of its constant reduction extents) is done in one thread ...
+SMALL_REDUCTION = 64
+#: ... when the kernel has at least this many outputs to spread over threads.
+MANY_OUTPUTS = 4096
+
+
+# ------------------------------------------------------------------------------ attention
+def _decompose(builder: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
+    """``call`` (``nn.attention`` / ``nn.attention_bias``) as matmul, softmax, matmul; None where
+    the attributes are ones this does not decompose (sliding windows)."""
+    attrs = call.attrs
+    if getattr(attrs, "window_size", None) is not None:
+        return None
+    query, key, value = call.args[:3]
+    bias = call.args[3] if len(call.args) > 3 else None
+    dtype = str(query.ty.dtype)
+    head_dim, seq, seq_kv = (query.ty.shape.values[3], query.ty.shape.values[1],
+                             key.ty.shape.values[1])
+    scale = attrs.scale
+    if scale is None:
+        if not isinstance(head_dim, tvm.tirx.IntImm):
+            return None
+        scale = int(head_dim) ** -0.5
+    if attrs.causal_mask is not None and not all(isinstance(n, tvm.tirx.IntImm)
+                                                  for n in (seq, seq_kv)):
+        return None
+    acc = "float32" if dtype in _LOW else dtype
+    op = relax.op
+    emit = builder.emit
+    q = emit(op.permute_dims(query, [0, 2, 1, 3]))
+    k = emit(op.permute_dims(key, [0, 2, 3, 1]))
+    v = emit(op.permute_dims(value, [0, 2, 1, 3]))
+    scores = emit(op.matmul(q, k, out_dtype=acc))
+    scores = emit(op.multiply(scores, relax.const(float(scale), acc)))
+    if bias is not None:
+        scores = emit(op.add(scores, bias if str(bias.ty.dtype) == acc
+                             else op.astype(bias, acc)))
+    if attrs.causal_mask is None:
+        probs = emit(op.nn.softmax(scores, axis=-1))
+    else:
+        offset = 0 if attrs.causal_mask == "TopLeft" else abs(int(seq) - int(seq_kv))
+        masked = emit(op.tril(scores, offset))
+        shifted = emit(op.exp(op.subtract(masked, op.max(masked, axis=-1, keepdims=True))))
+        exps = emit(op.tril(shifted, offset))
+        probs = emit(op.divide(exps, op.sum(exps, axis=-1, keepdims=True)))
+    if acc != dtype:
+        probs = emit(op.astype(probs, dtype))
+    out = emit(op.matmul(probs, v, out_dtype=acc))
+    if acc != dtype:
+        out = emit(op.astype(out, dtype))
+    return op.permute_dims(out, [0, 2, 1, 3])
+
+
+_ATTENTION = {tvm.ir.Op.get("relax.nn.attention"), tvm.ir.Op.get("relax.nn.attention_bias")}
+
+
+@relax.expr_functor.mutator
+class _AttentionDecomposer(relax.PyExprMutator):
+    def visit_call_(self, call):  # pylint: disable=arguments-renamed
+        call = super().visit_call_(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op in _ATTENTION:
+            decomposed = _decompose(self.builder_, call)
+            if decomposed is not None:
+                return decomposed
+        return call
+
+
+@tvm.transform.module_pass(opt_level=0, name="relay_amp.DecomposeAttention")
+def DecomposeAttention(mod: tvm.IRModule, _context) -> tvm.IRModule:  # pylint: disable=C0103
+    """Rewrite ``nn.attention`` and ``nn.attention_bias`` as permute, matmul, scale, (bias,
+    causal mask,) softmax, matmul, permute; float16/bfloat16 inputs are multiplied with float32
+    accumulation and go through a float32 softmax. Sliding-window attention, and a causal mask
+    or default scale over symbolic extents, stay as they are."""
+    decomposer = _AttentionDecomposer(mod)
+    for global_var, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            decomposer.builder_.update_func(global_var, decomposer.visit_expr(func))
+    return decomposer.builder_.get()
+
+
+# ------------------------------------------------------------------------------ schedules
+def _reductions(func) -> list | None:
+    """``(reduction extent, output extent)`` of each block of ``func`` that reduces, from
+    dlight's own block analysis; None if an extent is not a constant or ``func`` is not
+    analysable."""
+    from tvm import s_tir  # pylint: disable=import-outside-toplevel
+    from tvm.s_tir.dlight.analysis import normalize_prim_func  # pylint: disable=C0415
+
+    infos = normalize_prim_func(s_tir.Schedule(func))
+    if infos is None:
+        return None
+    found = []
+    for info in infos:
+        if not any(it.kind == "R" for it in info.iters):
+            continue
+        if not all(isinstance(it.dom, (int, tvm.tirx.IntImm)) for it in info.iters):
+            return None
+        extents = {"R": 1, "S": 1}
+        for it in info.iters:
+            extents["R" if it.kind == "R" else "S"] *= int(it.dom)
+        found.append((extents["R"], extents["S"]))
+    return found
+
+
+def _small_reduction_rule():
+    from tvm.s_tir import dlight as dl  # pylint: disable=import-outside-toplevel
+
+    class SmallReduction(dl.gpu.Fallback):
+        """One output per thread for kernels whose reductions are short (at most
+        ``SMALL_REDUCTION`` products) and whose outputs are many (``MANY_OUTPUTS``); others are
+        left to the rules after it."""
+
+        def apply(self, func, target, tunable):  # pylint: disable=arguments-renamed
+            if not isinstance(func, tvm.tirx.PrimFunc):
+                return None
+            reductions = _reductions(func)
+            if (not reductions or max(r for r, _ in reductions) > SMALL_REDUCTION
+                    or min(o for _, o in reductions) < MANY_OUTPUTS):
+                return None
+            return super().apply(func, target, tunable)
+
+    return SmallReduction()
+
+
+def _matmul_without_tensor_cores():
+    from tvm.s_tir import dlight as dl  # pylint: disable=import-outside-toplevel
+
+    class MatmulWithoutTensorCores(dl.gpu.Matmul):
+        """dlight's Matmul rule, scheduled as for a GPU without tensor cores (the target the
+        rule sees says sm_60; code generation still uses the real target)."""
+
+        def apply(self, func, target, tunable):  # pylint: disable=arguments-renamed
+            if target.kind.name == "cuda":
+                config = {k: v for k, v in target.export().items() if k not in ("arch", "tag")}
+                target = tvm.target.Target({**config, "arch": "sm_60"})
+            return super().apply(func, target, tunable)
+
+    return MatmulWithoutTensorCores()
+
+
+def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool = True):
+    """TVM's CUDA compile pipeline with :func:`DecomposeAttention` and :class:`SmallReduction`
+    (see the module docstring); ``relay_amp_schedules=False`` gives TVM's own pipeline.
+
+    Parameters
+    ----------
+    target : tvm.target.Target or dict
+        A CUDA target.
+    tensor_cores : bool
+        False keeps dlight's matmul rule off tensor cores (to separate what half the bytes gain
+        from what tensor cores gain).
+    relay_amp_schedules : bool
+        False: TVM's pipeline as ``tvm.compile`` runs it (with ``tensor_cores`` honoured).
+
+    Returns
+    -------
+    tvm.transform.Pass
+        For ``tvm.compile(mod, target, relax_pipeline=...)``.
+
+    Notes
+    -----
+    dlight puts float16 matmuls and convolutions whose extents all exceed 64 on tensor cores
+    (wmma) for sm_70+. That needs ``Schedule.tensorize``, which segfaults when apache-tvm 0.27.0
+    runs with apache-tvm-ffi 0.1.15 (an ABI mismatch; 0.1.14 works), hence the pin in
+    pyproject.toml.
+    """
+    from tvm.relax.backend.cuda import pipeline  # pylint: disable=import-outside-toplevel
+    from tvm.s_tir import dlight as dl  # pylint: disable=import-outside-toplevel
+
+    target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    matmul = dl.gpu.Matmul() if tensor_cores else _matmul_without_tensor_cores()
+    rules = [matmul, dl.gpu.GEMV(), dl.gpu.Reduction()]
+    if relay_amp_schedules:
+        rules.append(_small_reduction_rule())
+    rules += [dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    legalize = pipeline.legalize_passes(target)[:-1] + [dl.ApplyDefaultSchedule(*rules)]
+    before = [DecomposeAttention] if relay_amp_schedules else []
+
+    @tvm.transform.module_pass(opt_level=0, name="relay_amp.cuda_pipeline")
+    def _pipeline(mod, _context):
+        with target:
+            return tvm.transform.Sequential(
+                before + pipeline.library_dispatch_passes(target) + legalize
+                + pipeline.dataflow_lower_passes(target) + pipeline.finalize_passes(target))(mod)
+
+    return _pipeline

@@ -1,0 +1,52 @@
+"""The house rules that keep the pass apart from its harness."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import relay_amp
+
+PACKAGE = pathlib.Path(relay_amp.__file__).parent
+PASS_MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "eval" not in p.relative_to(PACKAGE).parts)
+
+
+def _imported_modules(path: pathlib.Path) -> set:
+    """Absolute names of the modules a file imports (relative imports resolved)."""
+    package = ".".join(("relay_amp",) + path.relative_to(PACKAGE).parent.parts)
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_pass_modules_never_import_the_harness():
+    assert len(PASS_MODULES) >= 10
+    offenders = {str(p.relative_to(PACKAGE)): sorted(n for n in _imported_modules(p)
+                                                      if n.startswith("relay_amp.eval"))
+                 for p in PASS_MODULES}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_import_relay_amp_loads_no_harness_module_and_no_harness_dependency():
+    code = ("import sys, relay_amp\n"
+            "print(sorted(m for m in sys.modules if m.startswith('relay_amp.eval')"
+            " or m.split('.')[0] in ('tqdm', 'onnx', 'hypothesis', 'mxnet', 'matplotlib')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_import_check_sees_a_harness_import(tmp_path):
+    bad = PACKAGE / "_layout_probe.py"
+    bad.write_text("from .eval import sweep\n")
+    try:
+        assert "relay_amp.eval.sweep" in _imported_modules(bad)
+    finally:
+        bad.unlink()

@@ -1,0 +1,178 @@
+"""relay_amp.cuda_pipeline: attention decomposed into matmuls and a softmax, and short reductions
+(depthwise convolutions) scheduled one output per thread."""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import relay_amp
+from relay_amp import execution, pipeline
+
+SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+
+
+def _attention_module(dtype, causal=None, scale=0.25, seq=16, seq_kv=16, bias=False):
+    builder = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((2, seq, 4, 16), dtype))
+    k = relax.Var("k", relax.TensorType((2, seq_kv, 4, 16), dtype))
+    v = relax.Var("v", relax.TensorType((2, seq_kv, 4, 8), dtype))
+    params = [q, k, v]
+    if bias:
+        params.append(relax.Var("b", relax.TensorType((2, 4, seq, seq_kv), dtype)))
+    with builder.function("main", params):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.nn.attention(
+                q, k, v, params[3] if bias else None, scale=scale, causal_mask=causal))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def _inputs(mod, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=[int(d) for d in p.ty.shape.values]).astype(str(p.ty.dtype))
+            for p in mod["main"].params]
+
+
+def _ops(mod) -> list:
+    names = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: names.append(e.op.name) if isinstance(
+        e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    return names
+
+
+@pytest.mark.parametrize("causal, scale, bias, seq_kv", [
+    (None, 0.25, False, 16), ("TopLeft", None, False, 16), ("BottomRight", 0.5, False, 24),
+    (None, 0.25, True, 16)])
+def test_float32_decomposition_equals_tvms_legalization(causal, scale, bias, seq_kv):
+    before = _attention_module("float32", causal, scale, seq_kv=seq_kv, bias=bias)
+    after = pipeline.DecomposeAttention(before)
+    relax.analysis.well_formed(after)
+    assert not any(op.startswith("relax.nn.attention") for op in _ops(after))
+    assert _ops(after).count("relax.matmul") == 2
+    inputs = _inputs(before)
+    reference = execution.run(execution.compile_module(before), inputs)
+    outputs = execution.run(execution.compile_module(after), inputs)
+    np.testing.assert_allclose(outputs[0], reference[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_low_precision_attention_accumulates_in_float32(dtype):
+    after = pipeline.DecomposeAttention(_attention_module(dtype))
+    matmuls = []
+    relax.analysis.post_order_visit(after["main"], lambda e: matmuls.append(e) if isinstance(
+        e, relax.Call) and getattr(e.op, "name", "") == "relax.matmul" else None)
+    assert [str(m.attrs.out_dtype) for m in matmuls] == ["float32", "float32"]
+    softmax = [op for op in _ops(after) if op == "relax.nn.softmax"]
+    assert softmax  # on the float32 scores
+    assert str(after["main"].ret_ty.dtype) == dtype
+
+
+def test_float16_decomposition_is_closer_to_float32_than_tvms_legalization():
+    """TVM's legalization sums q·kᵀ in float16; the decomposition sums in float32."""
+    reference_mod = _attention_module("float32", seq=128, seq_kv=128)
+    low = _attention_module("float16", seq=128, seq_kv=128)
+    inputs = _inputs(reference_mod, 3)
+    reference = execution.run(execution.compile_module(reference_mod), inputs)
+    low_inputs = [x.astype("float16") for x in inputs]
+    tvm_error = execution.agreement(
+        reference, execution.run(execution.compile_module(low), low_inputs)).relative_l2
+    ours = execution.agreement(reference, execution.run(
+        execution.compile_module(pipeline.DecomposeAttention(low)), low_inputs)).relative_l2
+    assert ours <= tvm_error
+
+
+def test_causal_attention_over_symbolic_lengths_stays_whole():
+    @I.ir_module
+    class Symbolic:
+        @R.function
+        def main(q: R.Tensor((1, "n", 2, 8), "float32"), k: R.Tensor((1, "n", 2, 8), "float32"),
+                 v: R.Tensor((1, "n", 2, 8), "float32")):
+            with R.dataflow():
+                out = R.nn.attention(q, k, v, causal_mask="TopLeft")
+                R.output(out)
+            return out
+
+    after = pipeline.DecomposeAttention(Symbolic)
+    assert "relax.nn.attention" in _ops(after)
+    tvm.ir.assert_structural_equal(after, Symbolic)
+
+
+def test_the_input_module_is_not_modified():
+    before = _attention_module("float16")
+    copy = tvm.ir.load_json(tvm.ir.save_json(before))
+    pipeline.DecomposeAttention(before)
+    tvm.ir.assert_structural_equal(before, copy)
+
+
+def _depthwise_fused(channels=96, size=56, kernel=3, groups=None):
+    """A float16 convolution with float32 accumulation and a cast epilogue, legalized and fused
+    as TVM's CUDA pipeline fuses it."""
+    groups = channels if groups is None else groups
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float16"))
+    w = relax.Var("w", relax.TensorType((channels, channels // groups, kernel, kernel),
+                                       "float16"))
+    with builder.function("main", [x, w]):
+        with builder.dataflow():
+            conv = builder.emit(relax.op.nn.conv2d(x, w, padding=kernel // 2, groups=groups,
+                                                   out_dtype="float32"))
+            out = builder.emit_output(relax.op.astype(relax.op.nn.relu(conv), "float16"))
+        builder.emit_func_output(out)
+    with SM90:
+        fused = tvm.transform.Sequential([
+            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FuseOps(), relax.transform.FuseTIR()])(builder.get())
+    return [f for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)][0]
+
+
+def test_depthwise_convolution_with_an_epilogue_gets_one_output_per_thread():
+    from tvm.s_tir import dlight as dl
+
+    func = _depthwise_fused()
+    assert pipeline._reductions(func) == [(9, 96 * 56 * 56)]
+    assert dl.gpu.Matmul().apply(func, SM90, False) is None
+    assert dl.gpu.GeneralReduction().apply(func, SM90, False) is not None  # TVM's choice
+    schedule = pipeline._small_reduction_rule().apply(func, SM90, False)
+    assert schedule is not None
+    script = schedule.mod.script()
+    assert "threadIdx.x" in script and "blockIdx.x" in script
+
+
+@pytest.mark.parametrize("flags", [dict(channels=96, groups=1, kernel=3),  # 864 products
+                                   dict(channels=96, size=4)])  # 1,536 outputs
+def test_long_reductions_and_small_outputs_are_left_to_dlight(flags):
+    func = _depthwise_fused(**flags)
+    assert pipeline._small_reduction_rule().apply(func, SM90, False) is None
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_cuda_pipeline_builds_attention_and_depthwise_kernels_that_nvcc_compiles(tmp_path):
+    @I.ir_module
+    class Block:
+        @R.function
+        def main(x: R.Tensor((1, 32, 28, 28), "float16"), w: R.Tensor((32, 1, 3, 3), "float16"),
+                 q: R.Tensor((1, 128, 4, 64), "float16"), k: R.Tensor((1, 128, 4, 64), "float16"),
+                 v: R.Tensor((1, 128, 4, 64), "float16")):
+            with R.dataflow():
+                conv = R.nn.conv2d(x, w, padding=1, groups=32, out_dtype="float32")
+                y = R.astype(R.nn.relu(conv), "float16")
+                att = R.nn.attention(q, k, v, scale=0.125)
+                R.output(y, att)
+            return (y, att)
+
+    with tvm.transform.PassContext(opt_level=3):
+        executable = tvm.compile(Block, target=SM90,
+                                 relax_pipeline=relay_amp.cuda_pipeline(SM90))
+    source = executable.mod.imports[0].imports[0].inspect_source("cuda")
+    path = tmp_path / "kernels.cu"
+    path.write_text(source)
+    result = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / "k.cubin"),
+                             str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-1000:]
+    assert "attention" not in source  # decomposed: matmul and softmax kernels instead
