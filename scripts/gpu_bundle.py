@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     parser.add_argument("--python", default="3.12",
                         help="the GPU host's Python, for tvm_ffi (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    parser.add_argument("--variants", default=",".join(gpu_bundle.gpu_bench.VARIANTS),
+                        help="comma-separated (default: %(default)s; fp32 is always built)")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="also build each variant with the VM's CUDA graph mode")
     parser.add_argument("--no-tvm-pipeline", action="store_true",
@@ -40,7 +42,8 @@ def main(argv=None) -> int:
         manifest = gpu_bundle.build_bundle(args.out, models, args.target, args.arch, args.python,
                                            args.seed, args.cuda_graph,
                                            progress=not args.quiet,
-                                           tvm_pipeline=not args.no_tvm_pipeline)
+                                           tvm_pipeline=not args.no_tvm_pipeline,
+                                           variants=[v for v in args.variants.split(",") if v])
     except (FileExistsError, ValueError, RuntimeError) as err:
         print(f"gpu_bundle: {err}", file=sys.stderr)
         return 2

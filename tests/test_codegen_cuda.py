@@ -241,7 +241,9 @@ def _models():
 @pytest.fixture(scope="module")
 def resnet_block(tmp_path_factory):
     import mxnet as mx
-    from gluoncv.model_zoo.resnet import BasicBlockV1
+    from relay_amp.eval.models import import_gluoncv
+
+    BasicBlockV1 = import_gluoncv().model_zoo.resnet.BasicBlockV1
 
     from relay_amp.eval.models import gluon_to_relax
 

@@ -209,9 +209,21 @@ def test_error_messages_keep_the_reason():
 def test_detection_models_build_without_downloading_a_backbone():
     """GluonCV detection models default to downloading a pretrained backbone; the sweep builds
     them with none (this machine, like CI, has no network: a download attempt would fail)."""
-    from gluoncv import model_zoo
+    from relay_amp.eval.models import import_gluoncv
+
+    model_zoo = import_gluoncv().model_zoo
 
     from relay_amp.eval.models import _gluon_net
 
     assert type(_gluon_net(model_zoo, "ssd_300_vgg16_atrous_voc")).__name__ == "SSD"
     assert type(_gluon_net(model_zoo, "resnet18_v1")).__name__ == "ResNetV1"
+
+
+def test_gluoncv_imports_with_torch_installed_and_imported():
+    """GluonCV 0.10 raises RuntimeError on torch 2.x; the sweep's import hides torch from it."""
+    code = ("import torch\nfrom relay_amp.eval.models import import_gluoncv\n"
+            "assert import_gluoncv().model_zoo.get_model('resnet18_v1', pretrained=False)\n"
+            "import sys\nassert sys.modules['torch'] is torch\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-2000:]

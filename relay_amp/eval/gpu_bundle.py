@@ -121,7 +121,8 @@ def runtime_packages(out_dir: str, python: str | None = None) -> dict:
 
 def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: str = "sm_90",
                  python: str | None = "3.12", weight_seed: int = 0, cuda_graph: bool = False,
-                 progress: bool = True, tvm_pipeline: bool = True) -> dict:
+                 progress: bool = True, tvm_pipeline: bool = True,
+                 variants=gpu_bench.VARIANTS) -> dict:
     """Build every variant of ``models`` for one target into the bundle folder ``out_dir``.
 
     Parameters
@@ -139,6 +140,8 @@ def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: s
     tvm_pipeline : bool
         For CUDA, also build ``TVM_PIPELINE_VARIANTS`` with TVM's own pipeline (every variant is
         built with :func:`relay_amp.cuda_pipeline`).
+    variants : sequence of str
+        Which of ``gpu_bench.VARIANTS`` to build (float32 always comes first: the reference).
 
     Returns
     -------
@@ -158,8 +161,12 @@ def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: s
     models = [bundle_model(entry) if isinstance(entry, str) else entry for entry in models]
     os.makedirs(out_dir, exist_ok=True)
     try:
+        unknown = sorted(set(variants) - set(gpu_bench.VARIANTS))
+        if unknown:
+            raise ValueError(f"unknown variants {unknown}: use {', '.join(gpu_bench.VARIANTS)}")
+        variants = ["fp32"] + [v for v in gpu_bench.VARIANTS if v in variants and v != "fp32"]
         manifest = _build(out_dir, models, target, kind, python, weight_seed, cuda_graph,
-                          progress, tvm_pipeline and kind == "cuda")
+                          progress, tvm_pipeline and kind == "cuda", variants)
     except BaseException:  # nothing half-written stays behind
         shutil.rmtree(out_dir, ignore_errors=True)
         raise
@@ -172,7 +179,7 @@ def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: s
 
 
 def _build(out_dir, models, target, kind, python, weight_seed, cuda_graph, progress,
-           tvm_pipeline) -> dict:
+           tvm_pipeline, variants) -> dict:
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
     manifest = {"device": "cuda" if kind == "cuda" else "cpu", "target": str(target.export()),
@@ -184,7 +191,7 @@ def _build(out_dir, models, target, kind, python, weight_seed, cuda_graph, progr
         extra = [(False, False)] if tvm_pipeline and variant in TVM_PIPELINE_VARIANTS else []
         return modes + extra
 
-    steps = [(m, v, b) for m in models for v in gpu_bench.VARIANTS for b in builds(v)]
+    steps = [(m, v, b) for m in models for v in variants for b in builds(v)]
     bar = tqdm(total=len(steps), desc="bundle", unit="library", disable=not progress)
     for model in models:
         folder = os.path.join(out_dir, model.name)
@@ -194,7 +201,7 @@ def _build(out_dir, models, target, kind, python, weight_seed, cuda_graph, progr
         record = manifest["models"][model.name] = {
             "weights": [[name, list(shape)] for name, shape in shapes.items()],
             "weight_seed": weight_seed, "inputs": f"{model.name}/inputs.npz", "variants": {}}
-        for variant in gpu_bench.VARIANTS:
+        for variant in variants:
             bar.set_postfix_str(f"{model.name} {variant}")
             start = time.perf_counter()
             mod = gpu_bench.variant_module(model, variant, target)

@@ -173,6 +173,30 @@ def import_onnx(model, input_shapes: dict, notes: list, simplify: bool = False):
 
 
 # ------------------------------------------------------------------------------ GluonCV
+def import_gluoncv():
+    """``import gluoncv``, with torch hidden while it imports.
+
+    GluonCV 0.10 checks for PyTorch on import and raises RuntimeError (not ImportError) when it
+    finds torch 2.x, so once torch is installed (the ``.pt2`` and transformer paths need it) the
+    MXNet half that the sweep uses would not import either.
+    """
+    import sys  # pylint: disable=import-outside-toplevel
+
+    if "gluoncv" in sys.modules:
+        return sys.modules["gluoncv"]
+    missing = object()
+    saved = sys.modules.get("torch", missing)
+    sys.modules["torch"] = None  # makes `import torch` raise ImportError inside gluoncv's check
+    try:
+        import gluoncv  # pylint: disable=import-outside-toplevel
+    finally:
+        if saved is missing:
+            del sys.modules["torch"]
+        else:
+            sys.modules["torch"] = saved
+    return gluoncv
+
+
 def _gluon_net(model_zoo, name: str):
     """The model without any pretrained weights: detection, segmentation and pose models default
     to downloading a pretrained backbone (``pretrained_base=True``), which must not happen here."""
@@ -261,7 +285,7 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
     """
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     import onnx  # pylint: disable=import-outside-toplevel
-    from gluoncv import model_zoo  # pylint: disable=import-outside-toplevel
+    model_zoo = import_gluoncv().model_zoo
 
     mx.random.seed(0)
     np.random.seed(0)
