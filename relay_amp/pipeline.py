@@ -108,6 +108,99 @@ def DecomposeAttention(mod: tvm.IRModule, _context) -> tvm.IRModule:  # pylint: 
     return decomposer.builder_.get()
 
 
+# ------------------------------------------------------------------------------ split-K
+#: Streaming multiprocessors per CUDA arch (the largest part of each generation); others: 80.
+SM_COUNT = {"sm_70": 80, "sm_75": 72, "sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132,
+            "sm_100": 148, "sm_120": 170}
+#: dlight's tensor-core matmul computes a 128×128 output tile per thread block.
+_TILE = 128
+#: The shortest K slice: dlight puts a matmul on tensor cores only when every extent exceeds 64.
+MIN_SLICE = 128
+
+
+def _static(values) -> list | None:
+    if not all(isinstance(v, tvm.tirx.IntImm) for v in values):
+        return None
+    return [int(v) for v in values]
+
+
+def split_k_factor(rows: int, cols: int, depth: int, sms: int) -> int:
+    """How many slices of the reduction (K) axis a ``rows×depth @ depth×cols`` matmul should be
+    split into so that its 128×128 output tiles times the slices fill the GPU: 1 (no split) when
+    the tiles alone fill it, else the largest power of two that keeps each slice at least
+    ``MIN_SLICE`` long, divides ``depth`` and gives no more than two thread blocks per SM."""
+    tiles = -(-rows // _TILE) * -(-cols // _TILE)
+    factor = 1
+    while (tiles * factor < sms and depth % (factor * 2) == 0
+           and depth // (factor * 2) >= MIN_SLICE
+           and tiles * factor * 2 <= 2 * sms):
+        factor *= 2
+    return factor
+
+
+def _split_k(builder: relax.BlockBuilder, call: relax.Call, sms: int) -> relax.Expr | None:
+    """``matmul(a, b)`` with few output tiles and a long reduction as a batched matmul over
+    slices of K whose partial products are summed; None where it does not pay (or shapes are
+    symbolic, or ``b`` is batched)."""
+    a, b = call.args
+    a_shape, b_shape = _static(a.ty.shape.values), _static(b.ty.shape.values)
+    if a_shape is None or b_shape is None or len(b_shape) != 2 or len(a_shape) < 2:
+        return None
+    depth, cols = b_shape
+    rows = 1
+    for dim in a_shape[:-1]:
+        rows *= dim
+    factor = split_k_factor(rows, cols, depth, sms)
+    if factor == 1:
+        return None
+    out_dtype = str(call.attrs.out_dtype)
+    if out_dtype in ("", "void", "None"):
+        out_dtype = str(a.ty.dtype)
+    op = relax.op
+    emit = builder.emit
+    sliced = emit(op.permute_dims(op.reshape(a, [rows, factor, depth // factor]), [1, 0, 2]))
+    weights = emit(op.reshape(b, [factor, depth // factor, cols]))
+    partial = emit(op.matmul(sliced, weights, out_dtype=out_dtype))
+    total = emit(op.sum(partial, axis=[0]))
+    return op.reshape(total, a_shape[:-1] + [cols])
+
+
+_MATMUL = tvm.ir.Op.get("relax.matmul")
+
+
+@relax.expr_functor.mutator
+class _SplitK(relax.PyExprMutator):
+    def __init__(self, mod, sms):
+        super().__init__(mod)
+        self.sms = sms
+
+    def visit_call_(self, call):  # pylint: disable=arguments-renamed
+        call = super().visit_call_(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.same_as(_MATMUL):
+            split = _split_k(self.builder_, call, self.sms)
+            if split is not None:
+                return split
+        return call
+
+
+def SplitK(sms: int = 132) -> tvm.transform.Pass:  # pylint: disable=invalid-name
+    """Split the reduction axis of matmuls that have too few 128×128 output tiles to occupy
+    ``sms`` streaming multiprocessors (a BERT or LLaMA layer at batch 1: 6 thread blocks for a
+    128×768 output) into a batched matmul over K slices plus a sum of the partial products
+    (:func:`split_k_factor` chooses the slices). The partial products are summed in the matmul's
+    own output dtype (float32 for relay_amp's float16 matmuls)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="relay_amp.SplitK")
+    def _pass(mod, _context):
+        splitter = _SplitK(mod, sms)
+        for global_var, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                splitter.builder_.update_func(global_var, splitter.visit_expr(func))
+        return splitter.builder_.get()
+
+    return _pass
+
+
 # ------------------------------------------------------------------------------ schedules
 def _reductions(func) -> list | None:
     """``(reduction extent, output extent)`` of each block of ``func`` that reduces, from
@@ -168,7 +261,8 @@ def _matmul_without_tensor_cores():
     return MatmulWithoutTensorCores()
 
 
-def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool = True):
+def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool = True,
+                  split_k: bool = True):
     """TVM's CUDA compile pipeline with :func:`DecomposeAttention` and :class:`SmallReduction`
     (see the module docstring); ``relay_amp_schedules=False`` gives TVM's own pipeline.
 
@@ -181,6 +275,8 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
         from what tensor cores gain).
     relay_amp_schedules : bool
         False: TVM's pipeline as ``tvm.compile`` runs it (with ``tensor_cores`` honoured).
+    split_k : bool
+        With ``relay_amp_schedules``, also :func:`SplitK` for the target's number of SMs.
 
     Returns
     -------
@@ -205,6 +301,8 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
     rules += [dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
     legalize = pipeline.legalize_passes(target)[:-1] + [dl.ApplyDefaultSchedule(*rules)]
     before = [DecomposeAttention] if relay_amp_schedules else []
+    if relay_amp_schedules and split_k:
+        before.append(SplitK(SM_COUNT.get(str(target.attrs.get("arch", "")), 80)))
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.cuda_pipeline")
     def _pipeline(mod, _context):

@@ -176,3 +176,56 @@ def test_cuda_pipeline_builds_attention_and_depthwise_kernels_that_nvcc_compiles
                              str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-1000:]
     assert "attention" not in source  # decomposed: matmul and softmax kernels instead
+
+
+@pytest.mark.parametrize("rows, cols, depth, factor", [
+    (128, 768, 768, 4), (128, 768, 3072, 16), (128, 3072, 768, 4), (2048, 2048, 2048, 1),
+    (128, 32000, 2048, 1), (128, 768, 100, 1)])
+def test_split_k_factor_fills_the_gpu_with_slices_of_at_least_128(rows, cols, depth, factor):
+    assert pipeline.split_k_factor(rows, cols, depth, 132) == factor
+
+
+@pytest.mark.parametrize("dtype, out_dtype", [("float16", "float32"), ("bfloat16", "float32"),
+                                              ("float32", "")])
+def test_split_k_is_a_batched_matmul_and_a_sum_with_the_same_result(dtype, out_dtype):
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 128, 1024), "float32"), w: R.Tensor((1024, 256), "float32")):
+            with R.dataflow():
+                y = R.matmul(x, w)
+                R.output(y)
+            return y
+
+    if dtype != "float32":
+        Before = relay_amp.convert(Before, dtype)[0]
+    after = pipeline.SplitK(132)(Before)
+    relax.analysis.well_formed(after)
+    ops = _ops(after)
+    assert ops.count("relax.sum") == 1 and ops.count("relax.matmul") == 1
+    matmul = [e for e in after["main"].body.blocks[0].bindings
+              if getattr(e.value, "op", None) is not None and e.value.op.name == "relax.matmul"]
+    assert [int(d) for d in matmul[0].value.ty.shape.values] == [8, 128, 256]
+    if dtype != "float32":
+        assert str(matmul[0].value.attrs.out_dtype) == out_dtype
+    inputs = _inputs(Before)
+    reference = execution.run(execution.compile_module(Before), inputs)
+    outputs = execution.run(execution.compile_module(after), inputs)
+    tolerance = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}[dtype]
+    scale = float(np.abs(reference[0]).max())  # another summation order: error ~ the sum's size
+    np.testing.assert_allclose(outputs[0], reference[0], rtol=0, atol=tolerance * scale)
+
+
+def test_split_k_leaves_large_and_symbolic_matmuls_alone():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor(("n", 1024), "float32"), w: R.Tensor((1024, 1024), "float32"),
+                 y: R.Tensor((4096, 1024), "float32")):
+            with R.dataflow():
+                a = R.matmul(x, w)
+                b = R.matmul(y, w)
+                R.output(a, b)
+            return (a, b)
+
+    tvm.ir.assert_structural_equal(pipeline.SplitK(132)(Before), Before)
