@@ -137,19 +137,22 @@ def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None)
             value = binding.value
             if binding.var.name not in wanted or not isinstance(value, tvm.ir.Call):
                 continue
-            if not isinstance(binding.var.ty, relax.TensorType) or not isinstance(value.op, tvm.ir.Op):
+            if (not isinstance(binding.var.ty, relax.TensorType)
+                    or not isinstance(value.op, tvm.ir.Op)):
                 continue
             args = []
             for arg in value.args:
                 if isinstance(arg.ty, relax.TensorType) and str(arg.ty.dtype) == "float32":
                     if isinstance(arg, type(relax.const(0.0))):
-                        args.append(relax.const(arg.value.numpy().astype(numpy_dtype(dtype)), dtype))
+                        low = arg.value.numpy().astype(numpy_dtype(dtype))
+                        args.append(relax.const(low, dtype))
                     else:
                         args.append(bind(relax.op.astype(arg, dtype), "pair_in"))
                 else:
                     args.append(arg)
             attrs = value.attrs
-            if attrs is not None and hasattr(attrs, "out_dtype") and value.op.name != "relax.quantize":
+            if (attrs is not None and hasattr(attrs, "out_dtype")
+                    and value.op.name != "relax.quantize"):
                 from .rewriter import replace_attrs  # pylint: disable=import-outside-toplevel
 
                 attrs = replace_attrs(attrs, out_dtype="float32")

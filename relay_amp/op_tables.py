@@ -1,4 +1,5 @@
-"""The built-in op tables: every Relax op relay_amp knows, grouped by the numeric reason it is there.
+"""The built-in op tables: every Relax op relay_amp knows, grouped by the numeric reason it is
+there.
 
 Each group is one category plus the reason that puts its ops there; the reason is what the
 conversion report quotes for a binding the group decides. Ops in no group are *unknown*: they keep

@@ -71,7 +71,8 @@ def as_target(target) -> tvm.target.Target | None:
             return tvm.target.Target(target)
         except Exception as err:  # TVM raises its own error types
             raise ValueError(f"invalid target {target!r}: {str(err).splitlines()[-1]}") from None
-    raise TypeError(f"target must be a tvm.target.Target, a dict or None; got {type(target).__name__}")
+    raise TypeError("target must be a tvm.target.Target, a dict or None; "
+                    f"got {type(target).__name__}")
 
 
 def _llvm_has(feature: str, target) -> bool:

@@ -1,6 +1,7 @@
 """Fallback search benchmark: relay_amp's paired-run sensitivity search vs segment bisection.
 
-python scripts/bench_fallback.py --models palm_detection_full,light_squeezenet --out results/fallback.json
+python scripts/bench_fallback.py --models palm_detection_full,light_squeezenet \
+    --out results/fallback.json
 Each model is searched at a tolerance of half the error of its plain (calibrated) conversion.
 """
 

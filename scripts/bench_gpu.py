@@ -1,8 +1,9 @@
-"""GPU benchmark: ResNet-50 and a BERT-base-sized encoder, fp32 vs relay_amp fp16/bf16 vs TVM fp16.
+"""GPU benchmark: ResNet-50 and a BERT-base-sized encoder, fp32 vs relay_amp fp16/bf16 vs TVM
+fp16.
 
 On a host with an NVIDIA GPU and a CUDA-enabled TVM:   python scripts/bench_gpu.py
 On any host with nvcc (no GPU): build and nvcc-check every variant for an arch:
-                                                        python scripts/bench_gpu.py --build-only --arch sm_90
+    python scripts/bench_gpu.py --build-only --arch sm_90
 See docs/GPU.md for running it on a GPU host without a package index.
 """
 

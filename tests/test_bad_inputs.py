@@ -30,13 +30,15 @@ ERRORS = [
     ("function-not-module", lambda: relay_amp.convert(Net["main"]), TypeError, "got Function"),
     ("string-not-module", lambda: relay_amp.convert("main"), TypeError, "got str"),
     ("none-not-module", lambda: relay_amp.convert(None), TypeError, "got NoneType"),
-    ("dtype-float32", lambda: relay_amp.convert(Net, "float32"), ValueError, "'float16', 'bfloat16'"),
+    ("dtype-float32", lambda: relay_amp.convert(Net, "float32"), ValueError,
+     "'float16', 'bfloat16'"),
     ("dtype-int8", lambda: relay_amp.convert(Net, "int8"), ValueError, "got 'int8'"),
     ("dtype-number", lambda: relay_amp.convert(Net, 16), ValueError, "got 16"),
     ("dtype-misspelled", lambda: relay_amp.convert(Net, "fp16"), ValueError, "got 'fp16'"),
     ("unknown-op", lambda: relay_amp.convert(Net, fp32_ops=["nn.sofmax"]), ValueError,
      "unknown op 'nn.sofmax' in fp32_ops; did you mean 'nn.softmax'"),
-    ("unknown-op-no-match", lambda: Policy(fp32_ops=["zzz_qqq"]), ValueError, "unknown op 'zzz_qqq'"),
+    ("unknown-op-no-match", lambda: Policy(fp32_ops=["zzz_qqq"]), ValueError,
+     "unknown op 'zzz_qqq'"),
     ("op-not-string", lambda: Policy(fp32_ops=[3]), TypeError, "must be strings"),
     ("conflicting-lists", lambda: relay_amp.convert(Net, target_dtype_ops=["matmul"],
                                                      fp32_ops=["matmul"]),
@@ -88,7 +90,7 @@ def test_bad_input_is_a_clear_error_and_the_module_is_untouched(call, error, pat
     assert tvm_ffi.structural_hash(Net) == before
 
 
-# ----------------------------------------------------------------------------- documented behaviours
+# ---------------------------------------------------------------------------- documented behaviours
 def _unchanged(mod, dtype="float16"):
     before = tvm_ffi.structural_hash(mod)
     new, report = relay_amp.convert(mod, dtype)
@@ -150,7 +152,8 @@ def test_extern_calls_keep_their_dtypes():
             return gv
 
     new, report = _unchanged(Extern)
-    assert report.find("lv1").category == "unknown" and report.find("lv1").input_dtypes[0] == "float32"
+    row = report.find("lv1")
+    assert row.category == "unknown" and row.input_dtypes[0] == "float32"
     assert report.unknown_ops == ["call_dps_packed"]
     assert report.find("gv").compute_dtype == "float16"
 

@@ -151,7 +151,8 @@ def test_bench_command_end_to_end(tmp_path):
 def test_gpu_cost_only_runs_just_the_gpu_cost_table(tmp_path):
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, "-m", "relay_amp.eval.cli", "bench", "--gpu-cost-only", "--gpu-cost-models",
+        [sys.executable, "-m", "relay_amp.eval.cli", "bench", "--gpu-cost-only",
+         "--gpu-cost-models",
          "cifar_resnet20_v1", "--quiet", "--out", str(out)],
         capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -97,7 +97,8 @@ def _libnvrtc():
     """libnvrtc from the CUDA toolkit, or from the nvidia-cuda-nvrtc wheel (requirements.txt)."""
     import importlib.util
 
-    patterns = ["/usr/local/cuda*/lib64/libnvrtc.so*", "/usr/local/cuda*/targets/*/lib/libnvrtc.so*"]
+    patterns = ["/usr/local/cuda*/lib64/libnvrtc.so*",
+                "/usr/local/cuda*/targets/*/lib/libnvrtc.so*"]
     spec = importlib.util.find_spec("nvidia")
     for root in (spec.submodule_search_locations if spec else []):
         patterns.append(os.path.join(root, "cu*", "lib", "libnvrtc.so*"))
@@ -241,6 +242,7 @@ def _models():
 @pytest.fixture(scope="module")
 def resnet_block(tmp_path_factory):
     import mxnet as mx
+
     from relay_amp.eval.models import import_gluoncv
 
     BasicBlockV1 = import_gluoncv().model_zoo.resnet.BasicBlockV1

@@ -8,7 +8,8 @@ import sys
 import relay_amp
 
 PACKAGE = pathlib.Path(relay_amp.__file__).parent
-PASS_MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "eval" not in p.relative_to(PACKAGE).parts)
+PASS_MODULES = sorted(p for p in PACKAGE.rglob("*.py")
+                      if "eval" not in p.relative_to(PACKAGE).parts)
 
 
 def _imported_modules(path: pathlib.Path) -> set:

@@ -6,8 +6,13 @@ import tvm
 from tvm import relax
 
 import relay_amp
-from relay_amp.op_tables import (BUILTIN_CONDITIONS, BUILTIN_GROUPS, FUSION_KINDS,
-                                 PASSTHROUGH_OPS, TVM_LIMITATIONS)
+from relay_amp.op_tables import (
+    BUILTIN_CONDITIONS,
+    BUILTIN_GROUPS,
+    FUSION_KINDS,
+    PASSTHROUGH_OPS,
+    TVM_LIMITATIONS,
+)
 
 NAMED_OPS = sorted({op for group in BUILTIN_GROUPS for op in group.ops} | set(PASSTHROUGH_OPS)
                    | set(FUSION_KINDS) | {op for ops in TVM_LIMITATIONS.values() for op in ops}

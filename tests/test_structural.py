@@ -228,7 +228,8 @@ def test_builtin_pass_round_trips_where_we_do_not():
         for block in mod["main"].body.blocks:
             for binding in block.bindings:
                 value = binding.value
-                if isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "") == "relax.astype":
+                if (isinstance(value, tvm.ir.Call)
+                        and getattr(value.op, "name", "") == "relax.astype"):
                     casts[binding.var] = value.args[0]
                     source = value.args[0]
                     if source in casts and str(casts[source].ty.dtype) == str(value.ty.dtype):

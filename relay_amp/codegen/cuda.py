@@ -70,7 +70,8 @@ def _declarations(dtype: str) -> str:
     for op, func in (("+", "__hadd"), ("-", "__hsub"), ("*", "__hmul"), ("/", "__hdiv")):
         lines.append(
             f"__device__ __forceinline__ {ctype} operator{op}(const volatile {ctype}& a, "
-            f"const volatile {ctype}& b) {{ return {func}(relay_amp_load(a), relay_amp_load(b)); }}")
+            f"const volatile {ctype}& b) {{ "
+            f"return {func}(relay_amp_load(a), relay_amp_load(b)); }}")
         lines.append(
             f"__device__ __forceinline__ volatile {ctype}& operator{op}=(volatile {ctype}& a, "
             f"const volatile {ctype}& b) {{ relay_amp_store(a, {func}(relay_amp_load(a), "
@@ -79,7 +80,8 @@ def _declarations(dtype: str) -> str:
                      (">", "__hgt"), (">=", "__hge")):
         lines.append(
             f"__device__ __forceinline__ bool operator{op}(const volatile {ctype}& a, "
-            f"const volatile {ctype}& b) {{ return {func}(relay_amp_load(a), relay_amp_load(b)); }}")
+            f"const volatile {ctype}& b) {{ "
+            f"return {func}(relay_amp_load(a), relay_amp_load(b)); }}")
     lines.append(f"__device__ __forceinline__ {ctype} operator-(const volatile {ctype}& a) "
                  f"{{ return __hneg(relay_amp_load(a)); }}")
     lines.append(f"#endif  // RELAY_AMP_VOLATILE_{suffix}")

@@ -179,7 +179,8 @@ def check_invariants(case: Case, dtype: str, target=None) -> tuple:
             continue
         args = [a for a in value.args if isinstance(a.ty, relax.TensorType)]
         if any(str(a.ty.dtype) == dtype for a in args):
-            assert binding.var.name in reported, f"{binding.var.name} is low precision but unreported"
+            assert binding.var.name in reported, \
+                f"{binding.var.name} is low precision but unreported"
     return new, report
 
 

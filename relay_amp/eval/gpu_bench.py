@@ -49,8 +49,9 @@ def bert_encoder(layers=12, hidden=768, heads=12, ffn=3072, seq=128, batch=1) ->
     specs = []
     for i in range(layers):
         specs.append({k: weight(f"l{i}.{k}", s) for k, s in (
-            ("wq", (hidden, hidden)), ("bq", (hidden,)), ("wk", (hidden, hidden)), ("bk", (hidden,)),
-            ("wv", (hidden, hidden)), ("bv", (hidden,)), ("wo", (hidden, hidden)), ("bo", (hidden,)),
+            ("wq", (hidden, hidden)), ("bq", (hidden,)), ("wk", (hidden, hidden)),
+            ("bk", (hidden,)), ("wv", (hidden, hidden)), ("bv", (hidden,)),
+            ("wo", (hidden, hidden)), ("bo", (hidden,)),
             ("g1", (hidden,)), ("b1", (hidden,)), ("w1", (hidden, ffn)), ("c1", (ffn,)),
             ("w2", (ffn, hidden)), ("c2", (hidden,)), ("g2", (hidden,)), ("b2", (hidden,)))})
     op = relax.op

@@ -46,7 +46,8 @@ def module_stats(mod: tvm.IRModule, low: str = "float16") -> dict:
             if isinstance(expr, _CONSTANT) and expr not in seen_constants:
                 seen_constants.add(expr)
                 value = expr.value
-                nbytes = int(np.prod(value.shape)) * tvm.runtime.DataType(str(value.dtype)).bits // 8
+                bits = tvm.runtime.DataType(str(value.dtype)).bits
+                nbytes = int(np.prod(value.shape)) * bits // 8
                 param_bytes += nbytes
                 float32_bytes += nbytes if str(value.dtype) == "float32" else 0
 
@@ -59,7 +60,8 @@ def module_stats(mod: tvm.IRModule, low: str = "float16") -> dict:
             source = _astype_source(value)
             if source is not None:
                 casts += 1
-                inner = _astype_source(bindings.get(source)) if isinstance(source, relax.Var) else None
+                inner = (_astype_source(bindings.get(source))
+                         if isinstance(source, relax.Var) else None)
                 if (inner is not None and str(source.ty.dtype) == low
                         and str(value.ty.dtype) == str(inner.ty.dtype) == "float32"):
                     round_trips += 1
