@@ -1,4 +1,4 @@
-"""A CUDA compile pipeline for mixed-precision modules: TVM's own, with two changes that decide
+"""A CUDA compile pipeline for mixed-precision modules: TVM's own, with three changes that decide
 whether a float16 model runs faster than its float32 original on a GPU.
 
 ``tvm.compile(mod, target, relax_pipeline=relay_amp.cuda_pipeline(target))`` runs TVM's CUDA
@@ -11,15 +11,20 @@ schedules, lowering) with:
    softmax, the matmuls get dlight's matmul schedules (tensor cores where the shapes allow), the
    softmax its reduction schedule, and low-precision inputs are multiplied with float32
    accumulation (``out_dtype``) and a float32 softmax.
-2. :class:`SmallReduction` ahead of dlight's ``GeneralReduction``. A kernel whose reduction is
-   short (a depthwise 3×3 convolution: 9 products per output) and whose output is large is best
-   computed one output per thread. dlight gives such a kernel one thread block per output
-   (256 threads for 9 products) as soon as it has an elementwise epilogue, which is exactly what
-   a converted depthwise convolution has (its cast, its folded batch norm); the rule schedules it
-   as dlight schedules a lone depthwise convolution.
+2. :func:`SplitK` before legalization. dlight's tensor-core matmul computes one 128×128 output
+   tile per thread block, so a transformer layer at batch 1 (a 128×768 output) occupies 6 of an
+   H100's 132 SMs. A matmul with too few tiles and a long reduction becomes a batched matmul over
+   slices of K plus a sum of the partial products.
+3. A short-reduction rule ahead of dlight's ``Reduction`` and ``GeneralReduction``: a kernel whose
+   reduction is short (a depthwise 3×3 convolution: 9 products per output; the sum of split-K's
+   slices) and whose output is large is computed one output per thread. dlight gives such a
+   kernel one thread block per output (256 threads for 9 products) as soon as it has an
+   elementwise epilogue, which is exactly what a converted depthwise convolution has (its cast,
+   its folded batch norm).
 
 Float32 modules compile with the same pipeline, so float32 and low precision are compared on
-equal terms; ``tensor_cores=False`` keeps dlight's matmul rule off tensor cores.
+equal terms; ``relay_amp_schedules=False`` gives TVM's own pipeline and ``tensor_cores=False``
+keeps dlight's matmul rule off tensor cores.
 """
 
 from __future__ import annotations
@@ -158,11 +163,15 @@ def _split_k(builder: relax.BlockBuilder, call: relax.Call, sms: int) -> relax.E
         out_dtype = str(a.ty.dtype)
     op = relax.op
     emit = builder.emit
-    sliced = emit(op.permute_dims(op.reshape(a, [rows, factor, depth // factor]), [1, 0, 2]))
-    weights = emit(op.reshape(b, [factor, depth // factor, cols]))
+    lead = a_shape[:-1]
+    # K slices become the leading batch axis of both operands; the weights broadcast over the
+    # activation's own leading axes, so the sum of the partial products has the original shape
+    # and FuseOps can put the matmul's epilogue (bias, activation, cast) into the sum's kernel.
+    sliced = emit(op.permute_dims(op.reshape(a, lead + [factor, depth // factor]),
+                                  [len(lead)] + list(range(len(lead))) + [len(lead) + 1]))
+    weights = emit(op.reshape(b, [factor] + [1] * (len(lead) - 1) + [depth // factor, cols]))
     partial = emit(op.matmul(sliced, weights, out_dtype=out_dtype))
-    total = emit(op.sum(partial, axis=[0]))
-    return op.reshape(total, a_shape[:-1] + [cols])
+    return op.sum(partial, axis=[0])
 
 
 _MATMUL = tvm.ir.Op.get("relax.matmul")
@@ -295,10 +304,10 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
 
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     matmul = dl.gpu.Matmul() if tensor_cores else _matmul_without_tensor_cores()
-    rules = [matmul, dl.gpu.GEMV(), dl.gpu.Reduction()]
-    if relay_amp_schedules:
+    rules = [matmul, dl.gpu.GEMV()]
+    if relay_amp_schedules:  # ahead of Reduction, which takes short outer-axis sums too
         rules.append(_small_reduction_rule())
-    rules += [dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    rules += [dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
     legalize = pipeline.legalize_passes(target)[:-1] + [dl.ApplyDefaultSchedule(*rules)]
     before = [DecomposeAttention] if relay_amp_schedules else []
     if relay_amp_schedules and split_k:

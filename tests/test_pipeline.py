@@ -205,7 +205,7 @@ def test_split_k_is_a_batched_matmul_and_a_sum_with_the_same_result(dtype, out_d
     assert ops.count("relax.sum") == 1 and ops.count("relax.matmul") == 1
     matmul = [e for e in after["main"].body.blocks[0].bindings
               if getattr(e.value, "op", None) is not None and e.value.op.name == "relax.matmul"]
-    assert [int(d) for d in matmul[0].value.ty.shape.values] == [8, 128, 256]
+    assert [int(d) for d in matmul[0].value.ty.shape.values] == [8, 1, 128, 256]
     if dtype != "float32":
         assert str(matmul[0].value.attrs.out_dtype) == out_dtype
     inputs = _inputs(Before)
@@ -229,3 +229,20 @@ def test_split_k_leaves_large_and_symbolic_matmuls_alone():
             return (a, b)
 
     tvm.ir.assert_structural_equal(pipeline.SplitK(132)(Before), Before)
+
+
+def test_the_sum_of_split_k_slices_is_one_output_per_thread():
+    @I.ir_module
+    class Sum:
+        @R.function
+        def main(p: R.Tensor((4, 1, 128, 768), "float32")):
+            with R.dataflow():
+                s = R.sum(p, axis=[0])
+                R.output(s)
+            return s
+
+    with SM90:
+        lowered = relax.transform.LegalizeOps()(Sum)
+    func = [f for _, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)][0]
+    assert pipeline._reductions(func) == [(4, 128 * 768)]
+    assert pipeline._small_reduction_rule().apply(func, SM90, False) is not None
