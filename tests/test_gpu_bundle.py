@@ -55,7 +55,7 @@ def test_cpu_bundle_runs_with_the_runtime_only_and_nothing_of_ours(cpu_bundle, t
     python, env = isolated_python(tmp_path)
     out = tmp_path / "results"
     result = subprocess.run(python + [str(folder / "bundle_runner.py"), "--out", str(out),
-                                      "--repeats", "5", "--warmup", "1"],
+                                      "--repeats", "5", "--warmup", "1", "--profile"],
                             capture_output=True, text=True, env=env, check=False, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
@@ -70,6 +70,11 @@ def test_cpu_bundle_runs_with_the_runtime_only_and_nothing_of_ours(cpu_bundle, t
         for variant, row in rows.items():
             assert "error" not in row, (model, variant, row)
             assert row["runs"] == 5 and row["latency_ms"] > 0 and row["nonfinite"] == 0
+            profile = row["profile"]  # every call the VM made, timed, longest first
+            assert profile["calls"] > 10 and profile["call_ms"] > 0
+            assert [r[1] for r in profile["top"]] == sorted((r[1] for r in profile["top"]),
+                                                             reverse=True)
+            assert any("matmul" in r[0] for r in profile["top"]), profile["top"]
             if variant.startswith("tvm"):  # the built-in pass's error is its own (LLaMA: ~1)
                 assert np.isfinite(row["relative_l2"])
                 continue
@@ -94,6 +99,17 @@ def test_manifest_describes_each_library(cpu_bundle):
         assert dtypes["x"] == "float32" and dtypes["l0.w1"] == low  # weights in their own dtype
     with np.load(folder / bert["inputs"]) as inputs:
         assert inputs["x"].shape == (1, 16, 64)
+
+
+def test_scalar_weights_and_inputs_stay_zero_dimensional():
+    """MobileNetV2's relu6 bounds are 0-d parameters: a (1,) array made them fail on the GPU."""
+    weights = bundle_runner.make_weights({"relu6_min": (), "w": (2, 3)})
+    assert weights["relu6_min"].shape == () and weights["relu6_min"].dtype == np.float32
+    assert bundle_runner.bfloat16_bits(np.float32(1.5)).shape == ()
+    import tvm
+
+    for dtype in ("float32", "float16", "bfloat16"):
+        assert bundle_runner.to_device(tvm, np.float32(2), dtype, tvm.cpu()).shape == ()
 
 
 def test_weights_are_the_same_on_every_host():
@@ -157,13 +173,14 @@ def test_bundle_refuses_a_folder_in_use_and_unknown_models(tmp_path):
 
 def test_cuda_bundle_carries_cuda_source_for_the_loader(tmp_path):
     """Built for sm_90 here: each library holds the CUDA source TVM's loader compiles on the
-    host; the CUDA graph variants are there too."""
+    host; the TVM-pipeline variants are there too."""
     bert = small_models()[0]
     manifest = gpu_bundle.build_bundle(str(tmp_path / "b"), [bert], kind="cuda", arch="sm_90",
                                        python=None, progress=False)
     variants = manifest["models"]["bert_1x64"]["variants"]
-    assert len(variants) == 2 * len(gpu_bench.VARIANTS)
-    assert {v["mode"] for v in variants.values()} == {"vm", "cuda_graph"}
+    assert len(variants) == len(gpu_bench.VARIANTS) + len(gpu_bundle.TVM_PIPELINE_VARIANTS)
+    assert {v["mode"] for v in variants.values()} == {"vm", "vm_tvm_pipeline"}
+    assert "relay_amp:float16 (TVM pipeline)" in variants
     for entry in variants.values():
         assert entry["library"].endswith(".so.gz")
         data = gzip.decompress((tmp_path / "b" / entry["library"]).read_bytes())
