@@ -435,9 +435,9 @@ def test_onnx_for_cuda_with_images_tolerance_and_fp32_ops(onnx_cuda, work):
 
 def test_tflite_for_this_cpu_with_npz_and_the_library_runs(runs, work):
     import tvm
+    from tvm.relax.frontend.tflite import from_tflite
 
     import relay_amp
-    from tvm.relax.frontend.tflite import from_tflite
 
     out, err = runs["tflite_cpu"].ok()
     folder = work / "tflite_cpu"

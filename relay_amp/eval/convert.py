@@ -887,7 +887,7 @@ def _binding_names(mod) -> set:
     return names
 
 
-def _check_exclusions(policy, mod, given: list) -> None:
+def _check_exclusions(mod, given: list) -> None:
     """Names in ``--exclude`` must be bindings of the model (regexes are not checked)."""
     names, _ = _exclusion_names(given)
     known = _binding_names(mod)
@@ -1131,7 +1131,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     timings["import_s"] = time.perf_counter() - start
     notes.extend(imported.notes)
     mod = imported.mod
-    _check_exclusions(checked.policy, mod, split_list(options.exclude))
+    _check_exclusions(mod, split_list(options.exclude))
     dtype = checked.policy.dtype
     policy_data, io = _io_settings(checked.policy, checked, imported, dtype)
     search_policy = Policy.from_dict(_without_io(policy_data))
@@ -1263,7 +1263,7 @@ def _md_cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def load_loading_snippet(saved: dict) -> list:
+def loading_snippet(saved: dict) -> list:
     library = saved["library"]
     if saved["target"].get("kind") == "cuda":
         return [
@@ -1325,7 +1325,7 @@ def markdown_report(saved: dict) -> str:
         lines += ["## Notes", ""]
         lines += [f"- {_md_cell(n)}" for n in saved.get("notes", []) + conversion["notes"]]
         lines.append("")
-    lines += ["## Load it", ""] + load_loading_snippet(saved) + [""]
+    lines += ["## Load it", ""] + loading_snippet(saved) + [""]
     lines += ["## Every binding", "",
               "| function | binding | op | inputs | compute | acc | output | casts | rule |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -1375,7 +1375,7 @@ def format_report(saved: dict, rules=(), ops=(), compute=None, limit=None) -> st
                           for row in picked])
     target = saved.get("target", {})
     lines = [f"model   {saved['model']['path']} ({saved['model']['format']})",
-             f"target  " + ", ".join(f"{k}={v}" for k, v in target.items()
+             "target  " + ", ".join(f"{k}={v}" for k, v in target.items()
                                      if k in ("kind", "arch", "mcpu", "mtriple", "mattr")),
              f"library {saved.get('library')}",
              conversion["summary"]]
