@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import sweep as sweep_module
@@ -80,6 +81,72 @@ def _bench(args) -> int:
     return 0
 
 
+def _one_line_errors(parser: argparse.ArgumentParser, name: str) -> None:
+    """Make ``parser`` report a usage error as one line (and exit 2), not usage + error."""
+
+    def error(message):
+        print(f"relay-amp {name}: {message} (see relay-amp {name} --help)", file=sys.stderr)
+        sys.exit(2)
+
+    parser.error = error
+
+
+def _convert(args) -> int:
+    from . import convert  # pylint: disable=import-outside-toplevel
+
+    try:
+        inputs = [convert.parse_input(text) for text in args.input or []]
+        options = convert.Options(
+            model=args.model, out=args.out, dtype=args.dtype, target=args.target,
+            calibrate=args.calibrate, tolerance=args.tolerance, metric=args.metric,
+            max_evaluations=args.max_evaluations, inputs=inputs, normalize=args.normalize,
+            policy=args.policy, fp32_ops=args.fp32_ops, exclude=args.exclude,
+            max_samples=args.max_samples, progress=not args.quiet,
+            command="relay-amp convert " + " ".join(_quote(a) for a in args.argv))
+        saved = convert.convert_model(options)
+    except convert.UsageError as err:
+        print(f"relay-amp convert: {err}", file=sys.stderr)
+        return 2
+    except convert.ConvertFailure as err:
+        print(f"relay-amp convert: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("relay-amp convert: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    print(saved["conversion"]["summary"])
+    accuracy = saved.get("accuracy")
+    if accuracy:
+        print(f"accuracy on {accuracy['batches']} calibration batches (float32 vs converted): "
+              f"relative L2 {accuracy['relative_l2']:.3g}, max abs {accuracy['max_abs']:.3g}")
+    search = saved["conversion"].get("search")
+    if search:
+        print(f"tolerance {search['tolerance']:g} met with {len(search['fp32_bindings'])} "
+              f"binding(s) kept in float32 ({search['evaluations']} evaluations)")
+    files = sorted(os.listdir(args.out))
+    print(f"wrote {os.path.join(args.out, '')}: {', '.join(files)}")
+    return 0
+
+
+def _quote(text: str) -> str:
+    import shlex  # pylint: disable=import-outside-toplevel
+
+    return shlex.quote(text)
+
+
+def _report(args) -> int:
+    from . import convert  # pylint: disable=import-outside-toplevel
+
+    try:
+        saved = convert.read_report(args.report)
+        print(convert.format_report(saved, rules=convert.split_list(args.rule),
+                                    ops=convert.split_list(args.op), compute=args.compute,
+                                    limit=args.limit))
+    except convert.UsageError as err:
+        print(f"relay-amp report: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="relay-amp", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -125,7 +192,62 @@ def main(argv=None) -> int:
     bench.add_argument("--out", default="results/bench", help="default: %(default)s")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
     bench.set_defaults(run=_bench)
+    convert = commands.add_parser(
+        "convert", help="convert your model file: a compiled library, its report and policy out",
+        description="Convert an ONNX, TFLite or torch.export (.pt2) model to float16/bfloat16 "
+                    "and compile it for a target. Writes OUT/model.so, report.md, report.json, "
+                    "policy.json and, with --calibrate, accuracy.json.")
+    convert.add_argument("model", help="an .onnx, .tflite or .pt2 (torch.export.save) file")
+    convert.add_argument("-o", "--out", required=True,
+                         help="output folder (new, empty, or an earlier convert output)")
+    convert.add_argument("--dtype", default=None,
+                         help="float16 or bfloat16 (default: the --policy file's)")
+    convert.add_argument("--target", default="host",
+                         help="'cuda', 'cuda -arch=sm_90', 'llvm', 'llvm -mtriple=aarch64-linux-gnu"
+                              " -mattr=+fullfp16', 'host' (this CPU) or TVM's JSON dict form "
+                              "(default: %(default)s)")
+    convert.add_argument("--input", action="append", metavar="NAME:SHAPE[:DTYPE]",
+                         help="an input's shape (needed where the model's is symbolic), e.g. "
+                              "images:1,3,320,320; DTYPE uint8 feeds a float32 image input as "
+                              "uint8 pixels (normalization folded in), float16/bfloat16 in the "
+                              "low-precision dtype; repeat per input")
+    convert.add_argument("--calibrate", metavar="DIR|NPZ",
+                         help="calibration data: a folder of images, or an .npz with an array "
+                              "per input name")
+    convert.add_argument("--normalize", metavar="imagenet|none|MEAN,STD",
+                         help="how image pixels become inputs: scaled to [0, 1], then "
+                              "(x - MEAN) / STD per channel; 'none' stops at [0, 1]")
+    convert.add_argument("--tolerance", type=float,
+                         help="with --calibrate: keep the fewest ops in float32 that meet this "
+                              "error against float32 (auto_mixed_precision)")
+    convert.add_argument("--metric", choices=("relative_l2", "max_abs"), default="relative_l2",
+                         help="the error --tolerance bounds (default: %(default)s)")
+    convert.add_argument("--max-evaluations", type=int, default=16,
+                         help="full evaluations the --tolerance search may use "
+                              "(default: %(default)s)")
+    convert.add_argument("--max-samples", type=int, default=None,
+                         help="use at most this many images or batches of --calibrate data")
+    convert.add_argument("--policy", help="a policy.json (Policy.to_json, or an OUT/policy.json)")
+    convert.add_argument("--fp32-ops", action="append", metavar="OP[,OP...]",
+                         help="ops kept in float32, e.g. nn.softmax,exp")
+    convert.add_argument("--exclude", action="append", metavar="NAME[,NAME...]",
+                         help="bindings kept in float32 by name (the report's binding column); "
+                              "re:PATTERN for a regex")
+    convert.add_argument("--quiet", action="store_true", help="no progress bars")
+    convert.set_defaults(run=_convert)
+    _one_line_errors(convert, "convert")
+    report = commands.add_parser(
+        "report", help="print a saved convert report (summary, rows, filters)")
+    report.add_argument("report", help="OUT/report.json (or the OUT folder)")
+    report.add_argument("--rule", action="append",
+                        help="rows whose rule contains this text (e.g. fp32, excluded, storage)")
+    report.add_argument("--op", action="append", metavar="OP[,OP...]", help="rows of these ops")
+    report.add_argument("--compute", help="rows computed in this dtype (float16, float32, ...)")
+    report.add_argument("--limit", type=int, default=None, help="print at most this many rows")
+    report.set_defaults(run=_report)
+    _one_line_errors(report, "report")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)[1:]
     return args.run(args)
 
 
