@@ -20,7 +20,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .calibrate import _as_batches, _check_batch, calibrate
+from .calibrate import Calibration, _as_batches, _check_batch, calibrate
 from .execution import agreement, compile_module, contiguous, with_function
 from .policy import Policy
 from .report import Report
@@ -50,8 +50,10 @@ class SearchResult:
 class _Harness:
     """Converts with a set of float32 bindings, compiles, runs, and scores against float32."""
 
-    def __init__(self, mod, batches, metric, dtype, policy, target, calibration, run_target):
+    def __init__(self, mod, batches, metric, dtype, policy, target, calibration, run_target,
+                 on_evaluation=None):
         self.mod, self.batches, self.dtype = mod, batches, dtype
+        self.on_evaluation = on_evaluation
         self.policy, self.target, self.calibration = policy, target, calibration
         self.run_target = run_target
         self.metric = _metric(metric)
@@ -77,6 +79,8 @@ class _Harness:
         value = float(self.metric(self.reference, outputs))
         self.evaluations += 1
         self.history.append((len(fp32), value))
+        if self.on_evaluation is not None:
+            self.on_evaluation(list(fp32), value)
         return value
 
 
@@ -185,20 +189,24 @@ def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None)
 
 # ------------------------------------------------------------------------------ the searches
 def _prepare(mod, inputs, tolerance, metric, dtype, target, max_evaluations, policy, calibrated,
-             run_target):
+             run_target, on_evaluation=None):
     """Check the arguments; return the harness, the low-precision candidates and the batches."""
     batches = _check(mod, inputs, tolerance, max_evaluations)
     policy = resolve_policy(dtype, policy)
-    calibration = calibrate(mod, batches) if calibrated else None
-    harness = _Harness(mod, batches, metric, dtype, policy, target, calibration, run_target)
+    if isinstance(calibrated, Calibration):
+        calibration = calibrated
+    else:
+        calibration = calibrate(mod, batches) if calibrated else None
+    harness = _Harness(mod, batches, metric, dtype, policy, target, calibration, run_target,
+                       on_evaluation)
     _, first = harness.convert([])
     return harness, _low_bindings(first), batches
 
 
 def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="relative_l2",
                          dtype: str = "float16", target=None, max_evaluations: int = 16,
-                         policy: Policy | None = None, calibrated: bool = True,
-                         run_target=None) -> tuple[tvm.IRModule, Report]:
+                         policy: Policy | None = None, calibrated: bool | Calibration = True,
+                         run_target=None, on_evaluation=None) -> tuple[tvm.IRModule, Report]:
     """Convert ``mod`` so that it meets ``tolerance`` on ``inputs`` with few float32 ops.
 
     Parameters
@@ -215,10 +223,13 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
         As for :func:`relay_amp.convert`; the policy is the starting point.
     max_evaluations : int
         Full conversion + compile + run cycles allowed (the paired run is not one of them).
-    calibrated : bool
-        Start from calibrated ranges (:func:`relay_amp.calibrate`), one more float32 run.
+    calibrated : bool or Calibration
+        Start from calibrated ranges (:func:`relay_amp.calibrate`, one more float32 run), or
+        from the given :class:`Calibration` (no extra run).
     run_target : tvm.target.Target, optional
         Where the evaluations run (default: this machine's CPU).
+    on_evaluation : callable, optional
+        Called as ``on_evaluation(fp32_bindings, value)`` after each evaluation (progress).
 
     Returns
     -------
@@ -234,7 +245,8 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
     """
     start = time.perf_counter()
     harness, candidates, batches = _prepare(mod, inputs, tolerance, metric, dtype, target,
-                                            max_evaluations, policy, calibrated, run_target)
+                                            max_evaluations, policy, calibrated, run_target,
+                                            on_evaluation)
 
     def finish(fp32, value):
         converted, report = harness.convert(fp32)

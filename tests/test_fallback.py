@@ -108,3 +108,16 @@ def test_debug_guard_names_the_first_overflowing_binding():
     plain, _ = relay_amp.convert(Overflow, "float16")
     assert plain["main"].is_pure  # off by default: nothing added
     assert "assert_op" not in plain.script()
+
+
+def test_auto_fallback_takes_a_calibration_and_reports_each_evaluation(monkeypatch):
+    batches = _batches()
+    calibration = relay_amp.calibrate(Planted, batches)
+    monkeypatch.setattr(fallback, "calibrate", lambda *a, **k: pytest.fail("calibrated twice"))
+    seen = []
+    _, report = fallback.auto_mixed_precision(
+        Planted, batches, tolerance=1e-2, calibrated=calibration,
+        on_evaluation=lambda fp32, value: seen.append((list(fp32), value)))
+    assert len(seen) == report.search.evaluations and seen[-1][0] == ["a"]
+    assert seen[-1][1] == pytest.approx(report.search.metric_value)
+    assert seen[0][0] == [] and seen[0][1] > 1e-2

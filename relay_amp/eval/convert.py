@@ -938,28 +938,6 @@ def _without_io(data: dict) -> dict:
 
 
 @contextlib.contextmanager
-def _search_hooks(calibration, bar):
-    """While :func:`relay_amp.auto_mixed_precision` runs: reuse the calibration computed here
-    (instead of a second instrumented float32 run) and count its evaluations on ``bar``."""
-    from .. import fallback  # pylint: disable=import-outside-toplevel
-
-    original_calibrate, original_score = fallback.calibrate, fallback._Harness.score
-
-    def score(self, fp32):
-        value = original_score(self, fp32)
-        bar.update(1)
-        bar.set_postfix_str(f"{len(fp32)} float32, error {value:.3g}")
-        return value
-
-    fallback.calibrate = lambda *args, **kwargs: calibration
-    fallback._Harness.score = score
-    try:
-        yield
-    finally:
-        fallback.calibrate, fallback._Harness.score = original_calibrate, original_score
-
-
-@contextlib.contextmanager
 def _stage(desc: str, progress: bool):
     """A one-step progress bar for a step whose progress TVM does not report."""
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
@@ -1161,12 +1139,16 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
         start = time.perf_counter()
         bar = tqdm(total=options.max_evaluations, desc=f"search (tolerance {options.tolerance:g})",
                    unit="evaluation", disable=not progress)
+        def step(fp32, value):
+            bar.update(1)
+            bar.set_postfix_str(f"{len(fp32)} float32, error {value:.3g}")
+
         try:
-            with _search_hooks(calibration, bar):
-                _, searched = relay_amp.auto_mixed_precision(
-                    mod, data.reference, options.tolerance, metric=options.metric, dtype=dtype,
-                    target=checked.target, max_evaluations=options.max_evaluations,
-                    policy=search_policy, calibrated=True)
+            _, searched = relay_amp.auto_mixed_precision(
+                mod, data.reference, options.tolerance, metric=options.metric, dtype=dtype,
+                target=checked.target, max_evaluations=options.max_evaluations,
+                policy=search_policy, calibrated=calibration if calibration is not None else True,
+                on_evaluation=step)
         except RuntimeError as err:
             raise ConvertFailure(f"{one_line(err)}: raise --tolerance or --max-evaluations") \
                 from None
