@@ -30,8 +30,9 @@ class ModelSpec:
     """One sweep row: how to get the model and what its outputs mean."""
 
     name: str
-    family: str  # gluoncv | paddleocr | yolov8 | mediapipe
-    task: str  # classification | detection | segmentation | pose | ocr-det | ocr-rec | ocr-cls | raw
+    family: str  # gluoncv | paddleocr | yolov8 | mediapipe | transformers
+    task: str  # classification | detection | segmentation | pose | ocr-det | ocr-rec | ocr-cls
+    #            | raw | encoder | causal-lm
     input_size: tuple  # (height, width)
     weights: str  # "pretrained" or how the weights were made
 
@@ -106,15 +107,26 @@ MEDIAPIPE_FILES = {
 
 DEFAULT_MODELS = ("resnet18_v1", "mobilenetv2_1.0")
 
+_TRANSFORMERS = [
+    # (name, task, shape of one input row: tokens, pixels or mel bins x frames)
+    ("bert_base", "encoder", (64,)), ("distilbert_base", "encoder", (64,)),
+    ("vit_small_224", "classification", (224, 224)), ("whisper_base_encoder", "encoder", (80, 500)),
+    ("gpt2_small", "causal-lm", (48,)), ("llama_smollm_135m", "causal-lm", (32,)),
+]
+TRANSFORMER_WEIGHTS = "seeded init (torch.manual_seed(0), transformers' own initializers)"
+
 
 def _size(size) -> tuple:
     return tuple(size) if isinstance(size, tuple) else (size, size)
 
 
 REGISTRY: dict[str, ModelSpec] = {
-    name: ModelSpec(name, "gluoncv", task, _size(size), GLUON_WEIGHTS) for name, task, size in _GLUON
+    name: ModelSpec(name, "gluoncv", task, _size(size), GLUON_WEIGHTS)
+    for name, task, size in _GLUON
 }
 REGISTRY.update({spec.name: spec for spec in _REAL})
+REGISTRY.update({name: ModelSpec(name, "transformers", task, size, TRANSFORMER_WEIGHTS)
+                 for name, task, size in _TRANSFORMERS})
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -138,7 +150,7 @@ def load(name: str, workdir: str | None = None, batch_size: int | None = None) -
     if spec.family == "gluoncv":
         return _load_gluon(spec, workdir, batch_size)
     loader = {"paddleocr": _load_paddleocr, "yolov8": _load_yolov8,
-              "mediapipe": _load_mediapipe}[spec.family]
+              "mediapipe": _load_mediapipe, "transformers": _load_transformer}[spec.family]
     return loader(spec, workdir)
 
 
@@ -173,6 +185,30 @@ def import_onnx(model, input_shapes: dict, notes: list, simplify: bool = False):
 
 
 # ------------------------------------------------------------------------------ GluonCV
+def gluon_model_zoo():
+    """``gluoncv.model_zoo``, importable next to a PyTorch 2.
+
+    GluonCV 0.11 raises ``RuntimeError`` on import when any torch >= 2.0 is installed (its check
+    for its optional PyTorch backend); the transformer rows need torch 2, and GluonCV's MXNet
+    models do not use torch, so torch is hidden from that one import.
+    """
+    import sys  # pylint: disable=import-outside-toplevel
+
+    if "gluoncv" not in sys.modules:
+        saved = sys.modules.get("torch")
+        sys.modules["torch"] = None  # makes `import torch` raise ImportError, which GluonCV skips
+        try:
+            import gluoncv  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+        finally:
+            if saved is None:
+                del sys.modules["torch"]
+            else:
+                sys.modules["torch"] = saved
+    from gluoncv import model_zoo  # pylint: disable=import-outside-toplevel
+
+    return model_zoo
+
+
 def _gluon_net(model_zoo, name: str):
     """The model without any pretrained weights: detection, segmentation and pose models default
     to downloading a pretrained backbone (``pretrained_base=True``), which must not happen here."""
@@ -232,14 +268,10 @@ def reestimate_batchnorm(net, batch) -> int:
     return len(norms)
 
 
-def gluon_to_relax(net, batch: np.ndarray, workdir: str, name: str = "model"):
-    """Hybridize ``net``, export it with ``mx.onnx.export_model`` and import it into Relax.
-
-    Returns ``(IRModule, onnx_path)``.
-    """
+def gluon_to_onnx(net, batch: np.ndarray, workdir: str, name: str = "model") -> str:
+    """Hybridize ``net`` and export it with ``mx.onnx.export_model`` to ``workdir/NAME.onnx``;
+    returns that path."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel
-    import onnx  # pylint: disable=import-outside-toplevel
-    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
 
     net.hybridize()
     net(mx.nd.array(batch))
@@ -248,7 +280,54 @@ def gluon_to_relax(net, batch: np.ndarray, workdir: str, name: str = "model"):
     onnx_path = prefix + ".onnx"
     mx.onnx.export_model(prefix + "-symbol.json", prefix + "-0000.params", [batch.shape],
                          [np.float32], onnx_path)
+    return onnx_path
+
+
+def gluon_to_relax(net, batch: np.ndarray, workdir: str, name: str = "model"):
+    """Hybridize ``net``, export it with ``mx.onnx.export_model`` and import it into Relax.
+
+    Returns ``(IRModule, onnx_path)``.
+    """
+    import onnx  # pylint: disable=import-outside-toplevel
+    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
+
+    onnx_path = gluon_to_onnx(net, batch, workdir, name)
     return from_onnx(onnx.load(onnx_path)), onnx_path
+
+
+#: GluonCV tasks whose exported graphs go through :func:`onnx_repairs.repair` before import.
+REPAIRED_TASKS = ("detection", "segmentation")
+
+
+def import_repaired(onnx_path: str, batch_shape, notes: list):
+    """Load an exported ONNX file, apply the named repairs of :mod:`.onnx_repairs` at the input
+    shape ``batch_shape`` (each repair that changed something adds a note) and import it."""
+    import onnx  # pylint: disable=import-outside-toplevel
+
+    from . import onnx_repairs  # pylint: disable=import-outside-toplevel
+
+    model = onnx.load(onnx_path)
+    initializers = {i.name for i in model.graph.initializer}
+    data = [i.name for i in model.graph.input if i.name not in initializers]
+    shapes = {data[0]: list(batch_shape)}
+    notes.extend(onnx_repairs.repair(model, shapes))
+    return import_onnx(model, shapes, notes)
+
+
+def detection_output_order(onnx_path: str) -> list[int]:
+    """Positions of (class ids, scores, boxes) among a GluonCV detector's exported outputs.
+
+    Most detectors export them in that order; CenterNet's exported graph lists the scores (a
+    ``TopK`` output) before the class ids (a ``Cast``).
+    """
+    import onnx  # pylint: disable=import-outside-toplevel
+
+    graph = onnx.load(onnx_path, load_external_data=False).graph
+    producers = {out: node.op_type for node in graph.node for out in node.output}
+    kinds = [producers.get(o.name, "") for o in graph.output[:3]]
+    if kinds[0] == "TopK" and kinds[1] == "Cast":
+        return [1, 0, 2]
+    return [0, 1, 2]
 
 
 def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) -> LoadedModel:
@@ -261,8 +340,7 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
     """
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     import onnx  # pylint: disable=import-outside-toplevel
-    from gluoncv import model_zoo  # pylint: disable=import-outside-toplevel
-
+    model_zoo = gluon_model_zoo()
     mx.random.seed(0)
     np.random.seed(0)
     height, width = spec.input_size
@@ -284,6 +362,13 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
     size = batch_size or (1 if max(height, width) >= 300 else 2)
     batch = calibration[:size]
     notes: list = []
+    if spec.task in REPAIRED_TASKS:
+        onnx_path = gluon_to_onnx(net, batch, workdir, spec.name)
+        mod = import_repaired(onnx_path, batch.shape, notes)
+        extra = {"onnx_path": onnx_path}
+        if spec.task == "detection":
+            extra["detection_outputs"] = detection_output_order(onnx_path)
+        return LoadedModel(spec, mod, [[batch]], notes, extra)
     try:
         mod, _ = gluon_to_relax(net, batch, workdir, spec.name)
     except Exception:  # if the export stands, retry its import with shapes folded
@@ -376,5 +461,19 @@ def _load_mediapipe(spec: ModelSpec, workdir: str) -> LoadedModel:
     return LoadedModel(spec, mod, batches, [])
 
 
+# ------------------------------------------------------------------------------ transformers
+def _load_transformer(spec: ModelSpec, workdir: str) -> LoadedModel:
+    """A ``transformers`` model from its config with seeded weights (see
+    :mod:`.transformers_zoo`), exported with ``torch.export`` and imported into Relax."""
+    from . import transformers_zoo  # pylint: disable=import-outside-toplevel
+
+    built = transformers_zoo.build(spec.name)
+    mod = transformers_zoo.to_relax(built)
+    notes = [f"size: {transformers_zoo.MODELS[spec.name].size}", *built.notes]
+    return LoadedModel(spec, mod, built.batches, notes)
+
+
 __all__ = ["ModelSpec", "LoadedModel", "REGISTRY", "DEFAULT_MODELS", "get_spec", "load",
-           "import_onnx", "IMAGENET_MEAN", "IMAGENET_STD"]
+           "import_onnx", "import_repaired", "gluon_to_onnx", "gluon_model_zoo",
+           "detection_output_order",
+           "REPAIRED_TASKS", "IMAGENET_MEAN", "IMAGENET_STD"]
