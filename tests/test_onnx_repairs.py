@@ -281,3 +281,61 @@ def test_repair_reports_what_it_changed():
     assert notes == ["ONNX repair: LpNormalization decomposed (1 node)",
                      "ONNX repair: NMS box table gathered with static shapes (1 node)"]
     assert onnx_repairs.repair(model, {"data": [1, 6, 6]}) == []  # idempotent
+
+
+# ------------------------------------------------------------------------------ MXNet export
+def _pyramid_block():
+    mx = pytest.importorskip("mxnet")
+
+    class Pyramid(mx.gluon.HybridBlock):
+        def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+            pooled = [F.contrib.AdaptiveAvgPooling2D(x, output_size=size) for size in (1, 2, 3)]
+            return F.concat(*[F.flatten(p) for p in pooled], dim=1)
+
+    return mx, Pyramid()
+
+
+def test_adaptive_pooling_exports_as_average_pool(tmp_path):
+    from relay_amp.eval import models
+
+    mx, block = _pyramid_block()
+    x = np.random.default_rng(3).normal(size=(1, 2, 6, 6)).astype(np.float32)
+    expected = block(mx.nd.array(x)).asnumpy()
+    path = models.gluon_to_onnx(block, x, str(tmp_path), "pyramid")
+    model = onnx.load(path)
+    pools = [n for n in model.graph.node if n.op_type == "AveragePool"]
+    assert sorted(helper.get_attribute_value(n.attribute[0]) for n in pools) == [[2, 2], [3, 3]]
+    assert "GlobalAveragePool" in [n.op_type for n in model.graph.node]  # output 1 as before
+    np.testing.assert_allclose(_ort(model, {model.graph.input[0].name: x})[0], expected,
+                               rtol=1e-5, atol=1e-6)
+    initializers = {i.name for i in model.graph.initializer}
+    feeds = {[i.name for i in model.graph.input if i.name not in initializers][0]: x}
+    np.testing.assert_allclose(_tvm(model, feeds)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_adaptive_pooling_of_a_size_it_does_not_divide_is_an_error(tmp_path):
+    from relay_amp.eval import models
+
+    _, block = _pyramid_block()
+    x = np.zeros((1, 2, 7, 7), np.float32)
+    with pytest.raises(NotImplementedError, match="input 7x7 is not a multiple of the output 2x2"):
+        models.gluon_to_onnx(block, x, str(tmp_path), "pyramid")
+
+
+@pytest.mark.parametrize("ops,order", [(("TopK", "Cast", "Mul"), [1, 0, 2]),
+                                       (("Slice", "Slice", "Slice"), [0, 1, 2])],
+                         ids=["centernet", "ssd-yolo"])
+def test_detection_output_order(tmp_path, ops, order):
+    from relay_amp.eval import models
+
+    inits = [_const("k", [2]), _const("s0", [0]), _const("s1", [1]), _const("two", 2.0, np.float32)]
+    makers = {"TopK": lambda out: helper.make_node("TopK", ["x", "k"], [out, out + "_i"]),
+              "Cast": lambda out: helper.make_node("Cast", ["x"], [out], to=TensorProto.FLOAT),
+              "Mul": lambda out: helper.make_node("Mul", ["x", "two"], [out]),
+              "Slice": lambda out: helper.make_node("Slice", ["x", "s0", "s1"], [out])}
+    nodes = [makers[op](f"out{i}") for i, op in enumerate(ops)]
+    model = _model(nodes, [_tensor("x", [1, 4])], [_tensor(f"out{i}", None) for i in range(3)],
+                   inits)
+    path = str(tmp_path / "detector.onnx")
+    onnx.save(model, path)
+    assert models.detection_output_order(path) == order

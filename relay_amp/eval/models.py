@@ -7,6 +7,7 @@ scikit-image / scikit-learn or text rendered with the fonts matplotlib ships.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import tempfile
@@ -211,11 +212,12 @@ def gluon_model_zoo():
     return model_zoo
 
 
-def _gluon_net(model_zoo, name: str):
+def _gluon_net(model_zoo, name: str, **options):
     """The model without any pretrained weights: detection, segmentation and pose models default
-    to downloading a pretrained backbone (``pretrained_base=True``), which must not happen here."""
+    to downloading a pretrained backbone (``pretrained_base=True``), which must not happen here.
+    ``options`` go to the model (a segmentation model's ``crop_size``)."""
     try:
-        return model_zoo.get_model(name, pretrained=False, pretrained_base=False)
+        return model_zoo.get_model(name, pretrained=False, pretrained_base=False, **options)
     except TypeError:  # classification models take no pretrained_base
         return model_zoo.get_model(name, pretrained=False)
 
@@ -270,9 +272,79 @@ def reestimate_batchnorm(net, batch) -> int:
     return len(norms)
 
 
+ADAPTIVE_POOL = "_contrib_AdaptiveAvgPooling2D"
+
+
+def adaptive_pool_input_sizes(symbol_json: str, input_shape) -> dict:
+    """``{node name: (height, width)}`` of the input of every ``AdaptiveAvgPooling2D`` in an
+    exported MXNet symbol, by MXNet's shape inference at ``input_shape``."""
+    import json  # pylint: disable=import-outside-toplevel
+
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+
+    with open(symbol_json, encoding="utf-8") as handle:
+        nodes = json.load(handle)["nodes"]
+    pools = [n for n in nodes if n["op"] == ADAPTIVE_POOL]
+    if not pools:
+        return {}
+    internals = mx.sym.load(symbol_json).get_internals()
+    outputs = internals.list_outputs()
+    sizes = {}
+    for pool in pools:
+        index, output = pool["inputs"][0][:2]
+        source = nodes[index]["name"]
+        name = next(candidate for candidate in (source, f"{source}_output",
+                                                f"{source}_output{output}")
+                    if candidate in outputs)
+        _, shapes, _ = internals[outputs.index(name)].infer_shape(data=tuple(input_shape))
+        sizes[pool["name"]] = tuple(shapes[0][2:])
+    return sizes
+
+
+@contextlib.contextmanager
+def adaptive_pool_export(input_sizes: dict):
+    """MXNet's ONNX exporter, within the block, writes ``AdaptiveAvgPooling2D`` with an output
+    larger than 1 x 1 (PSPNet's pyramid) as ``AveragePool``.
+
+    The exporter has no such conversion ("output_size != 1 not yet implemented"). Where the
+    input's size (``input_sizes``, from :func:`adaptive_pool_input_sizes`) is a multiple of the
+    output's, adaptive pooling's bins are equal and do not overlap, so an ``AveragePool`` with
+    kernel = stride = input / output is the same operation; other sizes raise.
+    """
+    from mxnet.onnx.mx2onnx import _export_onnx  # pylint: disable=import-outside-toplevel
+    from mxnet.onnx.mx2onnx._op_translations import (  # pylint: disable=import-outside-toplevel
+        _op_translations_opset12 as opset12,
+    )
+    from onnx import helper  # pylint: disable=import-outside-toplevel
+
+    table = _export_onnx.MXNetGraph.registry_.setdefault(12, {})
+    original = table.get(ADAPTIVE_POOL)
+
+    def convert(node, **kwargs):
+        name, inputs, attrs = opset12.get_inputs(node, kwargs)
+        output = [int(v) for v in opset12.convert_string_to_list(attrs.get("output_size", "1"))]
+        output = output * 2 if len(output) == 1 else output
+        if output == [1, 1] or name not in input_sizes:
+            return original(node, **kwargs)
+        height, width = input_sizes[name]
+        if height % output[0] or width % output[1]:
+            raise NotImplementedError(
+                f"{ADAPTIVE_POOL} {name}: input {height}x{width} is not a multiple of the output "
+                f"{output[0]}x{output[1]}, so no AveragePool equals it")
+        kernel = [height // output[0], width // output[1]]
+        return [helper.make_node("AveragePool", [inputs[0]], [name], kernel_shape=kernel,
+                                 strides=kernel, name=name)]
+
+    table[ADAPTIVE_POOL] = convert
+    try:
+        yield
+    finally:
+        table[ADAPTIVE_POOL] = original
+
+
 def gluon_to_onnx(net, batch: np.ndarray, workdir: str, name: str = "model") -> str:
-    """Hybridize ``net`` and export it with ``mx.onnx.export_model`` to ``workdir/NAME.onnx``;
-    returns that path."""
+    """Hybridize ``net`` and export it with ``mx.onnx.export_model`` to ``workdir/NAME.onnx``
+    (``AdaptiveAvgPooling2D`` as :func:`adaptive_pool_export` writes it); returns that path."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel
 
     net.hybridize()
@@ -280,8 +352,10 @@ def gluon_to_onnx(net, batch: np.ndarray, workdir: str, name: str = "model") -> 
     prefix = os.path.join(workdir, name)
     net.export(prefix)
     onnx_path = prefix + ".onnx"
-    mx.onnx.export_model(prefix + "-symbol.json", prefix + "-0000.params", [batch.shape],
-                         [np.float32], onnx_path)
+    sizes = adaptive_pool_input_sizes(prefix + "-symbol.json", batch.shape)
+    with adaptive_pool_export(sizes):
+        mx.onnx.export_model(prefix + "-symbol.json", prefix + "-0000.params", [batch.shape],
+                             [np.float32], onnx_path)
     return onnx_path
 
 
@@ -346,7 +420,9 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
     mx.random.seed(0)
     np.random.seed(0)
     height, width = spec.input_size
-    net = _gluon_net(model_zoo, spec.name)
+    # segmentation heads upsample to a size fixed at construction (crop_size, default 480)
+    options = {"crop_size": height} if spec.task == "segmentation" else {}
+    net = _gluon_net(model_zoo, spec.name, **options)
     if height == width:  # uint8 batches from the loader; float32 normalized on the host
         pixels = next(iter(ImageBatches(photo_list(), height, batch_size=8, layout="NHWC")))
     else:
@@ -357,7 +433,7 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
         net(mx.nd.array(calibration[:1]))
     except ValueError:  # a vector parameter without its own initializer (SSD's expand layers)
         mx.random.seed(0)
-        net = _gluon_net(model_zoo, spec.name)
+        net = _gluon_net(model_zoo, spec.name, **options)
         net.initialize(_xavier_or_constant(mx)(magnitude=2.0))
         net(mx.nd.array(calibration[:1]))
     reestimate_batchnorm(net, mx.nd.array(calibration))
