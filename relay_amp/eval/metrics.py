@@ -90,8 +90,35 @@ def detection_agreement(reference, output, iou_threshold: float = 0.5) -> tuple[
 
 
 def gluon_detections(ids: np.ndarray, scores: np.ndarray, boxes: np.ndarray,
-                     score_threshold: float = 0.5):
-    """GluonCV detection outputs (ids, scores, boxes, padded with -1) to one image's detections."""
+                     score_threshold: float | None = 0.5, top: int | None = None):
+    """GluonCV detection outputs (ids, scores, boxes, padded with -1) to one image's detections.
+
+    Rows with an id of -1 are padding. ``score_threshold`` (None: none) drops low scores;
+    ``top`` keeps the ``top`` highest-scoring rows that remain.
+    """
     ids, scores, boxes = ids.reshape(-1), scores.reshape(-1), boxes.reshape(-1, 4)
-    keep = (ids >= 0) & (scores > score_threshold)
-    return boxes[keep], scores[keep], ids[keep].astype(np.int64)
+    keep = ids >= 0
+    if score_threshold is not None:
+        keep &= scores > score_threshold
+    boxes, scores, ids = boxes[keep], scores[keep], ids[keep].astype(np.int64)
+    if top is not None:
+        order = np.argsort(-scores, kind="stable")[:top]
+        boxes, scores, ids = boxes[order], scores[order], ids[order]
+    return boxes, scores, ids
+
+
+def row_cosines(reference: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each row of two ``(N, ...)`` arrays (flattened per row); a pair of
+    zero rows counts as 1."""
+    ref = reference.reshape(reference.shape[0], -1).astype(np.float64)
+    out = output.reshape(output.shape[0], -1).astype(np.float64)
+    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(out, axis=1)
+    dots = np.sum(ref * out, axis=1)
+    return np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), 1.0)
+
+
+def next_token_agreement(reference: np.ndarray, output: np.ndarray) -> tuple[float, float]:
+    """(top-1 agreement, mean top-5 overlap) of next-token logits ``(..., vocabulary)`` over
+    every position."""
+    vocabulary = reference.shape[-1]
+    return topk_agreement(reference.reshape(-1, vocabulary), output.reshape(-1, vocabulary))

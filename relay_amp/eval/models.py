@@ -7,6 +7,7 @@ scikit-image / scikit-learn or text rendered with the fonts matplotlib ships.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import tempfile
@@ -30,8 +31,9 @@ class ModelSpec:
     """One sweep row: how to get the model and what its outputs mean."""
 
     name: str
-    family: str  # gluoncv | paddleocr | yolov8 | mediapipe
-    task: str  # classification | detection | segmentation | pose | ocr-det | ocr-rec | ocr-cls | raw
+    family: str  # gluoncv | paddleocr | yolov8 | mediapipe | transformers
+    task: str  # classification | detection | segmentation | pose | ocr-det | ocr-rec | ocr-cls
+    #            | raw | encoder | causal-lm
     input_size: tuple  # (height, width)
     weights: str  # "pretrained" or how the weights were made
 
@@ -76,8 +78,10 @@ _GLUON = [
     ("yolo3_darknet53_voc", "detection", 416), ("yolo3_mobilenet1.0_coco", "detection", 416),
     ("faster_rcnn_resnet50_v1b_voc", "detection", 512),
     ("center_net_resnet18_v1b_voc", "detection", 512),
-    ("fcn_resnet50_voc", "segmentation", 480), ("psp_resnet50_ade", "segmentation", 480),
-    ("deeplab_resnet50_ade", "segmentation", 480),
+    # 240 px, not GluonCV's 480: at 480 one float32 run of deeplab takes over 10 minutes on
+    # this CPU with TVM's untuned schedules (dilated ResNet-50, output stride 8)
+    ("fcn_resnet50_voc", "segmentation", 240), ("psp_resnet50_ade", "segmentation", 240),
+    ("deeplab_resnet50_ade", "segmentation", 240),
 ]
 
 _REAL = [
@@ -106,15 +110,26 @@ MEDIAPIPE_FILES = {
 
 DEFAULT_MODELS = ("resnet18_v1", "mobilenetv2_1.0")
 
+_TRANSFORMERS = [
+    # (name, task, shape of one input row: tokens, pixels or mel bins x frames)
+    ("bert_base", "encoder", (64,)), ("distilbert_base", "encoder", (64,)),
+    ("vit_small_224", "classification", (224, 224)), ("whisper_base_encoder", "encoder", (80, 500)),
+    ("gpt2_small", "causal-lm", (48,)), ("llama_smollm_135m", "causal-lm", (32,)),
+]
+TRANSFORMER_WEIGHTS = "seeded init (torch.manual_seed(0), transformers' own initializers)"
+
 
 def _size(size) -> tuple:
     return tuple(size) if isinstance(size, tuple) else (size, size)
 
 
 REGISTRY: dict[str, ModelSpec] = {
-    name: ModelSpec(name, "gluoncv", task, _size(size), GLUON_WEIGHTS) for name, task, size in _GLUON
+    name: ModelSpec(name, "gluoncv", task, _size(size), GLUON_WEIGHTS)
+    for name, task, size in _GLUON
 }
 REGISTRY.update({spec.name: spec for spec in _REAL})
+REGISTRY.update({name: ModelSpec(name, "transformers", task, size, TRANSFORMER_WEIGHTS)
+                 for name, task, size in _TRANSFORMERS})
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -138,7 +153,7 @@ def load(name: str, workdir: str | None = None, batch_size: int | None = None) -
     if spec.family == "gluoncv":
         return _load_gluon(spec, workdir, batch_size)
     loader = {"paddleocr": _load_paddleocr, "yolov8": _load_yolov8,
-              "mediapipe": _load_mediapipe}[spec.family]
+              "mediapipe": _load_mediapipe, "transformers": _load_transformer}[spec.family]
     return loader(spec, workdir)
 
 
@@ -197,11 +212,12 @@ def import_gluoncv():
     return gluoncv
 
 
-def _gluon_net(model_zoo, name: str):
+def _gluon_net(model_zoo, name: str, **options):
     """The model without any pretrained weights: detection, segmentation and pose models default
-    to downloading a pretrained backbone (``pretrained_base=True``), which must not happen here."""
+    to downloading a pretrained backbone (``pretrained_base=True``), which must not happen here.
+    ``options`` go to the model (a segmentation model's ``crop_size``)."""
     try:
-        return model_zoo.get_model(name, pretrained=False, pretrained_base=False)
+        return model_zoo.get_model(name, pretrained=False, pretrained_base=False, **options)
     except TypeError:  # classification models take no pretrained_base
         return model_zoo.get_model(name, pretrained=False)
 
@@ -256,23 +272,138 @@ def reestimate_batchnorm(net, batch) -> int:
     return len(norms)
 
 
-def gluon_to_relax(net, batch: np.ndarray, workdir: str, name: str = "model"):
-    """Hybridize ``net``, export it with ``mx.onnx.export_model`` and import it into Relax.
+ADAPTIVE_POOL = "_contrib_AdaptiveAvgPooling2D"
 
-    Returns ``(IRModule, onnx_path)``.
-    """
+
+def adaptive_pool_input_sizes(symbol_json: str, input_shape) -> dict:
+    """``{node name: (height, width)}`` of the input of every ``AdaptiveAvgPooling2D`` in an
+    exported MXNet symbol, by MXNet's shape inference at ``input_shape``."""
+    import json  # pylint: disable=import-outside-toplevel
+
     import mxnet as mx  # pylint: disable=import-outside-toplevel
-    import onnx  # pylint: disable=import-outside-toplevel
-    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
+
+    with open(symbol_json, encoding="utf-8") as handle:
+        nodes = json.load(handle)["nodes"]
+    pools = [n for n in nodes if n["op"] == ADAPTIVE_POOL]
+    if not pools:
+        return {}
+    internals = mx.sym.load(symbol_json).get_internals()
+    outputs = internals.list_outputs()
+    sizes = {}
+    for pool in pools:
+        index, output = pool["inputs"][0][:2]
+        source = nodes[index]["name"]
+        name = next(candidate for candidate in (source, f"{source}_output",
+                                                f"{source}_output{output}")
+                    if candidate in outputs)
+        _, shapes, _ = internals[outputs.index(name)].infer_shape(data=tuple(input_shape))
+        sizes[pool["name"]] = tuple(shapes[0][2:])
+    return sizes
+
+
+@contextlib.contextmanager
+def adaptive_pool_export(input_sizes: dict):
+    """MXNet's ONNX exporter, within the block, writes ``AdaptiveAvgPooling2D`` with an output
+    larger than 1 x 1 (PSPNet's pyramid) as ``AveragePool``.
+
+    The exporter has no such conversion ("output_size != 1 not yet implemented"). Where the
+    input's size (``input_sizes``, from :func:`adaptive_pool_input_sizes`) is a multiple of the
+    output's, adaptive pooling's bins are equal and do not overlap, so an ``AveragePool`` with
+    kernel = stride = input / output is the same operation; other sizes raise.
+    """
+    from mxnet.onnx.mx2onnx import _export_onnx  # pylint: disable=import-outside-toplevel
+    from mxnet.onnx.mx2onnx._op_translations import (  # pylint: disable=import-outside-toplevel
+        _op_translations_opset12 as opset12,
+    )
+    from onnx import helper  # pylint: disable=import-outside-toplevel
+
+    table = _export_onnx.MXNetGraph.registry_.setdefault(12, {})
+    original = table.get(ADAPTIVE_POOL)
+
+    def convert(node, **kwargs):
+        name, inputs, attrs = opset12.get_inputs(node, kwargs)
+        output = [int(v) for v in opset12.convert_string_to_list(attrs.get("output_size", "1"))]
+        output = output * 2 if len(output) == 1 else output
+        if output == [1, 1] or name not in input_sizes:
+            return original(node, **kwargs)
+        height, width = input_sizes[name]
+        if height % output[0] or width % output[1]:
+            raise NotImplementedError(
+                f"{ADAPTIVE_POOL} {name}: input {height}x{width} is not a multiple of the output "
+                f"{output[0]}x{output[1]}, so no AveragePool equals it")
+        kernel = [height // output[0], width // output[1]]
+        return [helper.make_node("AveragePool", [inputs[0]], [name], kernel_shape=kernel,
+                                 strides=kernel, name=name)]
+
+    table[ADAPTIVE_POOL] = convert
+    try:
+        yield
+    finally:
+        table[ADAPTIVE_POOL] = original
+
+
+def gluon_to_onnx(net, batch: np.ndarray, workdir: str, name: str = "model") -> str:
+    """Hybridize ``net`` and export it with ``mx.onnx.export_model`` to ``workdir/NAME.onnx``
+    (``AdaptiveAvgPooling2D`` as :func:`adaptive_pool_export` writes it); returns that path."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
 
     net.hybridize()
     net(mx.nd.array(batch))
     prefix = os.path.join(workdir, name)
     net.export(prefix)
     onnx_path = prefix + ".onnx"
-    mx.onnx.export_model(prefix + "-symbol.json", prefix + "-0000.params", [batch.shape],
-                         [np.float32], onnx_path)
+    sizes = adaptive_pool_input_sizes(prefix + "-symbol.json", batch.shape)
+    with adaptive_pool_export(sizes):
+        mx.onnx.export_model(prefix + "-symbol.json", prefix + "-0000.params", [batch.shape],
+                             [np.float32], onnx_path)
+    return onnx_path
+
+
+def gluon_to_relax(net, batch: np.ndarray, workdir: str, name: str = "model"):
+    """Hybridize ``net``, export it with ``mx.onnx.export_model`` and import it into Relax.
+
+    Returns ``(IRModule, onnx_path)``.
+    """
+    import onnx  # pylint: disable=import-outside-toplevel
+    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
+
+    onnx_path = gluon_to_onnx(net, batch, workdir, name)
     return from_onnx(onnx.load(onnx_path)), onnx_path
+
+
+#: GluonCV tasks whose exported graphs go through :func:`onnx_repairs.repair` before import.
+REPAIRED_TASKS = ("detection", "segmentation")
+
+
+def import_repaired(onnx_path: str, batch_shape, notes: list):
+    """Load an exported ONNX file, apply the named repairs of :mod:`.onnx_repairs` at the input
+    shape ``batch_shape`` (each repair that changed something adds a note) and import it."""
+    import onnx  # pylint: disable=import-outside-toplevel
+
+    from . import onnx_repairs  # pylint: disable=import-outside-toplevel
+
+    model = onnx.load(onnx_path)
+    initializers = {i.name for i in model.graph.initializer}
+    data = [i.name for i in model.graph.input if i.name not in initializers]
+    shapes = {data[0]: list(batch_shape)}
+    notes.extend(onnx_repairs.repair(model, shapes))
+    return import_onnx(model, shapes, notes)
+
+
+def detection_output_order(onnx_path: str) -> list[int]:
+    """Positions of (class ids, scores, boxes) among a GluonCV detector's exported outputs.
+
+    Most detectors export them in that order; CenterNet's exported graph lists the scores (a
+    ``TopK`` output) before the class ids (a ``Cast``).
+    """
+    import onnx  # pylint: disable=import-outside-toplevel
+
+    graph = onnx.load(onnx_path, load_external_data=False).graph
+    producers = {out: node.op_type for node in graph.node for out in node.output}
+    kinds = [producers.get(o.name, "") for o in graph.output[:3]]
+    if kinds[0] == "TopK" and kinds[1] == "Cast":
+        return [1, 0, 2]
+    return [0, 1, 2]
 
 
 def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) -> LoadedModel:
@@ -286,11 +417,12 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     import onnx  # pylint: disable=import-outside-toplevel
     model_zoo = import_gluoncv().model_zoo
-
     mx.random.seed(0)
     np.random.seed(0)
     height, width = spec.input_size
-    net = _gluon_net(model_zoo, spec.name)
+    # segmentation heads upsample to a size fixed at construction (crop_size, default 480)
+    options = {"crop_size": height} if spec.task == "segmentation" else {}
+    net = _gluon_net(model_zoo, spec.name, **options)
     if height == width:  # uint8 batches from the loader; float32 normalized on the host
         pixels = next(iter(ImageBatches(photo_list(), height, batch_size=8, layout="NHWC")))
     else:
@@ -301,22 +433,27 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
         net(mx.nd.array(calibration[:1]))
     except ValueError:  # a vector parameter without its own initializer (SSD's expand layers)
         mx.random.seed(0)
-        net = _gluon_net(model_zoo, spec.name)
+        net = _gluon_net(model_zoo, spec.name, **options)
         net.initialize(_xavier_or_constant(mx)(magnitude=2.0))
         net(mx.nd.array(calibration[:1]))
     reestimate_batchnorm(net, mx.nd.array(calibration))
-    size = batch_size or (1 if max(height, width) >= 300 else 2)
+    # one image for detection and segmentation: their untuned CPU runs take minutes each
+    size = batch_size or (1 if max(height, width) >= 300 or spec.task in REPAIRED_TASKS else 2)
     batch = calibration[:size]
     notes: list = []
-    try:
-        mod, _ = gluon_to_relax(net, batch, workdir, spec.name)
-    except Exception:  # if the export stands, retry its import with shapes folded
-        exported = os.path.join(workdir, spec.name + ".onnx")
-        if not os.path.exists(exported):
-            raise  # the export itself failed: its error is the row's message
-        model = onnx.load(exported)
-        mod = import_onnx(model, {model.graph.input[0].name: list(batch.shape)}, notes, True)
     extra = {"onnx_path": os.path.join(workdir, spec.name + ".onnx")}
+    if spec.task in REPAIRED_TASKS:
+        mod = import_repaired(gluon_to_onnx(net, batch, workdir, spec.name), batch.shape, notes)
+        if spec.task == "detection":
+            extra["detection_outputs"] = detection_output_order(extra["onnx_path"])
+    else:
+        try:
+            mod, _ = gluon_to_relax(net, batch, workdir, spec.name)
+        except Exception:  # if the export stands, retry its import with shapes folded
+            if not os.path.exists(extra["onnx_path"]):
+                raise  # the export itself failed: its error is the row's message
+            model = onnx.load(extra["onnx_path"])
+            mod = import_onnx(model, {model.graph.input[0].name: list(batch.shape)}, notes, True)
     if height == width:
         extra["uint8"] = {"input": mod["main"].params[0].name,
                           "batches": [[np.ascontiguousarray(pixels[:size].transpose(0, 3, 1, 2))]],
@@ -400,5 +537,19 @@ def _load_mediapipe(spec: ModelSpec, workdir: str) -> LoadedModel:
     return LoadedModel(spec, mod, batches, [])
 
 
+# ------------------------------------------------------------------------------ transformers
+def _load_transformer(spec: ModelSpec, workdir: str) -> LoadedModel:
+    """A ``transformers`` model from its config with seeded weights (see
+    :mod:`.transformers_zoo`), exported with ``torch.export`` and imported into Relax."""
+    from . import transformers_zoo  # pylint: disable=import-outside-toplevel
+
+    built = transformers_zoo.build(spec.name)
+    mod = transformers_zoo.to_relax(built)
+    notes = [f"size: {transformers_zoo.MODELS[spec.name].size}", *built.notes]
+    return LoadedModel(spec, mod, built.batches, notes)
+
+
 __all__ = ["ModelSpec", "LoadedModel", "REGISTRY", "DEFAULT_MODELS", "get_spec", "load",
-           "import_onnx", "IMAGENET_MEAN", "IMAGENET_STD"]
+           "import_onnx", "import_repaired", "gluon_to_onnx", "import_gluoncv",
+           "detection_output_order",
+           "REPAIRED_TASKS", "IMAGENET_MEAN", "IMAGENET_STD"]

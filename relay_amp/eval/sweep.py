@@ -62,6 +62,11 @@ def _run_all(vm, batches):
     return outputs + [run(vm, batch) for batch in batches[1:]], first
 
 
+#: GluonCV detection rows: the float32 run's highest-scoring boxes that each variant must find
+#: (same class, IoU >= 0.5) among all of its own.
+GLUON_REFERENCE_BOXES = 20
+
+
 def task_metrics(spec, reference: list, outputs: list, extra: dict) -> dict:
     """Task agreement of ``outputs`` with ``reference`` (lists of per-batch output lists)."""
     from . import metrics, ocr  # pylint: disable=import-outside-toplevel
@@ -92,14 +97,27 @@ def task_metrics(spec, reference: list, outputs: list, extra: dict) -> dict:
                 "exact_match_vs_truth": float(np.mean([a == b for a, b in zip(out_text, truth)])),
                 "fp32_exact_match_vs_truth": float(np.mean(
                     [a == b for a, b in zip(ref_text, truth)]))}
+    if task == "encoder":  # output 1 is the pooled ([CLS], pooler or time-mean) vector
+        cosines = np.concatenate([metrics.row_cosines(r[1], o[1])
+                                  for r, o in zip(reference, outputs)])
+        return {"pooled_cosine": float(cosines.mean()), "pooled_cosine_min": float(cosines.min())}
+    if task == "causal-lm":
+        ref = np.concatenate([r[0].reshape(-1, r[0].shape[-1]) for r in reference])
+        out = np.concatenate([o[0].reshape(-1, o[0].shape[-1]) for o in outputs])
+        top1, top5 = metrics.next_token_agreement(ref, out)
+        return {"next_token_top1": top1, "next_token_top5_overlap": top5}
     if task == "detection":
         recalls, ious = [], []
         for ref, out in zip(reference, outputs):
             if spec.family == "yolov8":
                 pairs = [(metrics.decode_yolov8(ref[0]), metrics.decode_yolov8(out[0]))]
-            else:
-                pairs = [(metrics.gluon_detections(*[x[i] for x in ref[:3]]),
-                          metrics.gluon_detections(*[x[i] for x in out[:3]]))
+            else:  # seeded weights score low: rank, not a threshold, picks the boxes compared
+                order = extra.get("detection_outputs", [0, 1, 2])
+                pairs = [(metrics.gluon_detections(*[ref[j][i] for j in order],
+                                                   score_threshold=None,
+                                                   top=GLUON_REFERENCE_BOXES),
+                          metrics.gluon_detections(*[out[j][i] for j in order],
+                                                   score_threshold=None))
                          for i in range(ref[0].shape[0])]
             for ref_dets, out_dets in pairs:
                 recall, iou = metrics.detection_agreement(ref_dets, out_dets)
@@ -325,8 +343,10 @@ COLUMNS = ("model", "task", "variant", "status", "relative_l2", "max_abs", "cosi
 def _agreement_text(row: dict) -> str:
     keys = ("top1_agreement", "top5_overlap", "detection_recall", "matched_iou",
             "pixel_agreement", "keypoint_agreement", "exact_match_vs_fp32",
-            "exact_match_vs_truth")
-    parts = [f"{k.replace('_agreement', '').replace('_', ' ')} {row[k]:.3f}"
+            "exact_match_vs_truth", "next_token_top1", "next_token_top5_overlap",
+            "pooled_cosine", "pooled_cosine_min")
+    digits = {"pooled_cosine": 6, "pooled_cosine_min": 6}  # cosines sit near 1
+    parts = [f"{k.replace('_agreement', '').replace('_', ' ')} {row[k]:.{digits.get(k, 3)}f}"
              for k in keys if row.get(k) is not None]
     return "; ".join(parts)
 
