@@ -1,11 +1,13 @@
 """Calibrated ranges: one instrumented float32 run that records every binding's magnitude.
 
-The instrumented copy of the function returns, besides its result, ``max(|x|)`` and the smallest
-non-zero ``|x|`` of every float32 tensor binding (If branches excepted). The pass reads the
-ranges: a value whose observed maximum, times a safety margin, exceeds the low-precision dtype's
-largest finite value is never stored in that dtype, and the low-precision ops that would read it
-compute in float32 instead; the report says ``fp32: observed max 7.4e+04 exceeds float16 max
-65504``.
+The instrumented copy of the function returns, besides its result, the largest and the smallest
+non-zero finite ``|x|`` of every float32 tensor parameter and binding (the bindings inside If
+branches excepted; the result of an If is measured). The pass reads the ranges: a value whose
+observed maximum, times a safety margin, exceeds the low-precision dtype's largest finite value
+is never stored in that dtype, and the low-precision ops that would read it compute in float32
+instead; the report says ``fp32: observed max 7.4e+04 exceeds float16 max 65504``. That holds at
+the function's boundary too: a parameter or result that the signature would make low precision
+stays float32 (see :func:`relay_amp.convert`).
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ from .execution import compile_module, contiguous, with_function
 
 @dataclass
 class Calibration:
-    """Observed magnitudes per binding, keyed by ``(function, binding name)``.
+    """Observed magnitudes per parameter and binding, keyed by ``(function, name)``.
 
     Attributes
     ----------
     max_abs : dict
-        The largest ``|x|`` seen over all calibration batches.
+        The largest finite ``|x|`` seen over all calibration batches (0 where no value was
+        finite and non-zero, or the tensor is empty): inf and NaN are stored as they are in
+        every float dtype, so they never put a value out of range.
     min_abs : dict
-        The smallest non-zero ``|x|`` seen (``inf`` if the value was always zero).
+        The smallest non-zero finite ``|x|`` seen (``inf`` if there was none).
     batches : int
         How many batches were run.
     margin : float
@@ -69,35 +73,84 @@ class Calibration:
         return cls.from_dict(json.loads(text))
 
 
+class OutOfRange(str):
+    """Why a value cannot be stored in a dtype: the text the report quotes, with the magnitude
+    it names and the limit of the dtype that magnitude violates."""
+
+    magnitude: float
+    bound: float
+
+    def __new__(cls, text: str, magnitude: float, bound: float):
+        reason = super().__new__(cls, text)
+        reason.magnitude, reason.bound = float(magnitude), float(bound)
+        return reason
+
+
+def out_of_range_reason(largest: float, dtype: str, margin: float = 1.0) -> OutOfRange | None:
+    """Why a value whose largest magnitude is ``largest`` cannot be stored in ``dtype`` (its
+    maximum, times ``margin``, overflows; or every non-zero value is below the smallest normal
+    number), or None if it can."""
+    from .dtypes import finfo  # pylint: disable=import-outside-toplevel
+
+    info = finfo(dtype)
+    if largest * margin > float(info.max):
+        margin_words = f" (with a {margin:g}x margin)" if margin != 1 else ""
+        return OutOfRange(f"observed max {largest:.3g} exceeds {dtype} max "
+                          f"{float(info.max):.6g}{margin_words}", largest, float(info.max))
+    if 0 < largest < float(info.smallest_normal):
+        return OutOfRange(f"observed max {largest:.3g} is below {dtype}'s smallest normal "
+                          f"{float(info.smallest_normal):.3g}", largest,
+                          float(info.smallest_normal))
+    return None
+
+
+def _is_float32_tensor(var) -> bool:
+    ty = var.ty
+    return isinstance(ty, relax.TensorType) and str(ty.dtype) == "float32"
+
+
 def _instrument(func: relax.Function):
     """``func`` returning ``(result, (max_0, min_0, max_1, ...))`` and the names measured."""
     builder = relax.BlockBuilder()
     names, stats, blocks = [], [], []
+
+    def measure(value, name, bindings, dataflow):
+        local = relax.DataflowVar if dataflow else relax.Var
+
+        def bind(call, label, var_kind=local):
+            normalized = builder.normalize(call)
+            var = var_kind(label, normalized.ty)
+            bindings.append(relax.VarBinding(var, normalized))
+            return var
+
+        # inf and NaN are stored as they are in any float dtype: only finite values count
+        finite = bind(relax.op.isfinite(value), "calib_finite")
+        absolute = bind(relax.op.abs(value), "calib_abs")
+        masked = bind(relax.op.where(finite, absolute, relax.const(0.0, "float32")),
+                      "calib_mag")
+        # one 0 more, so that an empty tensor has a maximum (TVM leaves it undefined)
+        magnitude = bind(relax.op.concat([bind(relax.op.reshape(masked, (-1,)), "calib_flat"),
+                                          relax.const(np.zeros(1, "float32"))]), "calib_pad")
+        largest = bind(relax.op.max(magnitude), "calib_max", relax.Var)
+        positive = bind(relax.op.greater(magnitude, relax.const(0.0, "float32")), "calib_pos")
+        nonzero = bind(relax.op.where(positive, magnitude, relax.const(np.inf, "float32")),
+                       "calib_nz")
+        smallest = bind(relax.op.min(nonzero), "calib_min", relax.Var)
+        stats.extend((largest, smallest))
+        names.append(name)
+
+    parameters = []
+    for param in func.params:
+        if _is_float32_tensor(param):
+            measure(param, param.name, parameters, False)
+    if parameters:
+        blocks.append(relax.BindingBlock(parameters))
     for block in func.body.blocks:
         dataflow = isinstance(block, relax.DataflowBlock)
         bindings = list(block.bindings)
         for binding in block.bindings:
-            ty = binding.var.ty
-            if not (isinstance(ty, relax.TensorType) and str(ty.dtype) == "float32"):
-                continue
-            if isinstance(binding.value, relax.If):
-                continue
-            local = relax.DataflowVar if dataflow else relax.Var
-
-            def bind(call, name, var_kind=local):
-                value = builder.normalize(call)
-                var = var_kind(name, value.ty)
-                bindings.append(relax.VarBinding(var, value))
-                return var
-
-            magnitude = bind(relax.op.abs(binding.var), "calib_abs")
-            largest = bind(relax.op.max(magnitude), "calib_max", relax.Var)
-            positive = bind(relax.op.greater(magnitude, relax.const(0.0, "float32")), "calib_pos")
-            nonzero = bind(relax.op.where(positive, magnitude, relax.const(np.inf, "float32")),
-                           "calib_nz")
-            smallest = bind(relax.op.min(nonzero), "calib_min", relax.Var)
-            stats += [largest, smallest]
-            names.append(binding.var.name)
+            if _is_float32_tensor(binding.var):
+                measure(binding.var, binding.var.name, bindings, dataflow)
         blocks.append((relax.DataflowBlock if dataflow else relax.BindingBlock)(bindings))
     body = relax.SeqExpr(blocks, relax.Tuple([func.body.body, relax.Tuple(stats)]))
     scalar = relax.TensorType((), "float32")

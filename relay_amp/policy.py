@@ -161,6 +161,13 @@ class Policy:
         Keep the function signatures' and results' dtypes. Default True.
     low_precision_inputs : sequence of str, optional
         Function parameters (by name) that take ``dtype`` instead of float32.
+    strict_io_dtypes : bool
+        What to do when a parameter or result that the signature makes ``dtype``
+        (``keep_io_dtypes=False``, ``low_precision_inputs``) holds a value ``dtype`` cannot
+        (a calibrated range or a constant beyond its limits): False (default) keeps that
+        parameter or result float32 and says so in the report (reason code
+        ``fp32_boundary``); True raises ``ValueError`` instead. Left out of :meth:`to_dict`
+        while False, so the policies written before it existed keep their JSON.
     fallback : {None, "storage"}
         What to do when the target cannot compute in ``dtype``: None raises, ``"storage"`` keeps
         computation in float32 and stores weights in ``dtype``.
@@ -207,6 +214,7 @@ class Policy:
         cast_params_offline: bool = True,
         keep_io_dtypes: bool = True,
         low_precision_inputs: Sequence[str] = (),
+        strict_io_dtypes: bool = False,
         fallback: str | None = None,
         input_dtypes: dict | None = None,
         input_normalization: dict | None = None,
@@ -242,6 +250,7 @@ class Policy:
         self.cast_params_offline = _as_bool(cast_params_offline, "cast_params_offline")
         self.keep_io_dtypes = _as_bool(keep_io_dtypes, "keep_io_dtypes")
         self.low_precision_inputs = tuple(_as_list(low_precision_inputs, "low_precision_inputs"))
+        self.strict_io_dtypes = _as_bool(strict_io_dtypes, "strict_io_dtypes")
         if fallback not in _FALLBACKS:
             raise ValueError(f"fallback must be one of {_FALLBACKS}; got {fallback!r}")
         self.fallback = fallback
@@ -355,6 +364,7 @@ class Policy:
             "input_dtypes": dict(self.input_dtypes),
             "input_normalization": {k: dict(v) for k, v in self.input_normalization.items()},
             **{name: getattr(self, name) for name in KERNEL_SETTINGS},
+            **({"strict_io_dtypes": True} if self.strict_io_dtypes else {}),
         }
 
     @classmethod
@@ -362,7 +372,7 @@ class Policy:
         """Build a policy from :meth:`to_dict`'s output (unknown keys are an error)."""
         if not isinstance(data, dict):
             raise TypeError(f"Policy.from_dict takes a dict; got {type(data).__name__}")
-        known = set(cls("float16").to_dict())
+        known = set(cls("float16", strict_io_dtypes=True).to_dict())
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown policy keys {unknown}; known keys are {sorted(known)}")
@@ -372,6 +382,7 @@ class Policy:
             cast_params_offline=data.get("cast_params_offline", True),
             keep_io_dtypes=data.get("keep_io_dtypes", True),
             low_precision_inputs=data.get("low_precision_inputs", ()),
+            strict_io_dtypes=data.get("strict_io_dtypes", False),
             fallback=data.get("fallback"),
             input_dtypes=data.get("input_dtypes"),
             input_normalization=data.get("input_normalization"),

@@ -31,6 +31,39 @@ class BindingRecord:
     macs: int
 
 
+#: Reason code of a function parameter or result kept float32 although the signature asked for
+#: the low-precision dtype (``keep_io_dtypes=False``, ``low_precision_inputs``): calibration, or a
+#: constant, shows a value that dtype cannot hold. ``Policy(strict_io_dtypes=True)`` raises instead.
+FP32_BOUNDARY = "fp32_boundary"
+
+
+@dataclass(frozen=True)
+class BoundaryRecord:
+    """A function parameter or result kept float32 at the signature, and why.
+
+    ``where`` is the parameter's name, or ``result`` / ``result[1]`` / ``result[1][0]`` for
+    (a field of) the function's result; ``value`` names what holds it (a binding, parameter or
+    ``constant``). ``magnitude`` is the largest (or, for an underflow, the only) magnitude seen,
+    ``bound`` the limit of the low-precision dtype it violates.
+    """
+
+    function: str
+    kind: str  # "parameter" or "result"
+    where: str
+    value: str
+    magnitude: float
+    bound: float
+    reason: str
+    code: str = FP32_BOUNDARY
+
+    def note(self, low: str) -> str:
+        """The report note: ``main: result (gv) kept float32, not float16 [fp32_boundary]: ...``."""
+        what = self.where if self.kind == "parameter" and self.where == self.value else (
+            f"{self.where} ({self.value})")
+        kind = "parameter " if self.kind == "parameter" else ""
+        return f"{self.function}: {kind}{what} kept float32, not {low} [{self.code}]: {self.reason}"
+
+
 @dataclass
 class Report:
     """The explanation of one conversion.
@@ -46,7 +79,11 @@ class Report:
     constants_converted : int
         Constants converted at conversion time (no run-time cast).
     notes : list of str
-        Module-level remarks (functions left alone, targets used).
+        Module-level remarks (functions left alone, targets used, values kept float32 at a
+        function's signature).
+    boundary : list of BoundaryRecord
+        Parameters and results kept float32 although the signature asked for the low-precision
+        dtype (reason code :data:`FP32_BOUNDARY`); each also has a note.
     """
 
     dtype: str
@@ -54,6 +91,7 @@ class Report:
     casts: int = 0
     constants_converted: int = 0
     notes: list = field(default_factory=list)
+    boundary: list = field(default_factory=list)
     search: object = None  # a relay_amp.fallback.SearchResult, after auto_mixed_precision
 
     @property
@@ -123,6 +161,7 @@ class Report:
             "constants_converted": self.constants_converted, "notes": list(self.notes),
             "low_precision_mac_fraction": self.low_precision_mac_fraction(),
             "unknown_ops": self.unknown_ops,
+            "boundary": [asdict(b) for b in self.boundary],
             "search": self.search.to_dict() if self.search is not None else None,
             "rows": [{**asdict(r), "input_dtypes": list(r.input_dtypes)} for r in self.rows],
         }

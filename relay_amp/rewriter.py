@@ -10,6 +10,10 @@
 #    low-precision ops want low precision; float32, unknown and accumulate ops want each operand's
 #    original dtype; a follow op runs in low precision only if it can and one of its consumers
 #    wants low precision. The function result wants its original dtypes (keep_io_dtypes).
+#    Where the signature is made low precision (keep_io_dtypes=False, low_precision_inputs), a
+#    parameter or result leaf that holds a value the low dtype cannot (calibrated range, or a
+#    constant) keeps float32 there, with a note and the reason code fp32_boundary, or the
+#    conversion raises (strict_io_dtypes).
 # 3. Rewrite. Forward again with a PyExprMutator: every operand is cast to the dtype its consumer
 #    computes in through one cast cache per scope. The cache stores both directions, so a cast
 #    back to the original dtype returns the original value (never a fp32 -> fp16 -> fp32 round
@@ -41,7 +45,14 @@ from tvm.relax import (
     expr_functor,
 )
 
-from .dtypes import converted_tensor, numpy_dtype, out_of_range_value
+from .calibrate import OutOfRange, out_of_range_reason
+from .dtypes import (
+    converted_tensor,
+    max_finite,
+    numpy_dtype,
+    out_of_range_value,
+    smallest_subnormal,
+)
 from .op_tables import (
     EXACT_OPS,
     FUSION_KINDS,
@@ -53,7 +64,7 @@ from .op_tables import (
     fuses,
 )
 from .policy import Decision, Policy
-from .report import BindingRecord, estimate_macs
+from .report import FP32_BOUNDARY, BindingRecord, BoundaryRecord, estimate_macs
 from .report import short_dtype as _short
 from .targets import KernelSettings
 
@@ -70,6 +81,17 @@ _ORIGINAL = "original"  # mode: every operand keeps (or gets back) its original 
 _STORAGE = "storage"  # mode: original, but float32 constants are stored low and widened
 #: Kernels that can end with a cast to low precision, written where the kernel stores its result.
 _STORING_KINDS = (FusionKind.ANCHOR, FusionKind.ELEMWISE, FusionKind.INJECTIVE)
+#: Ops whose result holds every value of their one float input (up to sign): a result out of
+#: range means that input is out of range too.
+_ALL_VALUES_OPS = frozenset((
+    "reshape", "permute_dims", "expand_dims", "squeeze", "flatten", "nn.batch_flatten",
+    "layout_transform", "flip", "broadcast_to", "tile", "repeat", "negative", "abs"))
+#: Ops whose result holds only values of their one float input (up to sign) or zeros: a result
+#: above the dtype's maximum means that input is above it too.
+_SOME_VALUES_OPS = _ALL_VALUES_OPS | frozenset((
+    "strided_slice", "dynamic_strided_slice", "take", "gather_elements", "gather_nd",
+    "nn.pixel_shuffle", "tril", "triu", "nn.dropout", "max", "min", "nn.max_pool1d",
+    "nn.max_pool2d", "nn.max_pool3d", "sort", "nn.relu"))
 
 
 def tensor_dtype(expr_or_type) -> str | None:
@@ -166,8 +188,9 @@ class FunctionPlanner:
 
     def __init__(self, policy: Policy, low: str, target_rule, constant_check, params_low: set,
                  observed=None, margin: float = 1.0, int_inputs=None, dtype_of=None,
-                 settings: KernelSettings | None = None):
+                 settings: KernelSettings | None = None, param_problems=None):
         self.policy = policy
+        self.param_problems = param_problems or {}  # param handle -> OutOfRange
         self.settings = settings or KernelSettings()
         self.boundaries = self.settings.low_precision_boundaries
         self.uses: dict = {}  # var -> consumers (a call binding's var, or None for other uses)
@@ -258,7 +281,12 @@ class FunctionPlanner:
 
     # ------------------------------------------------------------------ step 1
     def forward(self, seq: SeqExpr, params=()):
-        self.params.update(self.canonical(p) for p in params)
+        for param in params:
+            param = self.canonical(param)
+            self.params.add(param)
+            problem = self.param_problems.get(param.__chandle__())
+            if problem is not None:
+                self.hot[param] = problem
         for binding, var, value in self.bindings(seq):
             self._forward_binding(binding, var, value)
 
@@ -307,17 +335,9 @@ class FunctionPlanner:
         largest = self.observed(var)
         if largest is None:
             return
-        from .dtypes import finfo  # pylint: disable=import-outside-toplevel
-
-        info = finfo(self.low)
-        margin = self.margin
-        if largest * margin > float(info.max):
-            margin_words = f" (with a {margin:g}x margin)" if margin != 1 else ""
-            self.hot[var] = (f"observed max {largest:.3g} exceeds {self.low} max "
-                             f"{float(info.max):.6g}{margin_words}")
-        elif 0 < largest < float(info.smallest_normal):
-            self.hot[var] = (f"observed max {largest:.3g} is below {self.low}'s smallest normal "
-                             f"{float(info.smallest_normal):.3g}")
+        problem = out_of_range_reason(largest, self.low, self.margin)
+        if problem is not None:
+            self.hot[var] = problem
 
     def _decide(self, op: str, name: str, call) -> Decision:
         decision = self._decisions.get(op)
@@ -607,8 +627,12 @@ class FunctionPlanner:
                     wanted = self.demand[leaf] = set()
                 wanted.add(dtype if dtype is not None else "original")
 
-    def backward(self, seq: SeqExpr, result_dtypes_low: bool):
-        if result_dtypes_low:
+    def backward(self, seq: SeqExpr, result_dtypes_low: bool, result_type=None):
+        """Step 2 over ``seq``; ``result_type`` (a low-precision signature with some leaves kept
+        float32) says which dtype each leaf of the result is wanted in."""
+        if result_type is not None:
+            self.want_result(seq.body, result_type)
+        elif result_dtypes_low:
             self.want(seq.body, {self.low})
         else:
             self.want_original(seq.body)
@@ -661,6 +685,101 @@ class FunctionPlanner:
             source = self.canonical(value.tuple_value)
             self.item_demand.setdefault((source, value.index), set()).update(demand)
             self.want(source, demand)
+
+    def want_result(self, expr, ty):
+        """Record that the result ``expr`` is wanted in the dtypes of the type ``ty``."""
+        if isinstance(ty, TensorType):
+            self.want(expr, {str(ty.dtype)})
+            return
+        if not isinstance(ty, _TupleType):
+            self.want_original(expr)
+            return
+        if type(expr) is relax.Tuple:  # noqa: E721
+            for field, field_ty in zip(expr.fields, ty.fields):
+                self.want_result(field, field_ty)
+            return
+        if not _is_var(expr):
+            return
+        var = self.canonical(expr)
+        dtypes = {str(t.dtype) for t in _type_leaves(ty)}
+        if len(dtypes) == 1:
+            self.want(var, dtypes)
+            return
+        for index, field_ty in enumerate(ty.fields):
+            field_dtypes = {str(t.dtype) for t in _type_leaves(field_ty)}
+            self.item_demand.setdefault((var, index), set()).update(
+                field_dtypes if len(field_dtypes) == 1 else {"original"})
+
+    # ------------------------------------------------------------------ the signature
+    def _values(self, expr, path=(), depth=0) -> list:
+        """The expressions whose value (field ``path`` of) ``expr`` may be: itself, and what it
+        is bound to through vars, tuples, tuple items, If branches and ops that pass the values
+        of their one float input through."""
+        if depth > 64:
+            return []
+        kind = type(expr)
+        if kind is relax.Tuple:
+            return self._values(expr.fields[path[0]], path[1:], depth + 1) if path else []
+        if kind is TupleGetItem:
+            return self._values(expr.tuple_value, (expr.index, *path), depth + 1)
+        if kind is _GenericConst:
+            return [] if path else [expr]
+        if not _is_var(expr):
+            return []
+        var = self.canonical(expr)
+        found = [] if path else [var]
+        value = self.bound.get(var)
+        if value is None:
+            return found
+        value_type = type(value)
+        if value_type is If:
+            return (found + self._values(value.true_branch.body, path, depth + 1)
+                    + self._values(value.false_branch.body, path, depth + 1))
+        if value_type is Call:
+            plan = self.plans.get(var)
+            if not path and plan is not None and plan.op in _ALL_VALUES_OPS:
+                leaves = self._float_leaves(var)
+                if len(leaves) == 1:
+                    found += self._values(leaves[0][0], (), depth + 1)
+            return found
+        return found + self._values(value, path, depth + 1)
+
+    def _unholdable(self, expr) -> OutOfRange | None:
+        """Why the value of ``expr`` (a var or constant) cannot be stored in the low dtype."""
+        if type(expr) is _GenericConst:
+            if self.dtype_of(expr) != "float32":
+                return None
+            bad = self.constant_check(expr)
+            if bad is None:
+                return None
+            overflow = abs(bad) > max_finite(self.low)
+            return OutOfRange(f"constant {bad:.4g} {_range_words(bad, self.low)}", abs(bad),
+                              max_finite(self.low) if overflow else smallest_subnormal(self.low))
+        return self.hot.get(expr) if _is_var(expr) else None
+
+    def boundary_result_type(self, result, ret_ty):
+        """The low-precision signature's result type: ``ret_ty`` with every float32 tensor leaf
+        in the low dtype, except the leaves whose value the low dtype cannot hold; and those
+        leaves as ``(path, expr, reason)``."""
+        kept = []
+
+        def walk(ty, path):
+            if isinstance(ty, TensorType):
+                if str(ty.dtype) != "float32":
+                    return ty
+                values = self._values(result, path)
+                for expr in values:
+                    problem = self._unholdable(expr)
+                    if problem is not None:  # named after the var nearest the result
+                        kept.append((path, next((v for v in values if _is_var(v)), expr),
+                                     problem))
+                        return ty
+                return _lowered_type(ty, self.low)
+            if isinstance(ty, _TupleType):
+                return _TupleType([walk(f, (*path, i)) for i, f in enumerate(ty.fields)])
+            return ty
+
+        return walk(ret_ty, ()), kept
 
     def tuple_want(self, var, value: relax.Tuple):
         """The type a tuple binding is built in: a field in low precision where it is wanted so."""
@@ -790,6 +909,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         self.batch_norm_float32 = [0, 0]  # batch_norm ops, bytes of their float32 parameters
         self._batch_norm_seen: set = set()
         self._remap: dict = {}  # original var handle -> (original var, its rewritten value)
+        self.boundary: list[BoundaryRecord] = []
 
     # ------------------------------------------------------------------ entry
     def rewrite_function(self, name: str, func: Function, target_rule, signature_low: bool,
@@ -804,7 +924,14 @@ class MixedPrecisionRewriter(PyExprMutator):
         int_inputs, normalization = int_inputs or {}, normalization or {}
         new_params, params_low = [], set()
         int_params, prologue = {}, []
-        for param in func.params:
+        observed, margin = None, 1.0
+        if self.calibration is not None:
+            calibration = self.calibration
+            observed = lambda var: calibration.observed_max(name, var.name)  # noqa: E731
+            margin = calibration.margin
+        params = list(func.params)
+        param_problems = self._parameter_problems(func, params, observed, margin)
+        for param in params:
             if param.name in int_inputs and tensor_dtype(param) == int_inputs[param.name]:
                 new_params.append(param)  # converted before: the input is already integer
             elif param.name in int_inputs:
@@ -817,6 +944,12 @@ class MixedPrecisionRewriter(PyExprMutator):
                 new_params.append(new_param)
                 int_params[param] = new_param
                 prologue.append((param, new_param, normalization.get(param.name)))
+            elif ((signature_low or param.name in low_inputs) and tensor_dtype(param) == "float32"
+                  and param.__chandle__() in param_problems):
+                self._keep_at_boundary(name, "parameter", param.name, param.name,
+                                       param_problems[param.__chandle__()],
+                                       param.name in low_inputs)
+                new_params.append(param)
             elif (signature_low or param.name in low_inputs) and tensor_dtype(param) == "float32":
                 params_low.add(param)
                 new_param = Var(param.name, _lowered_type(param.ty, self.low))
@@ -824,30 +957,88 @@ class MixedPrecisionRewriter(PyExprMutator):
                 self.remap(param, new_param)
             else:
                 new_params.append(param)
-        observed, margin = None, 1.0
-        if self.calibration is not None:
-            calibration = self.calibration
-            observed = lambda var: calibration.observed_max(name, var.name)  # noqa: E731
-            margin = calibration.margin
         planner = FunctionPlanner(self.policy, self.low, target_rule, self.constant_out_of_range,
                                   params_low, observed, margin,
                                   {p: int_inputs[p.name] for p in int_params}, self.dtype_of,
-                                  settings)
-        planner.forward(func.body, func.params)
+                                  settings, param_problems)
+        planner.forward(func.body, params)
+        want = _lowered_type(func.ret_ty, self.low) if signature_low else func.ret_ty
+        result_type = None
+        if signature_low:
+            kept_type, kept = planner.boundary_result_type(func.body.body, func.ret_ty)
+            for path, expr, problem in kept:
+                where = "result" + "".join(f"[{i}]" for i in path)
+                value = expr.name if _is_var(expr) else "constant"
+                self._keep_at_boundary(name, "result", where, value, problem, False)
+                plan = planner.plans.get(expr) if _is_var(expr) else None
+                if plan is not None:
+                    plan.rule += (f"; stays float32 as the function's {where} [{FP32_BOUNDARY}]: "
+                                  f"{problem}")
+            if kept:
+                want = result_type = kept_type
         if planner.boundaries:
             planner.plan_boundaries(func.body)
-        planner.backward(func.body, signature_low)
+        planner.backward(func.body, signature_low, result_type)
         self._planner, self._function_name = planner, name
         self._int_params = int_params
         self._prologue = [entry for entry in prologue if planner.demand.get(entry[0])]
-        want = _lowered_type(func.ret_ty, self.low) if signature_low else func.ret_ty
         self.builder_.begin_scope(new_params)
         body = self.rewrite_seq(func.body, want)
         self.builder_.end_scope()
         self._planner, self._function_name, self._int_params, self._prologue = outer
-        ret_ty = want if signature_low else func.ret_ty
-        new_func = Function(new_params, body, ret_ty, func.is_pure, func.attrs, func.span)
+        new_func = Function(new_params, body, want, func.is_pure, func.attrs, func.span)
         return self.builder_.normalize(new_func)
+
+    def _parameter_problems(self, func: Function, params, observed, margin: float) -> dict:
+        """Float32 parameters whose calibrated values the low dtype cannot hold: measured
+        directly, or (a calibration without parameters) through a consumer whose result holds
+        only their values. Keyed by the parameter's handle."""
+        if observed is None:
+            return {}
+        problems = {}
+        floats = {p.__chandle__(): p for p in params if tensor_dtype(p) == "float32"}
+        for param in floats.values():
+            largest = observed(param)
+            problem = None if largest is None else out_of_range_reason(largest, self.low, margin)
+            if problem is not None:
+                problems[param.__chandle__()] = problem
+        if not isinstance(func.body, SeqExpr) or len(problems) == len(floats):
+            return problems
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                op = _op_name(value) if type(value) is Call else None
+                if op not in _SOME_VALUES_OPS or tensor_dtype(binding.var) != "float32":
+                    continue
+                leaves = [leaf for arg in value.args for leaf in _leaves(arg)
+                          if (tensor_dtype(leaf) or "").startswith(("float", "bfloat"))]
+                if len(leaves) != 1 or leaves[0].__chandle__() not in floats:
+                    continue
+                param = floats[leaves[0].__chandle__()]
+                largest = observed(binding.var)
+                if param.__chandle__() in problems or largest is None or (
+                        largest * margin <= max_finite(self.low)):
+                    continue
+                problem = out_of_range_reason(largest, self.low, margin)
+                problems[param.__chandle__()] = OutOfRange(
+                    f"its consumer {binding.var.name} ({op}, whose values are {param.name}'s) "
+                    f"has {problem}", problem.magnitude, problem.bound)
+        return problems
+
+    def _keep_at_boundary(self, function: str, kind: str, where: str, value: str,
+                          problem: OutOfRange, named: bool):
+        """Record a parameter or result kept float32 at the signature, or raise if the policy
+        asks for strict I/O dtypes."""
+        if self.policy.strict_io_dtypes:
+            undo = f"leave it off to keep this {kind} float32" + (
+                f", or take {where} out of low_precision_inputs" if named else "")
+            subject = where if where == value else f"{where} ({value})"
+            raise ValueError(f"{function}: {kind} {subject} cannot be {self.low}: {problem}; "
+                             f"strict_io_dtypes is set ({undo})")
+        record = BoundaryRecord(function, kind, where, value, problem.magnitude, problem.bound,
+                                str(problem))
+        self.boundary.append(record)
+        self.notes.append(record.note(self.low))
 
     def _push_layer(self, is_dataflow: bool):
         self._cache_stack.append({})

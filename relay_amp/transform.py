@@ -72,7 +72,11 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     calibration : relay_amp.Calibration, optional
         Observed value ranges from :func:`relay_amp.calibrate`: values that would overflow (or
         underflow) the low-precision dtype stay float32, and so do the ops that would read them
-        in low precision.
+        in low precision. So does a parameter or result that the signature would make low
+        precision (``keep_io_dtypes=False``, ``low_precision_inputs``): it keeps float32 with a
+        note and a :class:`relay_amp.report.BoundaryRecord` in ``report.boundary`` (a constant
+        result out of range does the same without calibration), or, with
+        ``strict_io_dtypes=True``, the conversion raises.
     debug_guard : bool
         Check every low-precision result for NaN/Inf at run time; the first binding that
         produces one stops the run with an error that names it. Off by default (no cost).
@@ -96,7 +100,8 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     TypeError
         ``mod`` is not an IRModule, or a policy argument has the wrong type.
     ValueError
-        An unsupported dtype, an unknown op name, a bad regex, or an invalid target.
+        An unsupported dtype, an unknown op name, a bad regex, an invalid target, or (with
+        ``strict_io_dtypes``) a low-precision parameter or result the dtype cannot hold.
     """
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"convert() takes a tvm.IRModule; got {type(mod).__name__}"
@@ -178,6 +183,7 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
         relax.analysis.well_formed(new_mod)
         report.notes.append("debug_guard: every low-precision result is checked for NaN/Inf")
     report.notes.extend(rewriter.notes)
+    report.boundary = list(rewriter.boundary)
     count, nbytes = rewriter.batch_norm_float32
     if count:
         report.notes.append(
