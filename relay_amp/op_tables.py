@@ -146,6 +146,12 @@ BUILTIN_GROUPS: tuple[OpGroup, ...] = (
 #: Other follow ops round, so they compute in float32 when their inputs already exist in float32.
 EXACT_OPS = frozenset(BUILTIN_GROUPS[-1].ops)
 
+#: Normalizations that subtract their input's mean: a value they read keeps float32 between
+#: kernels by default (``low_precision_residuals`` off). Rounded first, the digits that survive
+#: the subtraction are those low precision lacks; in a post-norm transformer that input is the
+#: residual stream itself.
+CENTRING_OPS = frozenset({"nn.layer_norm", "nn.group_norm", "nn.instance_norm"})
+
 #: Built-in conditional rules: ``(op, attribute, values, reason)``; a matching call stays fp32.
 BUILTIN_CONDITIONS: tuple[tuple[str, str, tuple, str], ...] = (
     ("nn.batch_norm", "training", (True,),

@@ -54,6 +54,7 @@ from .dtypes import (
     smallest_subnormal,
 )
 from .op_tables import (
+    CENTRING_OPS,
     EXACT_OPS,
     FUSION_KINDS,
     LOW_CATEGORIES,
@@ -200,6 +201,7 @@ class FunctionPlanner:
         self.residuals: set = set()  # float32 values kept float32 between kernels
         self.low_values: set = set()  # float32 values that the rewrite computes in low precision
         self.folded: set = set()  # values computed from constants alone (folded at build time)
+        self.absorbed: dict = {}  # residual add -> the centring kernel that computes it
         self.observed = observed  # var -> calibrated max |x| (None: not calibrated)
         self.margin = margin
         self.hot: dict = {}  # var -> why its value cannot be stored in the low dtype
@@ -475,11 +477,14 @@ class FunctionPlanner:
                     uses.setdefault(self.canonical(free), []).append(None)
         for free in relax.analysis.free_vars(seq.body):
             uses.setdefault(self.canonical(free), []).append(None)
+        self._plan_absorbed_adds(items)
         for _, var, value in items:
             plan = self.plans.get(var)
             if plan is None:
                 continue
-            if all(type(leaf) is _GenericConst or leaf in self.folded
+            if var in self.absorbed:
+                self.group_kind[var] = FusionKind.OPAQUE  # inside its normalization's kernel
+            elif all(type(leaf) is _GenericConst or leaf in self.folded
                    for _, leaves in self.call_args[var] for leaf in leaves
                    if _is_var(leaf) or type(leaf) is _GenericConst):
                 self.folded.add(var)  # FoldConstant computes it at build time: no kernel
@@ -487,7 +492,7 @@ class FunctionPlanner:
                 self._fuse_inputs(var, plan)
         for _, var, value in items:
             plan = self.plans.get(var)
-            if plan is None or var in self.folded:
+            if plan is None or var in self.folded or var in self.absorbed:
                 continue
             if (plan.category == Category.FOLLOW and plan.mode == _ORIGINAL
                     and plan.op not in _QDQ_OPS and plan.float_output
@@ -505,21 +510,60 @@ class FunctionPlanner:
     def _keeps_residual(self, var, plan: _Plan) -> bool:
         """A residual stream keeps float32 between kernels (unless ``low_precision_residuals``):
         a value computed in float32 registers that an elementwise op in another kernel adds to
-        in float32. Stored in low precision it would be rounded once more per block, on the
-        path that carries the sum through the network. (A mixed kernel's result is exempt: it
-        writes low precision for its dot-product consumers.)"""
-        if self.settings.low_precision_residuals or plan.mixed:
+        in float32, or that a normalization in another kernel centres (:data:`CENTRING_OPS`).
+        Stored in low precision it would be rounded once more per block, on the path that
+        carries the sum through the network (in a post-norm transformer, the normalization's
+        input and result are that path)."""
+        if self.settings.low_precision_residuals:
             return False
         for consumer in self.uses.get(var, ()):
             other = self.plans.get(consumer)
-            if (consumer is not None and other is not None and (var, consumer) not in self.fused
-                    and other.category == Category.FOLLOW and other.op not in EXACT_OPS
+            if consumer is None or other is None or (var, consumer) in self.fused:
+                continue
+            if consumer in self.absorbed and self._is_branch_of(var, consumer):
+                continue  # stored low; the sum is formed in float32 in the normalization
+            if (other.category == Category.FOLLOW and other.op not in EXACT_OPS
                     and FUSION_KINDS.get(other.op) == FusionKind.ELEMWISE):
                 plan.rule += (f"; stored float32 between kernels: {consumer.name} adds to it in "
                               "float32, a residual stream (low_precision_residuals off)")
-                self.residuals.add(var)
-                return True
+            elif other.mixed and other.op in CENTRING_OPS and not plan.mixed:
+                plan.rule += (f"; stored float32 between kernels: {consumer.name} "
+                              f"({other.op}) subtracts its mean, which cancels the leading "
+                              "digits (low_precision_residuals off)")
+            else:
+                continue
+            self.residuals.add(var)
+            return True
         return False
+
+    def _plan_absorbed_adds(self, items):
+        """A centring normalization computes the residual add that feeds it in its own kernel
+        (float32 registers): the sum, which in a post-norm transformer is the residual
+        stream, then never crosses a kernel boundary, and the branch result it adds (a dot
+        product's) crosses one in low precision."""
+        if self.settings.low_precision_residuals:
+            return
+        for _, var, _ in items:
+            plan = self.plans.get(var)
+            if plan is None or not plan.mixed or plan.op not in CENTRING_OPS:
+                continue
+            source = self.call_args[var][0][0]
+            producer = self.plans.get(source)
+            if (producer is not None and producer.op == "add"
+                    and producer.category == Category.FOLLOW and producer.mode == _ORIGINAL
+                    and type(source) is DataflowVar and self.uses.get(source) == [var]
+                    and self.dtype_of(source) == "float32"
+                    and all(_is_var(arg) and len(leaves) == 1
+                            for arg, leaves in self.call_args[source])):
+                self.absorbed[source] = var
+                producer.rule += (f"; computed in float32 inside {var.name}'s kernel "
+                                  f"({plan.op}), so the sum is never stored")
+
+    def _is_branch_of(self, var, add) -> bool:
+        """Is ``var`` the branch operand of the absorbed residual ``add`` (its other operand
+        is the stream: a residual already, or a parameter)?"""
+        others = [arg for arg, _ in self.call_args[add] if arg is not var]
+        return bool(others) and all(o in self.residuals or o not in self.plans for o in others)
 
     def _fuse_inputs(self, var, plan: _Plan):
         kind = FusionKind.ANCHOR if plan.mixed else FUSION_KINDS.get(plan.op, FusionKind.OPAQUE)
@@ -896,6 +940,8 @@ class MixedPrecisionRewriter(PyExprMutator):
         self.records: list[BindingRecord] = []
         self._cache_stack: list[dict] = []
         self._layer_kinds: list[bool] = []  # parallel to _cache_stack: is it a dataflow block's
+        self._kernel_copies: set = set()  # handles of low-precision copies a kernel writes
+        self._absorbed: dict = {}  # absorbed add -> (its call, plan, operands as rewritten)
         self._constants: dict = {}  # handle -> [constant, its numpy value, out of range, low copy]
         self._planner: FunctionPlanner | None = None
         self._function_name = ""
@@ -1186,6 +1232,11 @@ class MixedPrecisionRewriter(PyExprMutator):
         self.dtype_of(new)  # keeps ``new`` alive while its handle is a cache key
         return new
 
+    def _written_low(self, value) -> bool:
+        """Did the kernel that computes ``value`` also write its low-precision copy?"""
+        copy = self._lookup(value.__chandle__(), self.low)
+        return copy is not None and copy.__chandle__() in self._kernel_copies
+
     def _cache_layer(self, value) -> dict:
         """The innermost cache layer in which ``value`` stays visible: a dataflow block's layer
         holds only its dataflow vars; output vars and constants outlive the block."""
@@ -1243,6 +1294,9 @@ class MixedPrecisionRewriter(PyExprMutator):
             var = self._planner.canonical(var)
             plan = self._planner.plans.get(var)
         value_type = type(value)
+        if plan is not None and var in self._planner.absorbed:
+            self._absorbed[var] = (value, plan, self._absorbed_operands(var))
+            return  # emitted inside its normalization's kernel
         if plan is not None:
             new_var = self._rewrite_call(var, value, plan, output, binding)
         elif value_type is Call:
@@ -1332,7 +1386,8 @@ class MixedPrecisionRewriter(PyExprMutator):
                 new_args.append(self._widen(visited))
             elif (lowered and arg in self._planner.residuals
                   and plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE
-                  and self.dtype_of(visited) == "float32"):
+                  and self.dtype_of(visited) == "float32"
+                  and not self._written_low(visited)):
                 narrowed.append(index)  # rounded inside the dot product's own kernel
                 new_args.append(visited)
             elif lowered:
@@ -1362,15 +1417,25 @@ class MixedPrecisionRewriter(PyExprMutator):
                 self._record(var, call, kernel, new_args, plan)
                 return kernel
             new_args = [self.cast(a, low) if i in narrowed else a for i, a in enumerate(new_args)]
+        if plan.mixed and self._planner.call_args[var][0][0] in self._absorbed:
+            absorbed = self._planner.call_args[var][0][0]
+            add_call, add_plan, operands = self._absorbed.pop(absorbed)
+            out_dtype = self._mixed_out_dtype(var, output)
+            kernel = self._emit_absorbing_kernel(plan.op, call, new_args, operands, out_dtype,
+                                                 var.name, output)
+            plan.rule += (f"; one kernel (mixed_kernels): adds "
+                          f"{' + '.join(o.name for o in operands)} in float32 registers, "
+                          f"computes float32, writes {' and '.join(_as_tuple(out_dtype))}")
+            self._record(absorbed, add_call, kernel, operands, add_plan)
+            self._record(var, call, kernel, new_args[1:], plan)
+            return kernel
         if plan.mixed:
-            out_dtype = low if var in self._planner.low_values or (
-                self.low in self._planner.demand.get(var, ())
-                and "float32" not in self._planner.demand.get(var, ())) else "float32"
+            out_dtype = self._mixed_out_dtype(var, output)
             mixed = self._emit_mixed_kernel(plan.op, call, new_args, out_dtype, var.name, output)
             if mixed is not None:
                 plan.rule += (f"; one kernel (mixed_kernels): reads "
                               f"{'/'.join(sorted({self.dtype_of(a) for a in new_args if self.dtype_of(a)}))}"
-                              f", computes float32, writes {out_dtype}")
+                              f", computes float32, writes {' and '.join(_as_tuple(out_dtype))}")
                 self._record(var, call, mixed, new_args, plan)
                 return mixed
             plan.mixed = False
@@ -1420,6 +1485,59 @@ class MixedPrecisionRewriter(PyExprMutator):
             op, call, args, lambda index, tensor: "float32" if str(tensor.dtype) == low else None,
             name, output, out_dtype)
 
+    def _mixed_out_dtype(self, var, output: bool):
+        """What a mixed kernel writes: the low dtype, float32, or both (a residual stream
+        that dot products also read, as a post-norm transformer's layer_norm result)."""
+        low, demand = self.low, self._planner.demand.get(var, ())
+        if var in self._planner.low_values or (low in demand and "float32" not in demand):
+            return low
+        if low in demand and not output and var in self._planner.residuals:
+            return ("float32", low)
+        return "float32"
+
+    def _split_pair(self, pair, name: str):
+        """The float32 result of a kernel that writes ``(float32, low)``; the low-precision
+        copy joins the cast cache."""
+        result = self.builder_.emit(relax.TupleGetItem(pair, 0), name)
+        copy = self.builder_.emit(relax.TupleGetItem(pair, 1), f"{name}_{_short(self.low)}")
+        self._adopt_cast(result, copy)
+        self._kernel_copies.add(copy.__chandle__())
+        self.dtype_of(copy)  # keeps ``copy`` alive while its handle is a set member
+        return result
+
+    def _absorbed_operands(self, add):
+        """The operands of an absorbed residual add as its normalization's kernel reads them:
+        a value stored in low precision between kernels as that copy, the rest as they are."""
+        operands = []
+        for arg, _ in self._planner.call_args[add]:
+            visited = self.visit_leaf(arg)
+            if self._planner.boundary_read(arg, add):
+                visited = self.cast(visited, self.low)
+            operands.append(visited)
+        return operands
+
+    def _emit_absorbing_kernel(self, op: str, call, args, operands, out_dtype, name: str,
+                               output: bool):
+        """``op`` on the sum of ``operands`` (the absorbed add), formed in float32 in the same
+        kernel; ``args`` are the op's other operands (``args[0]`` is the add)."""
+        from tvm import topi  # pylint: disable=import-outside-toplevel
+
+        def widened_sum(*tensors):
+            total = topi.cast(tensors[0], "float32")
+            for tensor in tensors[1:]:
+                total = topi.add(total, topi.cast(tensor, "float32"))
+            return total
+
+        low = self.low
+        kernel = self._emit_legalized(
+            op, call, args, lambda index, tensor: "float32" if str(tensor.dtype) == low else None,
+            name, output, out_dtype, prologue=(0, widened_sum, operands))
+        if kernel is None:  # the add as its own kernel, then the op
+            total = self._emit(relax.op.add(*[self.cast(o, "float32") for o in operands]),
+                               f"{name}_sum", False)
+            return self._emit_mixed_kernel(op, call, [total, *args[1:]], out_dtype, name, output)
+        return kernel
+
     def _emit_narrowing_kernel(self, op: str, call, attrs, args, narrowed, name: str,
                                output: bool):
         """``op`` as one TensorIR kernel that rounds its float32 operands at ``narrowed`` to the
@@ -1434,11 +1552,14 @@ class MixedPrecisionRewriter(PyExprMutator):
             lambda index, tensor: low if index in narrowed else None, name, output)
 
     def _emit_legalized(self, op: str, legal_call, args, operand_dtype, name: str, output: bool,
-                        out_dtype: str | None = None):
+                        out_dtype=None, prologue=None):
         """TVM's legalization of ``legal_call`` (one ``call_te``, recorded) re-emitted on
         ``args``, the operands of ``legal_call`` position for position, as one kernel that casts
         operand ``i`` to ``operand_dtype(i, tensor)`` (None: as it is) and its result to
-        ``out_dtype``. None if the legalization is anything but one ``call_te``."""
+        ``out_dtype`` (a tuple of dtypes: one result in each, the first returned and the
+        second a cached low-precision copy). ``prologue``, ``(i, compute, exprs)``: operand
+        ``i`` is ``compute`` of the tensors of ``exprs``, in the same kernel. None if the
+        legalization is anything but one ``call_te``."""
         recorder = _TeRecorder()
         legalize = tvm.ir.Op.get("relax." + op).get_attr("FLegalize")
         try:
@@ -1448,33 +1569,58 @@ class MixedPrecisionRewriter(PyExprMutator):
         if len(recorder.calls) != 1:
             return None
         te_func, te_args, te_kwargs = recorder.calls[0]
+        # A TE function may use the builder it was legalized with (matmul's infers its output
+        # shape with it); the recorder cannot cross the FFI, so it gets the real builder.
+        for cell in getattr(te_func, "__closure__", None) or ():
+            if cell.cell_contents is recorder:
+                cell.cell_contents = self.builder_
         te_kwargs = dict(te_kwargs)
         hint = te_kwargs.pop("primfunc_name_hint", op.split(".")[-1])
         positions = {arg.__chandle__(): i for i, arg in enumerate(legal_call.args)}
         keys = list(te_kwargs)
         values, indices = [], []
+        computed, prologue_compute, extra = (prologue[0], prologue[1], list(prologue[2])) if (
+            prologue) else (None, None, [])
         for value in list(te_args) + [te_kwargs[k] for k in keys]:
             index = positions.get(value.__chandle__()) if isinstance(value, relax.Expr) else None
             if isinstance(value, relax.Expr) and index is None:
                 return None
-            values.append(args[index] if index is not None else value)
+            if index is not None and index == computed:
+                values.append(None)  # formed in the kernel from the prologue's tensors
+            else:
+                values.append(args[index] if index is not None else value)
             indices.append(index)
+        if computed is not None and computed not in indices:
+            return None
         count = len(te_args)
+        main = [v for v in values[:count] if v is not None]
 
         def kernel(*tensors, **kwargs):
             from tvm import te, topi  # pylint: disable=import-outside-toplevel
 
-            given = list(tensors) + [kwargs[k] for k in keys]
+            positional = iter(tensors[:len(main)])
+            formed = prologue_compute(*tensors[len(main):]) if prologue_compute else None
+            given = [formed if index == computed and index is not None else (
+                next(positional) if i < count else kwargs[keys[i - count]])
+                for i, index in enumerate(indices)]
             operands = []
             for tensor, index in zip(given, indices):
-                dtype = operand_dtype(index, tensor) if isinstance(tensor, te.Tensor) else None
+                dtype = (operand_dtype(index, tensor) if isinstance(tensor, te.Tensor)
+                         and index != computed else None)
                 operands.append(topi.cast(tensor, dtype) if dtype else tensor)
             result = te_func(*operands[:count], **dict(zip(keys, operands[count:])))
+            if isinstance(out_dtype, tuple):  # one result per dtype, written by one kernel
+                return [topi.cast(result, d) if str(result.dtype) != d else result
+                        for d in out_dtype]
             if out_dtype is not None and str(result.dtype) != out_dtype:
                 return topi.cast(result, out_dtype)
             return result
 
-        return self._emit_te(kernel, values[:count], dict(zip(keys, values[count:])), hint,
+        if isinstance(out_dtype, tuple):
+            pair = self._emit_te(kernel, main + extra, dict(zip(keys, values[count:])), hint,
+                                 f"{name}_pair", False)
+            return None if pair is None else self._split_pair(pair, name)
+        return self._emit_te(kernel, main + extra, dict(zip(keys, values[count:])), hint,
                              name, output)
 
     def _emit_te(self, compute, args, kwargs, hint: str, name: str, output: bool):
@@ -1548,6 +1694,10 @@ class _TeRecorder:
     def call_te(self, func, *args, **kwargs):
         self.calls.append((func, args, kwargs))
         return None
+
+
+def _as_tuple(value) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
 
 
 def _same_dtypes(a, b) -> bool:

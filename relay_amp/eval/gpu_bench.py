@@ -190,28 +190,37 @@ def build(model: BenchModel, arch: str = "sm_90", out_dir: str | None = None,
     import os  # pylint: disable=import-outside-toplevel
     import subprocess  # pylint: disable=import-outside-toplevel
     import tempfile  # pylint: disable=import-outside-toplevel
+    from concurrent.futures import ThreadPoolExecutor  # pylint: disable=import-outside-toplevel
 
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
-    facts = {}
-    for variant in VARIANTS:
-        start = time.perf_counter()
-        mod = variant_module(model, variant, target)
-        executable = compile_module(mod, target)
-        fact = {"compile_s": time.perf_counter() - start,
-                "input_dtypes": sorted(set(_weight_dtypes(mod).values()))}
-        source = "\n".join(m.inspect_source("cuda") for m in executable.mod.imports[0].imports
-                           if m.kind == "cuda")
-        fact["kernels"] = source.count("__global__")
-        if check_with_nvcc:
-            folder = out_dir or tempfile.mkdtemp(prefix="relay_amp_gpu_")
-            path = os.path.join(folder, f"{model.name}-{variant.replace(':', '-')}.cu")
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write(source)
-            result = subprocess.run(
-                ["nvcc", "-cubin", f"-arch={arch}", "-o", path[:-3] + ".cubin", path],
-                capture_output=True, text=True, check=False)
-            fact["nvcc"] = "ok" if result.returncode == 0 else result.stderr[-500:]
-        facts[variant] = fact
+    facts, pending = {}, {}
+    folder = out_dir or tempfile.mkdtemp(prefix="relay_amp_gpu_")
+
+    def nvcc(path):
+        result = subprocess.run(
+            ["nvcc", "-cubin", f"-arch={arch}", "-o", path[:-3] + ".cubin", path],
+            capture_output=True, text=True, check=False)
+        return "ok" if result.returncode == 0 else result.stderr[-500:]
+
+    # nvcc of one variant runs while the next one compiles
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for variant in VARIANTS:
+            start = time.perf_counter()
+            mod = variant_module(model, variant, target)
+            executable = compile_module(mod, target)
+            fact = {"compile_s": time.perf_counter() - start,
+                    "input_dtypes": sorted(set(_weight_dtypes(mod).values()))}
+            source = "\n".join(m.inspect_source("cuda") for m in executable.mod.imports[0].imports
+                               if m.kind == "cuda")
+            fact["kernels"] = source.count("__global__")
+            if check_with_nvcc:
+                path = os.path.join(folder, f"{model.name}-{variant.replace(':', '-')}.cu")
+                with open(path, "w", encoding="utf-8") as handle:
+                    handle.write(source)
+                pending[variant] = pool.submit(nvcc, path)
+            facts[variant] = fact
+        for variant, future in pending.items():
+            facts[variant]["nvcc"] = future.result()
     return facts
 
 
