@@ -549,7 +549,8 @@ def _check_input_dtypes(input_dtypes) -> dict:
                         f"{type(input_dtypes).__name__}")
     for name, dtype in input_dtypes.items():
         if dtype not in INTEGER_INPUT_DTYPES:
-            kind = "a float dtype" if str(dtype).startswith(("float", "bfloat")) else "not supported"
+            is_float = str(dtype).startswith(("float", "bfloat"))
+            kind = "a float dtype" if is_float else "not supported"
             raise ValueError(
                 f"input_dtypes[{name!r}] = {dtype!r} is {kind}: integer inputs are "
                 f"{', '.join(INTEGER_INPUT_DTYPES)} (feed float inputs in the low-precision dtype "

@@ -3,9 +3,18 @@
 # 1. Decide. Forward over the bindings, the policy gives each call a category and a rule; operand
 #    checks (constants or scalars the low-precision dtype cannot hold, dtypes other than float32,
 #    calibrated ranges that would overflow) can overrule it, and quantize(x) of values that are
-#    already those integers becomes the identity. From the categories follows `can_low`: whether a value can exist in low
-#    precision without losing what float32 protected (dot products, accumulate ops, and follow
-#    ops whose float activation inputs can all be low; constants and parameters adapt).
+#    already those integers becomes the identity. From the categories follows `can_low`: whether
+#    a value can exist in low precision without losing what float32 protected (dot products,
+#    accumulate ops, and follow ops whose float activation inputs can all be low; constants and
+#    parameters adapt).
+# 1b. Kernel boundaries (low_precision_boundaries and mixed_kernels, on for GPUs). Which values
+#    FuseOps keeps in one kernel's registers and which cross a kernel boundary; a crossing value
+#    is stored in low precision and widened in the kernel that reads it, unless it is a residual
+#    stream (an elementwise op in another kernel adds to it, or a centring normalization reads
+#    it), which keeps float32 (low_precision_residuals off). An accumulate op is one kernel that
+#    reads what arrives, computes in float32 registers and writes what its consumers want; a
+#    centring normalization also forms the residual add that feeds it, so the sum is never
+#    stored.
 # 2. Demand. Backward over the bindings, each binding records the dtypes its operands must have:
 #    low-precision ops want low precision; float32, unknown and accumulate ops want each operand's
 #    original dtype; a follow op runs in low precision only if it can and one of its consumers
@@ -393,7 +402,8 @@ class FunctionPlanner:
             if scalar is not None and out_of_range_value(np.array(scalar), self.low) is not None:
                 return self._keep(plan, f"fp32: scalar argument {scalar:.4g} "
                                         f"{_range_words(scalar, self.low)}")
-        if category in LOW_CATEGORIES and call.attrs is not None and hasattr(call.attrs, "out_dtype"):
+        if (category in LOW_CATEGORIES and call.attrs is not None
+                and hasattr(call.attrs, "out_dtype")):
             original = str(call.attrs.out_dtype) if call.attrs.out_dtype is not None else ""
             if original not in ("", "void", "float32", self.low):
                 return self._keep(plan, f"kept: out_dtype {original} is not float32")
@@ -408,8 +418,8 @@ class FunctionPlanner:
                 raise ValueError(
                     f"input {data.name!r} is declared {declared} in input_dtypes, but the "
                     f"quantize that reads it produces {out_dtype}: declare it {out_dtype}")
-            return f"identity: input {data.name} already holds {out_dtype} values: quantize passes " \
-                   "them through"
+            return (f"identity: input {data.name} already holds {out_dtype} values: quantize "
+                    "passes them through")
         producer = self.bound.get(data)
         if (isinstance(producer, Call) and _op_name(producer) == "dequantize"
                 and tensor_dtype(producer.args[0]) == out_dtype
@@ -869,8 +879,9 @@ class FunctionPlanner:
             return
         if category in LOW_CATEGORIES:
             plan.mode = _LOW
-            plan.accumulation = (plan.decision.accumulation_dtype
-                                 if category == Category.LOW_PRECISION_FP32_ACCUMULATE else self.low)
+            plan.accumulation = (
+                plan.decision.accumulation_dtype
+                if category == Category.LOW_PRECISION_FP32_ACCUMULATE else self.low)
         elif category == Category.FOLLOW:
             can_low = self.can_low.get(var, False)
             f32_ready = self.f32_ready.get(var, False)
@@ -1137,7 +1148,8 @@ class MixedPrecisionRewriter(PyExprMutator):
         self.total_casts += 1
         if not normalization:
             self.notes.append(note)
-            return self.builder_.emit(relax.op.astype(int_param, low), f"{param.name}_{_short(low)}")
+            return self.builder_.emit(relax.op.astype(int_param, low),
+                                      f"{param.name}_{_short(low)}")
         if "scale" in normalization:
             scale = np.float32(normalization["scale"])
             offset = np.float32(normalization["offset"])
@@ -1433,9 +1445,9 @@ class MixedPrecisionRewriter(PyExprMutator):
             out_dtype = self._mixed_out_dtype(var, output)
             mixed = self._emit_mixed_kernel(plan.op, call, new_args, out_dtype, var.name, output)
             if mixed is not None:
-                plan.rule += (f"; one kernel (mixed_kernels): reads "
-                              f"{'/'.join(sorted({self.dtype_of(a) for a in new_args if self.dtype_of(a)}))}"
-                              f", computes float32, writes {' and '.join(_as_tuple(out_dtype))}")
+                read = sorted({self.dtype_of(a) for a in new_args if self.dtype_of(a)})
+                plan.rule += (f"; one kernel (mixed_kernels): reads {'/'.join(read)}, computes "
+                              f"float32, writes {' and '.join(_as_tuple(out_dtype))}")
                 self._record(var, call, mixed, new_args, plan)
                 return mixed
             plan.mixed = False

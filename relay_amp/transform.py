@@ -290,7 +290,8 @@ def add_debug_guards(mod: tvm.IRModule, report: Report) -> tvm.IRModule:
                 value = binding.value
                 stored = (isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "")
                           == "relax.astype" and isinstance(ty, relax.TensorType)
-                          and str(ty.dtype) == report.dtype and isinstance(value.args[0], relax.Var))
+                          and str(ty.dtype) == report.dtype
+                          and isinstance(value.args[0], relax.Var))
                 if not (row or stored) or not isinstance(ty, relax.TensorType) or not str(
                         ty.dtype).startswith(("float", "bfloat")):
                     continue

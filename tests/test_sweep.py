@@ -138,7 +138,8 @@ def test_one_model_sweep_end_to_end(tmp_path):
         assert 0 <= row["top1_agreement"] <= 1
         assert row["latency_ms"] > 0 and row["compile_s"] > 0
     ours, theirs = model["variants"]["relay_amp:float16"], model["variants"]["tvm:float16"]
-    assert ours["input"].startswith("uint8 (relay_amp.eval.data.ImageBatches") and "input" not in theirs
+    assert ours["input"].startswith("uint8 (relay_amp.eval.data.ImageBatches")
+    assert "input" not in theirs
     assert ours["relative_l2"] <= theirs["relative_l2"]
     assert ours["round_trips"] == 0 and ours["casts"] < theirs["casts"]
     assert ours["param_bytes"] < 0.6 * model["fp32"]["param_bytes"]
@@ -158,7 +159,8 @@ def test_force_measures_the_named_models_again_and_keeps_every_other_row(tmp_pat
 
     def fake_measure(name, dtypes, timeout_s, calibrated, target):
         measured.append(name)
-        return {"model": name, "fp32": {"status": "import error", "message": f"run {len(measured)}"},
+        return {"model": name,
+                "fp32": {"status": "import error", "message": f"run {len(measured)}"},
                 "variants": {}}
 
     monkeypatch.setattr(sweep, "measure_isolated", fake_measure)
@@ -191,7 +193,8 @@ def test_rows_measured_for_another_target_are_measured_again(tmp_path, monkeypat
 
 @pytest.mark.parametrize("target", ["{cuda", '{"kind": "no_such_kind"}'])
 def test_sweep_command_rejects_a_bad_target(target):
-    result = subprocess.run([sys.executable, "-m", "relay_amp.eval.cli", "sweep", "--models", "alexnet",
+    result = subprocess.run([sys.executable, "-m", "relay_amp.eval.cli", "sweep", "--models",
+                             "alexnet",
                              "--target", target], capture_output=True, text=True, check=False,
                             timeout=120)
     assert result.returncode == 2 and "--target takes a JSON target dict" in result.stderr
@@ -201,7 +204,8 @@ def test_sweep_command_rejects_a_bad_target(target):
 def test_error_messages_keep_the_reason():
     tvm_style = ValueError("Traceback (most recent call last):\n  1: f\nValueError: bad shape\n"
                            "(... 16 lines skipped ...)")
-    assert sweep._error("compile error", tvm_style)["message"] == "ValueError: ValueError: bad shape"
+    message = sweep._error("compile error", tvm_style)["message"]
+    assert message == "ValueError: ValueError: bad shape"
     listing = ValueError('"psp_resnet50_voc" is not among the following model list:\n\talexnet')
     assert "is not among" in sweep._error("import error", listing)["message"]
 

@@ -197,7 +197,8 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
                     options = {"input_dtypes": {integer["input"]: "uint8"},
                                "input_normalization": {integer["input"]: integer["normalization"]}}
                     batches = integer["batches"]
-                    row["input"] = "uint8 (relay_amp.eval.data.ImageBatches, normalization folded in)"
+                    row["input"] = ("uint8 (relay_amp.eval.data.ImageBatches, normalization "
+                                    "folded in)")
                 converted, conversion = relay_amp.convert(loaded.mod, dtype, target=target,
                                                           calibration=calibration, **options)
                 row["summary"] = conversion.summary()
@@ -412,7 +413,8 @@ def summary_lines(results: dict) -> list[str]:
                             if m["variants"].get("tvm:float16", {}).get("nonfinite", 0))
     lines.append(f"relay_amp: {ours_failed} failed rows, {ours_nonfinite} rows with NaN/Inf")
     lines.append(f"TVM built-in float16: {builtin_failed} failed, {builtin_nonfinite} with NaN/Inf")
-    lines.append(f"relay_amp float16 error <= built-in on {better}/{len(both)} models where both ran")
+    lines.append(f"relay_amp float16 error <= built-in on {better}/{len(both)} models where "
+                 "both ran")
     return lines
 
 
@@ -425,7 +427,8 @@ def write_outputs(results: dict, out_dir: str, order=None) -> None:
         writer.writeheader()
         writer.writerows(rows)
     meta = results.get("meta", {})
-    text = [f"# relay_amp sweep ({meta.get('date', '')})", "", f"Machine: {meta.get('machine', '')}",
+    text = [f"# relay_amp sweep ({meta.get('date', '')})", "",
+            f"Machine: {meta.get('machine', '')}",
             "", meta.get("note", ""), "", *[f"- {line}" for line in summary_lines(results)], "",
             markdown_table(results, order), ""]
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as handle:
@@ -508,7 +511,8 @@ def accuracy_markdown(results: dict, command: str, fallback_rows=None, plot_name
              f"Models measured: {done} of {len(REGISTRY)} in the registry. relay_amp converts "
              "with calibrated ranges (one float32 run on the model's own inputs). Of the "
              f"{len(ran)} GluonCV rows that ran, relay_amp was fed uint8 batches from "
-             "`relay_amp.eval.data.ImageBatches` with the ImageNet normalization folded into the first "
+             "`relay_amp.eval.data.ImageBatches` with the ImageNet normalization folded into the "
+             "first "
              f"cast in {uint8} (the rows whose `input` field says so in results.json)"
              + (f"; {len(square)} ({', '.join(square)}) were measured before the sweep switched "
                 "to uint8 and got float32 input" if square else "")
