@@ -17,6 +17,9 @@ def main(argv=None) -> int:
     parser.add_argument("--target-results", default=None,
                         help="a sweep's results.json run with a target's defaults: appended as a "
                              "side-by-side section")
+    parser.add_argument("--section", action="append", default=[], metavar="TITLE=RESULTS",
+                        help="a sweep's results.json of further models, appended as a section "
+                             "of its own with its run's date and headline counts (repeatable)")
     parser.add_argument("--append", default=None,
                         help="a Markdown file appended as is (hand-written notes on the run)")
     args = parser.parse_args(argv)
@@ -38,6 +41,13 @@ def main(argv=None) -> int:
                  f"{after.get('meta', {}).get('date', '')}, same machine; "
                  f"{len(after['models'])} of {len(results['models'])} models re-run.\n\n"
                  + sweep.target_comparison_markdown(results, after))
+    for section in args.section:
+        title, _, path = section.partition("=")
+        if not path:
+            parser.error(f"--section {section!r}: expected TITLE=RESULTS")
+        with open(path, encoding="utf-8") as handle:
+            extra = json.load(handle)
+        text += sweep.section_markdown(title, extra)
     if args.append:
         with open(args.append, encoding="utf-8") as handle:
             text += "\n" + handle.read()

@@ -231,3 +231,32 @@ def test_gluoncv_imports_with_torch_installed_and_imported():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=False)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_accuracy_doc_appends_a_section_per_further_sweep(tmp_path):
+    row = {"status": "ok", "relative_l2": 1e-3, "max_abs": 1e-2, "nonfinite": 0}
+    results = {"meta": {"date": "2026-11-23 12:00 UTC", "machine": "m",
+                        "relay_amp_target": {"kind": "cuda", "arch": "sm_90"}},
+               "models": {"tiny_bert": {"model": "tiny_bert", "fp32": {"status": "ok"},
+                                        "variants": {"relay_amp:float16": row,
+                                                     "tvm:float16": {**row, "relative_l2": 2e-3}}}}}
+    main = tmp_path / "main.json"
+    main.write_text(json.dumps({**results, "models": {}}))
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps(results))
+    out = tmp_path / "ACCURACY.md"
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "accuracy_doc.py")
+    done = subprocess.run([sys.executable, script, "--results", str(main), "--out", str(out),
+                           "--fallback", str(tmp_path / "none.json"),
+                           "--section", f"Transformers={extra}"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = out.read_text()
+    section = text[text.index("## Transformers"):]
+    assert '"kind": "cuda"' in section and "2026-11-23 12:00 UTC" in section
+    assert "relay_amp float16 error <= built-in on 1/1" in section
+    assert "| tiny_bert | relay_amp:float16 | ok | 0.001 |" in section
+    bad = subprocess.run([sys.executable, script, "--results", str(main), "--out", str(out),
+                          "--section", "no-equals-sign"], capture_output=True, text=True,
+                         check=False)
+    assert bad.returncode == 2 and "TITLE=RESULTS" in bad.stderr

@@ -418,6 +418,19 @@ def summary_lines(results: dict) -> list[str]:
     return lines
 
 
+def section_markdown(title: str, results: dict) -> str:
+    """A section of the accuracy doc for a sweep of further models: its command's target and
+    date, the headline counts and the per-row table."""
+    meta = results.get("meta", {})
+    target = json.dumps(meta.get("relay_amp_target"))
+    names = ",".join(results["models"])
+    lines = [f"## {title}", "",
+             f"Command: `relay-amp sweep --models {names}` (relay_amp with the defaults of "
+             f"{target}), {meta.get('date', '')}, {meta.get('machine', '')}.", ""]
+    lines += [f"- {line}" for line in summary_lines(results)]
+    return "\n" + "\n".join(lines) + "\n\n" + markdown_table(results) + "\n"
+
+
 def write_outputs(results: dict, out_dir: str, order=None) -> None:
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as handle:
         json.dump(results, handle, indent=1, default=float)
