@@ -470,11 +470,14 @@ class FunctionPlanner:
         return True
 
     # ------------------------------------------------------------------ step 1b
-    def plan_boundaries(self, seq: SeqExpr):
+    def plan_boundaries(self, seq: SeqExpr, low_results: bool = False):
         """Kernel boundaries (``low_precision_boundaries``): which values stay in one kernel's
         registers, which cross a boundary and are stored in low precision, and the mode of each
-        follow op, chosen forward from how its inputs arrive."""
+        follow op, chosen forward from how its inputs arrive. A value the function returns in
+        float32 (unless ``low_results``) is never stored in low precision for another reader:
+        that would round the result."""
         items = self.bindings(seq)
+        results = set() if low_results else self._result_vars(seq.body)
         uses = self.uses
         for _, var, value in items:
             if type(value) is Call and var in self.call_args:
@@ -509,7 +512,8 @@ class FunctionPlanner:
                     and not plan.constant_inputs):
                 self._boundary_follow_mode(var, plan)
             if (self.dtype_of(var) == "float32" and self.can_low.get(var, False)
-                    and var not in self.hot and self.group_kind[var] in _STORING_KINDS
+                    and var not in self.hot and var not in results
+                    and self.group_kind[var] in _STORING_KINDS
                     and any(c is not None and (var, c) not in self.fused and self._reads_stored(c)
                             for c in uses.get(var, ()))
                     and not self._keeps_residual(var, plan)):
@@ -545,6 +549,22 @@ class FunctionPlanner:
             self.residuals.add(var)
             return True
         return False
+
+    def _result_vars(self, expr) -> set:
+        """The vars a function result is made of, through tuples and the vars bound to them."""
+        found, stack = set(), [expr]
+        while stack:
+            item = stack.pop()
+            if type(item) is relax.Tuple:
+                stack.extend(item.fields)
+            elif _is_var(item):
+                var = self.canonical(item)
+                if var not in found:
+                    found.add(var)
+                    bound = self.bound.get(var)
+                    if type(bound) is relax.Tuple or _is_var(bound):
+                        stack.append(bound)
+        return found
 
     def _plan_absorbed_adds(self, items):
         """A centring normalization computes the residual add that feeds it in its own kernel
@@ -1034,7 +1054,8 @@ class MixedPrecisionRewriter(PyExprMutator):
             if kept:
                 want = result_type = kept_type
         if planner.boundaries:
-            planner.plan_boundaries(func.body)
+            planner.plan_boundaries(func.body, low_results=signature_low and not (
+                result_type is not None))
         planner.backward(func.body, signature_low, result_type)
         self._planner, self._function_name = planner, name
         self._int_params = int_params

@@ -398,3 +398,28 @@ def test_post_norm_transformer_from_transformers_beats_the_builtin_pass():
 
     ours, _ = convert_checked(mod, "float16", target=CUDA)
     assert error(ours) <= error(builtin_convert(mod))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_float32_result_another_kernel_reads_is_not_rounded(dtype):
+    """A result the function returns in float32 that a second kernel also reads (an encoder's
+    last layer_norm and its pooled mean) is written in float32, not stored low for the reader
+    and widened for the result."""
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8, 32), "float32"))
+    gamma = relax.Var("gamma", relax.TensorType((32,), "float32"))
+    beta = relax.Var("beta", relax.TensorType((32,), "float32"))
+    with builder.function("main", [x, gamma, beta]):
+        with builder.dataflow():
+            normed = builder.emit(relax.op.nn.layer_norm(x, gamma, beta, axes=[-1]))
+            pooled = builder.emit(relax.op.mean(normed, axis=[1]))
+            result = builder.emit_output(relax.Tuple([normed, pooled]))
+        builder.emit_func_output(result)
+    mod = builder.get()
+    converted, report = convert_checked(mod, dtype, target=CUDA)
+    assert "writes float32" in report.find(normed.name).rule
+    inputs = random_inputs(mod, seed=3)
+    expected = run_module(mod, inputs)
+    got = run_module(converted, inputs)
+    for want, have in zip(expected, got):
+        np.testing.assert_allclose(np.asarray(have), np.asarray(want), rtol=1e-5, atol=1e-5)
