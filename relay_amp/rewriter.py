@@ -34,6 +34,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 import tvm
 import tvm_ffi
@@ -83,12 +85,20 @@ _TupleType = tvm.ir.type.TupleType
 _FloatImm = tvm.tirx.FloatImm if hasattr(tvm, "tirx") else tvm.tir.FloatImm
 _PrimValue = getattr(relax, "PrimValue", None)
 
-_LOW = "low"  # mode: float32 operands are brought to the low-precision dtype
-_IDENTITY = "identity"  # mode: the binding is its (integer) input, unchanged
 _QDQ_OPS = ("quantize", "dequantize")
 _SCALED_ATTENTION = ("nn.attention", "nn.attention_bias")
-_ORIGINAL = "original"  # mode: every operand keeps (or gets back) its original dtype
-_STORAGE = "storage"  # mode: original, but float32 constants are stored low and widened
+
+
+class Mode(enum.Enum):
+    """How a binding's operands are rewritten (its category says what the policy wants; the
+    mode is what the rewrite does, given its operands and consumers)."""
+
+    LOW = "low"  # float32 operands are brought to the low-precision dtype
+    ORIGINAL = "original"  # every operand keeps (or gets back) its original dtype
+    STORAGE = "storage"  # original, but float32 constants are stored low and widened
+    IDENTITY = "identity"  # the binding is its (integer) input, unchanged
+
+
 #: Kernels that can end with a cast to low precision, written where the kernel stores its result.
 _STORING_KINDS = (FusionKind.ANCHOR, FusionKind.ELEMWISE, FusionKind.INJECTIVE)
 #: Ops whose result holds every value of their one float input (up to sign): a result out of
@@ -185,7 +195,7 @@ class _Plan:
         self.decision = decision
         self.category = decision.category
         self.rule = decision.rule
-        self.mode = _ORIGINAL
+        self.mode = Mode.ORIGINAL
         self.accumulation = None
         self.float_output = True
         self.constant_inputs = False  # every float input is a constant
@@ -370,7 +380,7 @@ class FunctionPlanner:
         if op == "quantize":
             identity = self._quantize_identity(call)
             if identity is not None:
-                plan.mode, plan.rule = _IDENTITY, identity
+                plan.mode, plan.rule = Mode.IDENTITY, identity
                 return plan
         limitation = TVM_LIMITATIONS.get(self.low, {}).get(op)
         if limitation and category in LOW_CATEGORIES + (Category.FOLLOW,):
@@ -507,7 +517,7 @@ class FunctionPlanner:
             plan = self.plans.get(var)
             if plan is None or var in self.folded or var in self.absorbed:
                 continue
-            if (plan.category == Category.FOLLOW and plan.mode == _ORIGINAL
+            if (plan.category == Category.FOLLOW and plan.mode == Mode.ORIGINAL
                     and plan.op not in _QDQ_OPS and plan.float_output
                     and not plan.constant_inputs):
                 self._boundary_follow_mode(var, plan)
@@ -580,7 +590,7 @@ class FunctionPlanner:
             source = self.call_args[var][0][0]
             producer = self.plans.get(source)
             if (producer is not None and producer.op == "add"
-                    and producer.category == Category.FOLLOW and producer.mode == _ORIGINAL
+                    and producer.category == Category.FOLLOW and producer.mode == Mode.ORIGINAL
                     and type(source) is DataflowVar and self.uses.get(source) == [var]
                     and self.dtype_of(source) == "float32"
                     and all(_is_var(arg) and len(leaves) == 1
@@ -641,7 +651,7 @@ class FunctionPlanner:
         if plan.op in EXACT_OPS:
             if activations and self.can_low.get(var, False) and all(
                     self.arrives_low(leaf, var) for leaf in activations):
-                plan.mode = _LOW
+                plan.mode = Mode.LOW
                 plan.rule += (f"; runs {self.low}: its inputs arrive in {self.low} and it is "
                               "exact (low_precision_boundaries)")
             else:
@@ -649,7 +659,7 @@ class FunctionPlanner:
             return
         absorbed = [leaf for leaf in activations if self._widening_absorbed(leaf, var)]
         if absorbed and self.can_low.get(var, False):
-            plan.mode = _LOW
+            plan.mode = Mode.LOW
             plan.rule += (f"; runs {self.low}: {absorbed[0].name} reaches it from another "
                           f"kernel, stored in {self.low} (low_precision_boundaries)")
             return
@@ -674,7 +684,7 @@ class FunctionPlanner:
             return True
         if plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE:
             return plan.decision.accumulation_dtype != "float32"
-        return plan.mode == _LOW
+        return plan.mode == Mode.LOW
 
     def boundary_read(self, value, consumer) -> bool:
         """Does ``consumer`` read the low-precision copy of ``value`` that is stored between
@@ -726,11 +736,11 @@ class FunctionPlanner:
                     self.want_original(arg)
                 return
             self._choose_mode(plan, var, demand)
-            if plan.mode == _IDENTITY:
+            if plan.mode == Mode.IDENTITY:
                 return
             low_operands = {self.low}
             for index, (_, arg_leaves) in enumerate(self.call_args[var]):
-                if plan.op in _QDQ_OPS and (plan.mode != _LOW or index > 0):
+                if plan.op in _QDQ_OPS and (plan.mode != Mode.LOW or index > 0):
                     continue  # integers, scales and zero points keep their dtypes
                 for leaf in arg_leaves:
                     if not _is_var(leaf):
@@ -740,7 +750,7 @@ class FunctionPlanner:
                                 leaf in self.low_values and (leaf, var) not in self.fused
                                 and self._reads_stored(var))):
                         self.want(leaf, low_operands)  # widened in this kernel if need be
-                    elif plan.mode == _LOW and self._orig_dtype(leaf) in ("float32", self.low):
+                    elif plan.mode == Mode.LOW and self._orig_dtype(leaf) in ("float32", self.low):
                         self.want(leaf, low_operands)
                     elif plan.mixed and self.low in self.demand.get(leaf, ()):
                         self.want(leaf, low_operands)  # the kernel widens it in registers
@@ -876,11 +886,11 @@ class FunctionPlanner:
 
     def _choose_mode(self, plan: _Plan, var, demand: set):
         category = plan.category
-        if plan.mode == _IDENTITY or plan.mode_fixed:
+        if plan.mode == Mode.IDENTITY or plan.mode_fixed:
             return
         if plan.op == "dequantize" and category == Category.FOLLOW:
             if self.low in demand and "float32" not in demand:
-                plan.mode = _LOW
+                plan.mode = Mode.LOW
                 plan.rule += f"; produces {self.low} directly (out_dtype): its consumers want it"
             elif demand:
                 plan.rule += "; produces float32: a consumer wants float32"
@@ -892,13 +902,13 @@ class FunctionPlanner:
             from_dequantize = isinstance(producer, Call) and _op_name(producer) == "dequantize"
             if self.can_low.get(var, False) and (
                     not self.f32_ready.get(var, False) or from_dequantize):
-                plan.mode = _LOW
+                plan.mode = Mode.LOW
                 plan.rule += f"; reads its input in {self.low}"
             else:
                 plan.rule += "; reads its input in float32"
             return
         if category in LOW_CATEGORIES:
-            plan.mode = _LOW
+            plan.mode = Mode.LOW
             plan.accumulation = (
                 plan.decision.accumulation_dtype
                 if category == Category.LOW_PRECISION_FP32_ACCUMULATE else self.low)
@@ -908,7 +918,7 @@ class FunctionPlanner:
             exact = plan.op in EXACT_OPS
             if not plan.float_output:
                 if can_low and not f32_ready:
-                    plan.mode = _LOW
+                    plan.mode = Mode.LOW
                     plan.rule += f"; runs {self.low}: its inputs exist only in {self.low}"
                 else:
                     plan.rule += "; runs float32: its inputs exist in float32"
@@ -918,18 +928,18 @@ class FunctionPlanner:
                               "; runs float32: its inputs exist in float32 and a consumer "
                               "needs float32")
             elif can_low and self.low in demand and plan.constant_inputs:
-                plan.mode = _LOW
+                plan.mode = Mode.LOW
                 plan.rule += (f"; runs {self.low} on the {self.low} copy of its constant input "
                               "made at conversion time (exact): a consumer wants it")
             elif can_low and self.low in demand:
-                plan.mode = _LOW
+                plan.mode = Mode.LOW
                 plan.rule += f"; runs {self.low}: inputs are {self.low} and a consumer wants it"
             elif self.low in demand:
                 plan.rule += "; runs float32: an input is a float32 activation"
             else:
                 plan.rule += "; runs float32: no consumer wants low precision"
         elif category == Category.STORAGE:
-            plan.mode = _STORAGE
+            plan.mode = Mode.STORAGE
         elif category == Category.ACCUMULATE:
             plan.accumulation = "float32"
 
@@ -1386,7 +1396,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         low = self.low
         if plan.op == "nn.batch_norm":
             self._count_batch_norm(var)
-        if plan.mode == _IDENTITY:  # quantize of values that are already those integers
+        if plan.mode == Mode.IDENTITY:  # quantize of values that are already those integers
             data = call.args[0]
             if data in self._int_params:
                 source = self._int_params[data]
@@ -1398,7 +1408,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         new_args, narrowed = [], []
         for index, (arg, _) in enumerate(self._planner.call_args[var]):
             visited = self.visit_leaf(arg)
-            lowered = plan.mode == _LOW and not (
+            lowered = plan.mode == Mode.LOW and not (
                 plan.op in _QDQ_OPS and (plan.op == "dequantize" or index))
             if type(arg) is relax.Tuple:
                 new_args.append(self.cast_to_type(
@@ -1425,12 +1435,12 @@ class MixedPrecisionRewriter(PyExprMutator):
                 new_args.append(visited)
             elif lowered:
                 new_args.append(self.cast(visited, low if dtype == "float32" else dtype))
-            elif plan.mode == _STORAGE and type(arg) is _GenericConst and dtype == "float32":
+            elif plan.mode == Mode.STORAGE and type(arg) is _GenericConst and dtype == "float32":
                 new_args.append(self.storage_constant(arg))
             else:
                 new_args.append(self.cast(visited, dtype))
         attrs = call.attrs
-        if (plan.mode == _LOW and attrs is not None and hasattr(attrs, "out_dtype")
+        if (plan.mode == Mode.LOW and attrs is not None and hasattr(attrs, "out_dtype")
                 and plan.op != "quantize"):  # quantize's out_dtype is its integer result
             attrs = replace_attrs(attrs, out_dtype=plan.accumulation or low)
         elif binding is not None and all(
@@ -1479,14 +1489,14 @@ class MixedPrecisionRewriter(PyExprMutator):
             normalized = self.builder_.normalize(new_call)
         except Exception as err:  # TVM rejects the op in this dtype: keep it as it was
             message = str(err).strip().splitlines()[-1][:160]
-            plan.mode, plan.category = _ORIGINAL, Category.FP32
+            plan.mode, plan.category = Mode.ORIGINAL, Category.FP32
             plan.rule = f"kept: {plan.op} rejects {low} operands ({message})"
             new_args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in call.args]
             normalized = Call(call.op, new_args, call.attrs, call.ty_args, call.span)
         new_var = self._emit(normalized, var.name, output)
         if plan.op == "astype":
             self._adopt_cast(normalized.args[0], new_var)
-        if (plan.mode == _LOW and plan.op in _SCALED_ATTENTION
+        if (plan.mode == Mode.LOW and plan.op in _SCALED_ATTENTION
                 and getattr(normalized.attrs, "scale", None) is not None):
             # TVM 0.27 legalizes attention with an explicit scale by multiplying the scores with
             # a float32 constant, so its result becomes float32 whatever the inputs; the cast
@@ -1697,11 +1707,11 @@ class MixedPrecisionRewriter(PyExprMutator):
         stored = [out_dtype] if out_dtype else []
         if out_dtype in ("float32", self.low):
             stored += sorted(d for d in demand if d in ("float32", self.low) and d != out_dtype)
-        if plan.mode == _LOW:
+        if plan.mode == Mode.LOW:
             compute = self.low
         elif plan.mixed:
             compute = "float32"
-        elif plan.mode == _IDENTITY:
+        elif plan.mode == Mode.IDENTITY:
             compute = "-"
         elif out_dtype and out_dtype.startswith(("float", "bfloat")):
             compute = out_dtype
