@@ -56,3 +56,23 @@ def test_the_import_check_sees_a_harness_import(tmp_path):
         assert "relay_amp.eval.sweep" in _imported_modules(bad)
     finally:
         bad.unlink()
+
+
+def test_tvm_private_builder_calls_are_used_in_one_wrapper_and_still_exist():
+    from tvm import relax
+
+    from relay_amp.rewriter import BuiltBlock
+
+    users = sorted(str(p.relative_to(PACKAGE)) for p in PASS_MODULES
+                   if any(name in p.read_text() for name in BuiltBlock.PRIVATE_CALLS))
+    assert users == ["rewriter.py"]
+    assert sum(p.read_text().count("._begin_") for p in PASS_MODULES) == 2  # in BuiltBlock only
+    for name in BuiltBlock.PRIVATE_CALLS:
+        assert callable(getattr(relax.BlockBuilder, name, None)), name
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2,), "float32"))
+    with builder.function("f", [x]):
+        with BuiltBlock(builder, dataflow=True) as built:
+            builder.emit(relax.op.add(x, x))
+        assert isinstance(built.block, relax.DataflowBlock) and len(built.block.bindings) == 1
+        builder.emit_func_output(x)
