@@ -238,6 +238,7 @@ def test_accuracy_doc_appends_a_section_per_further_sweep(tmp_path):
     results = {"meta": {"date": "2026-11-23 12:00 UTC", "machine": "m",
                         "relay_amp_target": {"kind": "cuda", "arch": "sm_90"}},
                "models": {"tiny_bert": {"model": "tiny_bert", "fp32": {"status": "ok"},
+                                        "notes": ["size: 2 layers"],
                                         "variants": {"relay_amp:float16": row,
                                                      "tvm:float16": {**row, "relative_l2": 2e-3}}}}}
     main = tmp_path / "main.json"
@@ -256,6 +257,7 @@ def test_accuracy_doc_appends_a_section_per_further_sweep(tmp_path):
     assert '"kind": "cuda"' in section and "2026-11-23 12:00 UTC" in section
     assert "relay_amp float16 error <= built-in on 1/1" in section
     assert "| tiny_bert | relay_amp:float16 | ok | 0.001 |" in section
+    assert "- `tiny_bert`: size: 2 layers" in section
     bad = subprocess.run([sys.executable, script, "--results", str(main), "--out", str(out),
                           "--section", "no-equals-sign"], capture_output=True, text=True,
                          check=False)

@@ -428,6 +428,10 @@ def section_markdown(title: str, results: dict) -> str:
              f"Command: `relay-amp sweep --models {names}` (relay_amp with the defaults of "
              f"{target}), {meta.get('date', '')}, {meta.get('machine', '')}.", ""]
     lines += [f"- {line}" for line in summary_lines(results)]
+    notes = [f"- `{name}`: {'; '.join(model['notes'])}"
+             for name, model in results["models"].items() if model.get("notes")]
+    if notes:
+        lines += ["", "What each row is:", "", *notes]
     return "\n" + "\n".join(lines) + "\n\n" + markdown_table(results) + "\n"
 
 
