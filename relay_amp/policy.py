@@ -188,8 +188,10 @@ class Policy:
         for memory-bound targets, off otherwise (:func:`relay_amp.targets.kernel_settings`).
     low_precision_residuals : bool, optional
         With ``low_precision_boundaries``, also store residual streams (a value that an
-        elementwise op in another kernel adds to in float32) in ``dtype``: fewer bytes, one
-        more rounding per block. None (default): off on every target.
+        elementwise op in another kernel adds to in float32, or that a centring normalization
+        reads) in ``dtype``: fewer bytes, one more rounding per block. Off, a residual add that
+        feeds layer_norm is formed inside layer_norm's kernel. None (default): off on every
+        target.
 
     Examples
     --------
