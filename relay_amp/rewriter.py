@@ -692,6 +692,19 @@ class FunctionPlanner:
         return (value in self.stored_low and (value, consumer) not in self.fused
                 and self._reads_stored(consumer))
 
+    def read_in_float32(self, param) -> bool:
+        """With kernel boundaries: does every reader of ``param`` compute float32 from it, in
+        a call this pass plans (so none reads it in low precision)?"""
+        uses = self.uses.get(self.canonical(param))
+        if not uses or None in uses:
+            return False
+        for var in set(uses):
+            plan = self.plans.get(var)
+            if (plan is None or plan.category is None or plan.mode != Mode.ORIGINAL
+                    or plan.mixed or plan.op in _QDQ_OPS or self.dtype_of(var) != "float32"):
+                return False
+        return True
+
     # ------------------------------------------------------------------ step 2
     def want(self, expr, dtypes):
         """Record that the var leaves of ``expr`` are wanted in ``dtypes``."""
@@ -1167,13 +1180,20 @@ class MixedPrecisionRewriter(PyExprMutator):
         """Cast an integer input once, straight to the low-precision dtype, folding in its
         normalization: one kernel reads the integers, applies ``x * scale + offset`` in float32
         registers and writes the low-precision dtype, so the value is rounded once and no
-        float32 tensor of the input exists."""
+        float32 tensor of the input exists. Where every reader computes float32 the kernel
+        writes float32 instead (with kernel boundaries, FuseOps puts those readers in its
+        kernel)."""
         from tvm import topi  # pylint: disable=import-outside-toplevel
 
-        low, ndim = self.low, param.ty.ndim
+        ndim = param.ty.ndim
+        # Readers that all compute float32 (an inference batch_norm on the input, decomposed)
+        # get float32: a low-precision copy would round the input twice.
+        low = "float32" if self._planner.read_in_float32(param) else self.low
         note = f"{param.name}: fed as {int_param.ty.dtype}, cast once to {low}"
         self.total_casts += 1
         if not normalization:
+            if low == "float32":
+                note += f"; float32, not {self.low}: every reader computes float32 (one rounding)"
             self.notes.append(note)
             return self.builder_.emit(relax.op.astype(int_param, low),
                                       f"{param.name}_{_short(low)}")
@@ -1195,6 +1215,8 @@ class MixedPrecisionRewriter(PyExprMutator):
             std = np.asarray(normalization["std"], np.float64).reshape(shape)
             scale, offset = (1.0 / std).astype(np.float32), (-mean / std).astype(np.float32)
             note += " with (x - mean) / std per channel folded in"
+        if low == "float32":
+            note += f"; float32, not {self.low}: every reader computes float32 (one rounding)"
         self.notes.append(note)
 
         def normalize(data, scale_t, offset_t):

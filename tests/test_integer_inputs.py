@@ -99,6 +99,50 @@ def test_loader_and_uint8_model_match_host_normalized_float32(dtype):
     assert agreement.relative_l2 < {"float16": 1e-3, "bfloat16": 1e-2}[dtype], agreement
 
 
+
+@I.ir_module
+class DataBatchNorm:  # GluonCV's v2 ResNets: an inference batch_norm on the input first
+    @R.function
+    def main(data: R.Tensor((1, 3, 16, 16), "float32"), w: R.Tensor((8, 3, 3, 3), "float32"),
+             mean: R.Tensor((3,), "float32"), var: R.Tensor((3,), "float32")):
+        with R.dataflow():
+            bn = R.nn.batch_norm(data, R.const(np.ones(3, "float32")),
+                                 R.const(np.zeros(3, "float32")), mean, var, axis=1,
+                                 training=False)
+            lv = R.nn.conv2d(bn[0], w, padding=[1, 1])
+            gv = R.nn.relu(lv)
+            R.output(gv)
+        return gv
+
+
+def test_input_read_only_in_float32_is_cast_to_float32(dtype):
+    """With CUDA defaults the decomposed batch_norm computes float32 in the input's kernel:
+    the input kernel writes float32, so the input is rounded once (after the batch_norm), as
+    float32 pixels would be; without a target the batch_norm reads the low-precision input."""
+    cuda = {"kind": "cuda", "arch": "sm_90"}
+    options = {"input_dtypes": {"data": "uint8"}, "input_normalization": {"data": IMAGENET_UINT8}}
+    new, report = convert_checked(DataBatchNorm, dtype, target=cuda, **options)
+    cast = new["main"].body.blocks[0].bindings[0]
+    assert str(cast.var.ty.dtype) == "float32"
+    assert report.notes[-1].endswith(
+        f"; float32, not {dtype}: every reader computes float32 (one rounding)")
+    untargeted, _ = convert_checked(DataBatchNorm, dtype, **options)
+    assert str(untargeted["main"].body.blocks[0].bindings[0].var.ty.dtype) == dtype
+
+    rng = np.random.default_rng(0)
+    batch = rng.integers(0, 256, (1, 3, 16, 16)).astype("uint8")
+    inputs = [rng.normal(0, 0.3, (8, 3, 3, 3)).astype("float32"),
+              rng.normal(0, 0.5, 3).astype("float32"), rng.uniform(0.5, 2, 3).astype("float32")]
+    reference = execution.run(execution.compile_module(DataBatchNorm),
+                              [normalize(batch.transpose(0, 2, 3, 1)), *inputs])
+    error = execution.agreement(reference, execution.run(execution.compile_module(new),
+                                                         [batch, *inputs])).relative_l2
+    twice = execution.agreement(reference, execution.run(execution.compile_module(untargeted),
+                                                         [batch, *inputs])).relative_l2
+    assert error < {"float16": 1e-3, "bfloat16": 1e-2}[dtype]
+    assert error <= twice
+
+
 # ----------------------------------------------------------------------------- QDQ
 @I.ir_module
 class QDQ:
