@@ -272,6 +272,21 @@ def test_a_gather_that_is_not_box_nms_is_left_alone():
     assert onnx_repairs.static_nms_gather(model) == 0
 
 
+def test_nms_inputs_become_outputs_after_the_existing_ones():
+    model = _box_nms_model()
+    onnx_repairs.static_nms_gather(model)
+    assert onnx_repairs.expose_nms_inputs(model) == ["boxes", "scores"]
+    assert [o.name for o in model.graph.output] == ["table", "boxes", "scores"]
+    table, boxes, scores = _tvm(model, {"data": BOX_TABLE})
+    np.testing.assert_array_equal(boxes, BOX_TABLE[:, :, 2:])  # every anchor, in anchor order
+    np.testing.assert_array_equal(scores.reshape(-1), BOX_TABLE[0, :, 1])
+    np.testing.assert_array_equal(table[0, :3], BOX_TABLE[0][[0, 2, 4]])
+    assert onnx_repairs.expose_nms_inputs(model) == []  # already outputs
+    plain = _model([helper.make_node("Relu", ["x"], ["y"])], [_tensor("x", [2])],
+                   [_tensor("y", [2])])
+    assert onnx_repairs.expose_nms_inputs(plain) == []
+
+
 # ------------------------------------------------------------------------------ all of them
 def test_repair_reports_what_it_changed():
     model = _box_nms_model()

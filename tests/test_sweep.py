@@ -262,3 +262,17 @@ def test_accuracy_doc_appends_a_section_per_further_sweep(tmp_path):
                           "--section", "no-equals-sign"], capture_output=True, text=True,
                          check=False)
     assert bad.returncode == 2 and "TITLE=RESULTS" in bad.stderr
+
+
+def test_error_measured_on_the_named_outputs_and_every_output_kept():
+    reference = [[np.array([1.0, 2.0]), np.array([3.0, 4.0])]]
+    swapped = [[np.array([2.0, 1.0]), np.array([3.0, 4.4])]]  # detections swap; inputs move
+    every = sweep.output_agreement(reference, swapped, {})
+    assert set(every) == {"relative_l2", "max_abs", "cosine", "nonfinite"}
+    named = sweep.output_agreement(reference, swapped, {"error_outputs": [1]})
+    assert named["relative_l2"] == pytest.approx(0.4 / 5.0)
+    assert named["max_abs"] == pytest.approx(0.4)
+    assert named["output_relative_l2"] == pytest.approx(every["relative_l2"])
+    assert "output_nonfinite" not in named
+    broken = [[np.array([np.nan, 1.0]), np.array([3.0, 4.0])]]
+    assert sweep.output_agreement(reference, broken, {"error_outputs": [1]})["nonfinite"] == 1

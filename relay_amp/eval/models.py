@@ -375,9 +375,13 @@ def gluon_to_relax(net, batch: np.ndarray, workdir: str, name: str = "model"):
 REPAIRED_TASKS = ("detection", "segmentation")
 
 
-def import_repaired(onnx_path: str, batch_shape, notes: list):
+def import_repaired(onnx_path: str, batch_shape, notes: list, extra: dict | None = None):
     """Load an exported ONNX file, apply the named repairs of :mod:`.onnx_repairs` at the input
-    shape ``batch_shape`` (each repair that changed something adds a note) and import it."""
+    shape ``batch_shape`` (each repair that changed something adds a note) and import it.
+
+    A detector's NMS inputs become extra outputs (:func:`.onnx_repairs.expose_nms_inputs`);
+    their positions go into ``extra["error_outputs"]``: the outputs the sweep's error
+    measures compare, where the task metrics read the detections."""
     import onnx  # pylint: disable=import-outside-toplevel
 
     from . import onnx_repairs  # pylint: disable=import-outside-toplevel
@@ -387,6 +391,13 @@ def import_repaired(onnx_path: str, batch_shape, notes: list):
     data = [i.name for i in model.graph.input if i.name not in initializers]
     shapes = {data[0]: list(batch_shape)}
     notes.extend(onnx_repairs.repair(model, shapes))
+    if extra is not None:
+        count = len(model.graph.output)
+        added = onnx_repairs.expose_nms_inputs(model)
+        if added:
+            extra["error_outputs"] = list(range(count, count + len(added)))
+            notes.append(f"error measured on the NMS inputs ({', '.join(added)}: every "
+                         "anchor's decoded boxes and scores), added as outputs")
     return import_onnx(model, shapes, notes)
 
 
@@ -443,7 +454,8 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
     notes: list = []
     extra = {"onnx_path": os.path.join(workdir, spec.name + ".onnx")}
     if spec.task in REPAIRED_TASKS:
-        mod = import_repaired(gluon_to_onnx(net, batch, workdir, spec.name), batch.shape, notes)
+        mod = import_repaired(gluon_to_onnx(net, batch, workdir, spec.name), batch.shape, notes,
+                              extra)
         if spec.task == "detection":
             extra["detection_outputs"] = detection_output_order(extra["onnx_path"])
     else:

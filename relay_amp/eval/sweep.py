@@ -127,6 +127,23 @@ def task_metrics(spec, reference: list, outputs: list, extra: dict) -> dict:
     return {}
 
 
+def output_agreement(reference: list, outputs: list, extra: dict) -> dict:
+    """:class:`relay_amp.execution.Agreement` fields of ``outputs`` (per-batch output lists)
+    against ``reference``; over ``extra["error_outputs"]`` where the loader names them (a
+    detector's NMS inputs), with the same measures over every output as ``output_*``."""
+    from ..execution import agreement  # pylint: disable=import-outside-toplevel
+
+    every = agreement([o for batch in reference for o in batch],
+                      [o for batch in outputs for o in batch]).as_dict()
+    chosen = extra.get("error_outputs")
+    if not chosen:
+        return every
+    measured = agreement([batch[i] for batch in reference for i in chosen],
+                         [batch[i] for batch in outputs for i in chosen]).as_dict()
+    return {**measured, "nonfinite": every["nonfinite"],
+            **{f"output_{key}": value for key, value in every.items() if key != "nonfinite"}}
+
+
 #: The target whose defaults relay_amp converts for: the output a GPU user gets (it runs on the
 #: CPU here; the target only sets the conversion's defaults).
 DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
@@ -225,9 +242,7 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
             result["variants"][variant] = {**row, **_error("run error", err)}
             report(result)
             continue
-        agreement = execution.agreement([o for batch in reference for o in batch],
-                                       [o for batch in outputs for o in batch])
-        row.update(agreement.as_dict())
+        row.update(output_agreement(reference, outputs, loaded.extra))
         row.update(task_metrics(spec, reference, outputs, loaded.extra))
         row["status"] = "ok"
         result["variants"][variant] = row
