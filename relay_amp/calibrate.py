@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from .execution import compile_module, contiguous, with_function
+from .execution import as_batches, check_batch, compile_module, contiguous, with_function
+from .instrument import instrument, returning_stats
 
 
 @dataclass
@@ -111,18 +111,11 @@ def _is_float32_tensor(var) -> bool:
 
 def _instrument(func: relax.Function):
     """``func`` returning ``(result, (max_0, min_0, max_1, ...))`` and the names measured."""
-    builder = relax.BlockBuilder()
-    names, stats, blocks = [], [], []
+    names = []
 
-    def measure(value, name, bindings, dataflow):
-        local = relax.DataflowVar if dataflow else relax.Var
-
-        def bind(call, label, var_kind=local):
-            normalized = builder.normalize(call)
-            var = var_kind(label, normalized.ty)
-            bindings.append(relax.VarBinding(var, normalized))
-            return var
-
+    def measure(value, bind):
+        if not _is_float32_tensor(value):
+            return []
         # inf and NaN are stored as they are in any float dtype: only finite values count
         finite = bind(relax.op.isfinite(value), "calib_finite")
         absolute = bind(relax.op.abs(value), "calib_abs")
@@ -131,39 +124,16 @@ def _instrument(func: relax.Function):
         # one 0 more, so that an empty tensor has a maximum (TVM leaves it undefined)
         magnitude = bind(relax.op.concat([bind(relax.op.reshape(masked, (-1,)), "calib_flat"),
                                           relax.const(np.zeros(1, "float32"))]), "calib_pad")
-        largest = bind(relax.op.max(magnitude), "calib_max", relax.Var)
+        largest = bind(relax.op.max(magnitude), "calib_max", visible=True)
         positive = bind(relax.op.greater(magnitude, relax.const(0.0, "float32")), "calib_pos")
         nonzero = bind(relax.op.where(positive, magnitude, relax.const(np.inf, "float32")),
                        "calib_nz")
-        smallest = bind(relax.op.min(nonzero), "calib_min", relax.Var)
-        stats.extend((largest, smallest))
-        names.append(name)
+        smallest = bind(relax.op.min(nonzero), "calib_min", visible=True)
+        names.append(value.name)
+        return [largest, smallest]
 
-    parameters = []
-    for param in func.params:
-        if _is_float32_tensor(param):
-            measure(param, param.name, parameters, False)
-    if parameters:
-        blocks.append(relax.BindingBlock(parameters))
-    for block in func.body.blocks:
-        dataflow = isinstance(block, relax.DataflowBlock)
-        bindings = list(block.bindings)
-        for binding in block.bindings:
-            if _is_float32_tensor(binding.var):
-                measure(binding.var, binding.var.name, bindings, dataflow)
-        blocks.append((relax.DataflowBlock if dataflow else relax.BindingBlock)(bindings))
-    body = relax.SeqExpr(blocks, relax.Tuple([func.body.body, relax.Tuple(stats)]))
-    scalar = relax.TensorType((), "float32")
-    ret_ty = tvm.ir.type.TupleType([func.ret_ty, tvm.ir.type.TupleType([scalar] * len(stats))])
-    new = relax.Function(func.params, body, ret_ty, func.is_pure, func.attrs)
-    return new, names
-
-
-def _as_batches(inputs) -> list:
-    if isinstance(inputs, Mapping) or (
-            isinstance(inputs, Sequence) and inputs and isinstance(inputs[0], np.ndarray)):
-        return [inputs]
-    return list(inputs)
+    blocks, stats = instrument(func, lambda binding, bind: measure(binding.var, bind), measure)
+    return returning_stats(func, blocks, stats), names
 
 
 def calibrate(mod: tvm.IRModule, inputs, func: str = "main", target=None,
@@ -194,11 +164,11 @@ def calibrate(mod: tvm.IRModule, inputs, func: str = "main", target=None,
         raise ValueError(f"the module has no function {func!r}")
     if not margin >= 1.0:
         raise ValueError(f"margin must be at least 1.0; got {margin}")
-    batches = _as_batches(inputs)
+    batches = as_batches(inputs)
     if not batches:
         raise ValueError("calibration needs at least one batch of inputs")
     function = mod[func]
-    ordered = [_check_batch(function, batch, i) for i, batch in enumerate(batches)]
+    ordered = [check_batch(function, batch, i) for i, batch in enumerate(batches)]
     instrumented, names = _instrument(function)
     probe = with_function(mod, func, instrumented)
     vm = compile_module(relax.transform.Normalize()(probe), target)
@@ -214,27 +184,3 @@ def calibrate(mod: tvm.IRModule, inputs, func: str = "main", target=None,
             calibration.min_abs[key] = min(smallest, calibration.min_abs.get(key, np.inf))
         calibration.batches += 1
     return calibration
-
-
-def _check_batch(function: relax.Function, batch, index: int) -> list:
-    params = function.params
-    if isinstance(batch, Mapping):
-        missing = [p.name for p in params if p.name not in batch]
-        if missing:
-            raise ValueError(f"batch {index} has no input for parameter(s) {missing}")
-        batch = [batch[p.name] for p in params]
-    batch = list(batch)
-    if len(batch) != len(params):
-        raise ValueError(f"batch {index} has {len(batch)} arrays; the function takes "
-                         f"{len(params)} ({', '.join(p.name for p in params)})")
-    for param, array in zip(params, batch):
-        ty = param.ty
-        if isinstance(ty, relax.TensorType) and ty.shape is not None:
-            expected = [int(d) if isinstance(d, tvm.tirx.IntImm) else None
-                        for d in ty.shape.values]
-            actual = list(np.shape(array))
-            if len(expected) != len(actual) or any(
-                    e is not None and e != a for e, a in zip(expected, actual)):
-                raise ValueError(f"batch {index}: input {param.name!r} has shape "
-                                 f"{tuple(actual)}, the function expects {tuple(ty.shape.values)}")
-    return batch

@@ -103,3 +103,38 @@ def agreement(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) ->
     rel = float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
     cosine = dot / np.sqrt(den * norm_out) if den > 0 and norm_out > 0 else 1.0
     return Agreement(rel, max_abs, float(cosine), 0)
+
+
+def as_batches(inputs) -> list:
+    """``inputs`` as a list of batches: one batch (a list of arrays or a {name: array}
+    mapping) or an iterable of them."""
+    if isinstance(inputs, Mapping) or (
+            isinstance(inputs, Sequence) and inputs and isinstance(inputs[0], np.ndarray)):
+        return [inputs]
+    return list(inputs)
+
+
+def check_batch(function: relax.Function, batch, index: int) -> list:
+    """Batch ``index`` as ``function``'s parameters in order; a clear error where an input is
+    missing or its shape does not match."""
+    params = function.params
+    if isinstance(batch, Mapping):
+        missing = [p.name for p in params if p.name not in batch]
+        if missing:
+            raise ValueError(f"batch {index} has no input for parameter(s) {missing}")
+        batch = [batch[p.name] for p in params]
+    batch = list(batch)
+    if len(batch) != len(params):
+        raise ValueError(f"batch {index} has {len(batch)} arrays; the function takes "
+                         f"{len(params)} ({', '.join(p.name for p in params)})")
+    for param, array in zip(params, batch):
+        ty = param.ty
+        if isinstance(ty, relax.TensorType) and ty.shape is not None:
+            expected = [int(d) if isinstance(d, tvm.tirx.IntImm) else None
+                        for d in ty.shape.values]
+            actual = list(np.shape(array))
+            if len(expected) != len(actual) or any(
+                    e is not None and e != a for e, a in zip(expected, actual)):
+                raise ValueError(f"batch {index}: input {param.name!r} has shape "
+                                 f"{tuple(actual)}, the function expects {tuple(ty.shape.values)}")
+    return batch

@@ -20,10 +20,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .calibrate import Calibration, _as_batches, _check_batch, calibrate
-from .execution import agreement, compile_module, contiguous, with_function
+from .calibrate import Calibration, calibrate
+from .dtypes import numpy_dtype
+from .execution import agreement, as_batches, check_batch, compile_module, contiguous, with_function
+from .instrument import instrument, returning_stats
 from .policy import Policy
 from .report import Report
+from .rewriter import replace_attrs
 from .transform import convert, resolve_policy
 
 METRICS = ("relative_l2", "max_abs")
@@ -103,10 +106,10 @@ def _check(mod, inputs, tolerance, max_evaluations):
         raise ValueError(f"tolerance must be a positive finite number; got {tolerance!r}")
     if not isinstance(max_evaluations, int) or max_evaluations < 1:
         raise ValueError(f"max_evaluations must be a positive integer; got {max_evaluations!r}")
-    batches = _as_batches(inputs)
+    batches = as_batches(inputs)
     if not batches:
         raise ValueError("auto_mixed_precision needs at least one batch of inputs")
-    return [_check_batch(mod["main"], batch, i) for i, batch in enumerate(batches)]
+    return [check_batch(mod["main"], batch, i) for i, batch in enumerate(batches)]
 
 
 def _low_bindings(report: Report) -> list:
@@ -121,62 +124,44 @@ def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None)
     ``dtype`` on its (exact, float32) operands; its squared error and norm come back as extra
     outputs, summed over all batches.
     """
-    from .dtypes import numpy_dtype  # pylint: disable=import-outside-toplevel
-
     func = mod["main"]
-    builder = relax.BlockBuilder()
-    wanted, stats, measured, blocks = set(names), [], [], []
-    for block in func.body.blocks:
-        dataflow = isinstance(block, relax.DataflowBlock)
-        bindings = list(block.bindings)
-        local = relax.DataflowVar if dataflow else relax.Var
+    wanted, measured = set(names), []
 
-        def bind(expr, name, kind=None):
-            value = builder.normalize(expr)
-            var = (kind or local)(name, value.ty)
-            bindings.append(relax.VarBinding(var, value))
-            return var
-
-        for binding in block.bindings:
-            value = binding.value
-            if binding.var.name not in wanted or not isinstance(value, tvm.ir.Call):
-                continue
-            if (not isinstance(binding.var.ty, relax.TensorType)
-                    or not isinstance(value.op, tvm.ir.Op)):
-                continue
-            args = []
-            for arg in value.args:
-                if isinstance(arg.ty, relax.TensorType) and str(arg.ty.dtype) == "float32":
-                    if isinstance(arg, type(relax.const(0.0))):
-                        low = arg.value.numpy().astype(numpy_dtype(dtype))
-                        args.append(relax.const(low, dtype))
-                    else:
-                        args.append(bind(relax.op.astype(arg, dtype), "pair_in"))
+    def pair(binding, bind):
+        value = binding.value
+        if binding.var.name not in wanted or not isinstance(value, tvm.ir.Call):
+            return []
+        if not isinstance(binding.var.ty, relax.TensorType) or not isinstance(value.op, tvm.ir.Op):
+            return []
+        args = []
+        for arg in value.args:
+            if isinstance(arg.ty, relax.TensorType) and str(arg.ty.dtype) == "float32":
+                if isinstance(arg, type(relax.const(0.0))):
+                    low = arg.value.numpy().astype(numpy_dtype(dtype))
+                    args.append(relax.const(low, dtype))
                 else:
-                    args.append(arg)
-            attrs = value.attrs
-            if (attrs is not None and hasattr(attrs, "out_dtype")
-                    and value.op.name != "relax.quantize"):
-                from .rewriter import replace_attrs  # pylint: disable=import-outside-toplevel
+                    args.append(bind(relax.op.astype(arg, dtype), "pair_in"))
+            else:
+                args.append(arg)
+        attrs = value.attrs
+        if (attrs is not None and hasattr(attrs, "out_dtype")
+                and value.op.name != "relax.quantize"):
+            attrs = replace_attrs(attrs, out_dtype="float32")
+        try:
+            shadow = bind(tvm.ir.Call(value.op, args, attrs, value.ty_args), "pair_low")
+        except Exception:  # the op does not take low-precision operands: nothing to measure
+            return []
+        wide = bind(relax.op.astype(shadow, "float32"), "pair_wide")
+        diff = bind(relax.op.subtract(wide, binding.var), "pair_diff")
+        squared = bind(relax.op.multiply(diff, diff), "pair_sq")
+        err = bind(relax.op.sum(squared), "pair_err", visible=True)
+        magnitude = bind(relax.op.multiply(binding.var, binding.var), "pair_n2")
+        norm = bind(relax.op.sum(magnitude), "pair_norm", visible=True)
+        measured.append(binding.var.name)
+        return [err, norm]
 
-                attrs = replace_attrs(attrs, out_dtype="float32")
-            try:
-                shadow = bind(tvm.ir.Call(value.op, args, attrs, value.ty_args), "pair_low")
-            except Exception:  # the op does not take low-precision operands: nothing to measure
-                continue
-            wide = bind(relax.op.astype(shadow, "float32"), "pair_wide")
-            diff = bind(relax.op.subtract(wide, binding.var), "pair_diff")
-            squared = bind(relax.op.multiply(diff, diff), "pair_sq")
-            err = bind(relax.op.sum(squared), "pair_err", relax.Var)
-            magnitude = bind(relax.op.multiply(binding.var, binding.var), "pair_n2")
-            norm = bind(relax.op.sum(magnitude), "pair_norm", relax.Var)
-            stats += [err, norm]
-            measured.append(binding.var.name)
-        blocks.append((relax.DataflowBlock if dataflow else relax.BindingBlock)(bindings))
-    scalar = relax.TensorType((), "float32")
-    ret = tvm.ir.type.TupleType([func.ret_ty, tvm.ir.type.TupleType([scalar] * len(stats))])
-    body = relax.SeqExpr(blocks, relax.Tuple([func.body.body, relax.Tuple(stats)]))
-    paired = relax.Function(func.params, body, ret, func.is_pure, func.attrs)
+    blocks, stats = instrument(func, pair)
+    paired = returning_stats(func, blocks, stats)
     probe = with_function(mod, "main", paired)
     vm = compile_module(relax.transform.Normalize()(probe), run_target)
     totals = np.zeros(len(stats), np.float64)

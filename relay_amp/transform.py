@@ -8,6 +8,7 @@ from tvm import relax
 from .calibrate import Calibration
 from .dtypes import check_low_precision_dtype
 from .execution import with_function
+from .instrument import instrument
 from .policy import Policy, current_policy
 from .report import Report
 from .rewriter import MixedPrecisionRewriter
@@ -274,46 +275,36 @@ def add_debug_guards(mod: tvm.IRModule, report: Report) -> tvm.IRModule:
     """
     guarded = {(r.function, r.name): r for r in report.rows if r.compute_dtype == report.dtype}
     mod = relax.transform.ToNonDataflow()(mod)
-    builder = relax.BlockBuilder()
     updated = {}
     for gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function):
             continue
         name = gvar.name_hint
-        blocks = []
-        for block in func.body.blocks:
-            bindings = []
-            for binding in block.bindings:
-                bindings.append(binding)
-                row = guarded.get((name, binding.var.name))
-                ty = binding.var.ty
-                value = binding.value
-                stored = (isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "")
-                          == "relax.astype" and isinstance(ty, relax.TensorType)
-                          and str(ty.dtype) == report.dtype
-                          and isinstance(value.args[0], relax.Var))
-                if not (row or stored) or not isinstance(ty, relax.TensorType) or not str(
-                        ty.dtype).startswith(("float", "bfloat")):
-                    continue
-                if row is not None:
-                    what = f"binding {binding.var.name} ({row.op}, computed in {row.compute_dtype})"
-                else:
-                    what = f"the {report.dtype} copy of {value.args[0].name}"
 
-                def bind(expr, label):
-                    value = builder.normalize(expr)
-                    var = relax.Var(label, value.ty)
-                    bindings.append(relax.VarBinding(var, value))
-                    return var
+        def guard(binding, bind, name=name):
+            row = guarded.get((name, binding.var.name))
+            ty = binding.var.ty
+            value = binding.value
+            stored = (isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "")
+                      == "relax.astype" and isinstance(ty, relax.TensorType)
+                      and str(ty.dtype) == report.dtype and isinstance(value.args[0], relax.Var))
+            if not (row or stored) or not isinstance(ty, relax.TensorType) or not str(
+                    ty.dtype).startswith(("float", "bfloat")):
+                return []
+            if row is not None:
+                what = f"binding {binding.var.name} ({row.op}, computed in {row.compute_dtype})"
+            else:
+                what = f"the {report.dtype} copy of {value.args[0].name}"
+            finite_each = bind(relax.op.isfinite(binding.var), "guard_finite")
+            bad = bind(relax.op.logical_not(finite_each), "guard_bad")
+            flags = bind(relax.op.astype(bad, "int32"), "guard_int")
+            count = bind(relax.op.max(flags), "guard_any")
+            finite = bind(relax.op.equal(count, relax.const(0, "int32")), "guard_ok")
+            message = f"relay_amp debug_guard: {what} in {name} produced NaN or Inf"
+            bind(relax.op.assert_op(finite, [], message), "guard")
+            return []
 
-                finite_each = bind(relax.op.isfinite(binding.var), "guard_finite")
-                bad = bind(relax.op.logical_not(finite_each), "guard_bad")
-                flags = bind(relax.op.astype(bad, "int32"), "guard_int")
-                count = bind(relax.op.max(flags), "guard_any")
-                finite = bind(relax.op.equal(count, relax.const(0, "int32")), "guard_ok")
-                message = f"relay_amp debug_guard: {what} in {name} produced NaN or Inf"
-                bind(relax.op.assert_op(finite, [], message), "guard")
-            blocks.append(relax.BindingBlock(bindings))
+        blocks, _ = instrument(func, guard)
         body = relax.SeqExpr(blocks, func.body.body)
         updated[gvar] = relax.Function(func.params, body, func.ret_ty, False, func.attrs)
     for gvar, func in updated.items():

@@ -448,9 +448,12 @@ def expose_nms_inputs(model) -> list[str]:
     if wanted:
         inferred = {info.name: info for info in
                     onnx.shape_inference.infer_shapes(model).graph.value_info}
-        for name in wanted:
-            info = inferred.get(name) or onnx.helper.make_tensor_value_info(
-                name, onnx.TensorProto.FLOAT, None)
+        for position, name in enumerate(wanted):
+            info = inferred.get(name)
+            if info is None or not info.type.tensor_type.HasField("shape"):
+                # NMS boxes are (batches, boxes, 4), scores (batches, classes, boxes)
+                info = onnx.helper.make_tensor_value_info(
+                    name, onnx.TensorProto.FLOAT, [f"nms_{position}_{axis}" for axis in "abc"])
             model.graph.output.append(info)
     return wanted
 
