@@ -25,6 +25,7 @@ from .dtypes import numpy_dtype
 from .execution import agreement, as_batches, check_batch, compile_module, contiguous, with_function
 from .instrument import instrument, returning_stats
 from .policy import Policy
+from .reasons import Reason, render
 from .report import Report
 from .rewriter import replace_attrs
 from .transform import convert, resolve_policy
@@ -239,9 +240,10 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
         rows = []
         for row in report.rows:
             if row.name in fp32 and row.function == "main":
-                row = dataclasses.replace(row, rule=(
-                    f"fp32: auto_mixed_precision fallback (local {dtype} error "
-                    f"{errors.get(row.name, float('nan')):.3g}, rank {fp32.index(row.name) + 1})"))
+                reason = Reason.of("search_fallback", dtype=dtype,
+                                   error=errors.get(row.name, float("nan")),
+                                   rank=fp32.index(row.name) + 1)
+                row = dataclasses.replace(row, reasons=(reason,), rule=render((reason,)))
             rows.append(row)
         report.rows = rows
         report.search = SearchResult("sensitivity", float(tolerance), value, value <= tolerance,

@@ -34,6 +34,7 @@ from .op_tables import (
     Category,
     builtin_table,
 )
+from .reasons import Reason, render
 
 _USER_LIST_KEYWORDS = {
     "target_dtype_ops": Category.LOW_PRECISION_FP32_ACCUMULATE,
@@ -132,9 +133,19 @@ class Decision:
     """What the policy says about one binding before the pass looks at its operands."""
 
     category: Category | None  # None: the op is unknown to every layer
-    rule: str
+    reasons: tuple  # of relay_amp.reasons.Reason, the deciding layer's first
     accumulation_dtype: str = "float32"
     accumulation_from_user: bool = False  # set by set_accumulation_dtype: targets keep it
+
+    @property
+    def rule(self) -> str:
+        """The reasons as text (:func:`relay_amp.reasons.render`)."""
+        return render(self.reasons)
+
+    @property
+    def code(self) -> str:
+        """The code of the deciding reason."""
+        return self.reasons[0].code
 
 
 class Policy:
@@ -433,38 +444,43 @@ class Policy:
         """
         for pattern in self._exclude_names:
             if name == pattern:
-                return Decision(Category.FP32, f"fp32: excluded by name {name!r}")
+                return Decision(Category.FP32, (Reason.of("excluded_by_name", name=name),))
         for pattern in self._exclude_patterns:
             if re.fullmatch(pattern, name):
-                return Decision(Category.FP32, f"fp32: excluded by pattern {pattern!r}")
+                return Decision(Category.FP32,
+                                (Reason.of("excluded_by_pattern", pattern=pattern),))
         accumulation = self._accumulation.get(op, "float32")
         for pattern in self._include_names:
             if name == pattern:
                 return Decision(Category.LOW_PRECISION_FP32_ACCUMULATE,
-                                f"{self.dtype}: included by name {name!r}", accumulation)
+                                (Reason.of("included_by_name", dtype=self.dtype, name=name),),
+                                accumulation)
         for pattern in self._include_patterns:
             if re.fullmatch(pattern, name):
                 return Decision(Category.LOW_PRECISION_FP32_ACCUMULATE,
-                                f"{self.dtype}: included by pattern {pattern!r}", accumulation)
+                                (Reason.of("included_by_pattern", dtype=self.dtype,
+                                           pattern=pattern),), accumulation)
         for condition in self._conditions:
             if condition.op == op and condition.matches(attrs):
-                return Decision(Category.FP32, f"fp32: conditional rule {condition.describe()}")
+                return Decision(Category.FP32, (Reason.of("user_condition",
+                                                          condition=condition.describe()),))
         if op in self._categories:
             category = self._categories[op]
-            return Decision(category, f"{category}: {op} is in the user's {self._list_of[op]}",
-                            accumulation)
+            return Decision(category, (Reason.of("user_category", category=category.value, op=op,
+                                                 table=self._list_of[op]),), accumulation)
         for op_name, attribute, values, reason in BUILTIN_CONDITIONS:
             condition = Condition(op_name, attribute, values)
             if op == op_name and condition.matches(attrs):
-                return Decision(Category.FP32, f"fp32: {condition.describe()} ({reason})")
+                return Decision(Category.FP32, (Reason.of(
+                    "builtin_condition", condition=condition.describe(), why=reason),))
         group = _BUILTIN.get(op)
         if group is None:
             if op in PASSTHROUGH_OPS:
-                return Decision(None, f"kept: {op} fixes its own dtype")
-            return Decision(None, f"kept: unknown op {op}, its dtypes are left as they are")
-        decision = Decision(group.category,
-                            f"{group.category}: {op} is in the built-in {group.category} list "
-                            f"({group.reason})", accumulation, op in self._accumulation)
+                return Decision(None, (Reason.of("own_dtype", op=op),))
+            return Decision(None, (Reason.of("unknown_op", op=op),))
+        decision = Decision(group.category, (Reason.of(
+            "builtin_category", category=group.category.value, op=op, why=group.reason),),
+                            accumulation, op in self._accumulation)
         if target_rule is not None:
             decision = target_rule(op, decision)
         return decision
@@ -488,7 +504,7 @@ class Policy:
         for op in sorted(set(_BUILTIN) | set(self._categories)):
             decision = self.decide(op, "", None)
             rows[op] = (decision.category.value if decision.category else "kept",
-                        decision.accumulation_dtype, decision.rule.split(": ", 1)[1])
+                        decision.accumulation_dtype, decision.reasons[0].detail())
         width = max(len(op) for op in rows)
         for category in list(Category) + ["kept"]:
             name = getattr(category, "value", category)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import tvm
 from tvm.relax import TensorType
+
+from .reasons import Reason
 
 
 @dataclass(frozen=True)
@@ -15,7 +17,9 @@ class BindingRecord:
 
     ``output_dtype`` lists every dtype the result is stored in, the computed one first
     (``float32+float16``: computed in float32, and a float16 copy exists for low-precision
-    consumers). ``casts_added`` counts the run-time casts this binding needed.
+    consumers). ``casts_added`` counts the run-time casts this binding needed. ``reasons`` are
+    the decision as data (:class:`relay_amp.reasons.Reason`, the deciding one first); ``rule``
+    is their text (:func:`relay_amp.reasons.render`).
     """
 
     function: str
@@ -29,6 +33,36 @@ class BindingRecord:
     rule: str
     casts_added: int
     macs: int
+    reasons: tuple = ()
+
+    @property
+    def code(self) -> str | None:
+        """The code of the deciding reason."""
+        return self.reasons[0].code if self.reasons else None
+
+    @property
+    def codes(self) -> tuple:
+        """Every reason's code, in order."""
+        return tuple(reason.code for reason in self.reasons)
+
+    def reason(self, code: str) -> Reason:
+        """This row's reason with ``code``."""
+        for reason in self.reasons:
+            if reason.code == code:
+                return reason
+        raise KeyError(f"{self.name} has no reason {code!r} (its codes: {self.codes})")
+
+    def to_dict(self) -> dict:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**data, "input_dtypes": list(self.input_dtypes),
+                "reasons": [reason.as_dict() for reason in self.reasons]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BindingRecord":
+        """A row from :meth:`to_dict` (a report.json row)."""
+        reasons = tuple(Reason(r["code"], tuple(r["params"].items()))
+                        for r in data.get("reasons", ()))
+        return cls(**{**data, "input_dtypes": tuple(data["input_dtypes"]), "reasons": reasons})
 
 
 #: Reason code of a function parameter or result kept float32 although the signature asked for
@@ -107,8 +141,7 @@ class Report:
     @property
     def unknown_ops(self) -> list:
         """Sorted names of ops no policy layer knew; they kept their dtypes."""
-        return sorted({r.op for r in self.rows if r.category == "unknown"
-                       and r.rule.startswith("kept: unknown")})
+        return sorted({r.op for r in self.rows if r.code == "unknown_op"})
 
     def low_precision_mac_fraction(self) -> float | None:
         total = sum(r.macs for r in self.ops)
@@ -163,7 +196,7 @@ class Report:
             "unknown_ops": self.unknown_ops,
             "boundary": [asdict(b) for b in self.boundary],
             "search": self.search.to_dict() if self.search is not None else None,
-            "rows": [{**asdict(r), "input_dtypes": list(r.input_dtypes)} for r in self.rows],
+            "rows": [r.to_dict() for r in self.rows],
         }
 
     def to_json(self, **kwargs) -> str:

@@ -76,6 +76,7 @@ from .op_tables import (
     fuses,
 )
 from .policy import Decision, Policy
+from .reasons import Reason, render
 from .report import FP32_BOUNDARY, BindingRecord, BoundaryRecord, estimate_macs
 from .report import short_dtype as _short
 from .targets import KernelSettings
@@ -186,7 +187,7 @@ def replace_attrs(attrs, **changes):
 class _Plan:
     """The decision for one call binding."""
 
-    __slots__ = ("op", "name", "decision", "category", "rule", "mode", "accumulation",
+    __slots__ = ("op", "name", "decision", "category", "reasons", "mode", "accumulation",
                  "float_output", "constant_inputs", "mixed", "mode_fixed")
 
     def __init__(self, op, name: str, decision: Decision):
@@ -194,7 +195,7 @@ class _Plan:
         self.name = name
         self.decision = decision
         self.category = decision.category
-        self.rule = decision.rule
+        self.reasons = list(decision.reasons)
         self.mode = Mode.ORIGINAL
         self.accumulation = None
         self.float_output = True
@@ -380,47 +381,47 @@ class FunctionPlanner:
         if op == "quantize":
             identity = self._quantize_identity(call)
             if identity is not None:
-                plan.mode, plan.rule = Mode.IDENTITY, identity
+                plan.mode, plan.reasons = Mode.IDENTITY, [identity]
                 return plan
         limitation = TVM_LIMITATIONS.get(self.low, {}).get(op)
         if limitation and category in LOW_CATEGORIES + (Category.FOLLOW,):
-            return self._keep(plan, f"fp32: {limitation}")
+            return self._keep(plan, Reason.of("tvm_limitation", limitation=limitation))
         foreign = sorted({d for _, d in float_leaves} - {"float32", self.low})
         if foreign:
-            return self._keep(plan, f"kept: {op} has {', '.join(foreign)} inputs, which "
-                                    "relay_amp does not convert")
+            return self._keep(plan, Reason.of("foreign_dtypes", op=op, dtypes=", ".join(foreign)))
         if not any(d == "float32" for _, d in float_leaves) and "float32" not in out_dtypes:
-            return self._keep(plan, f"kept: {op} has no float32 tensor to convert")
+            return self._keep(plan, Reason.of("no_float32", op=op))
         for leaf, dtype in float_leaves:
             if type(leaf) is _GenericConst and dtype == "float32":
                 bad = self.constant_check(leaf)
                 if bad is not None and category != Category.STORAGE:
-                    return self._keep(plan, f"fp32: constant {bad:.4g} "
-                                            f"{_range_words(bad, self.low)}")
+                    return self._keep(plan, Reason.of("constant_out_of_range", value=bad,
+                                                      bound=_range_words(bad, self.low)))
         if category in LOW_CATEGORIES + (Category.STORAGE,):
             for leaf, _ in float_leaves:
                 if leaf in self.hot:
-                    return self._keep(plan, f"fp32: input {leaf.name} {self.hot[leaf]}")
+                    return self._keep(plan, Reason.of("input_out_of_range", input=leaf.name,
+                                                      why=str(self.hot[leaf])))
         if var in self.hot:
             if category == Category.LOW_PRECISION_FP32_ACCUMULATE and (
                     plan.decision.accumulation_dtype == "float32"):
-                plan.rule += f"; result kept float32: {self.hot[var]}"
+                plan.reasons.append(Reason.of("result_kept_float32", why=str(self.hot[var])))
             else:
-                return self._keep(plan, f"fp32: {self.hot[var]}")
+                return self._keep(plan, Reason.of("out_of_range", why=str(self.hot[var])))
         for arg, _ in self.call_args[var]:
             scalar = _scalar_value(arg)
             if scalar is not None and out_of_range_value(np.array(scalar), self.low) is not None:
-                return self._keep(plan, f"fp32: scalar argument {scalar:.4g} "
-                                        f"{_range_words(scalar, self.low)}")
+                return self._keep(plan, Reason.of("scalar_out_of_range", value=scalar,
+                                                  bound=_range_words(scalar, self.low)))
         if (category in LOW_CATEGORIES and call.attrs is not None
                 and hasattr(call.attrs, "out_dtype")):
             original = str(call.attrs.out_dtype) if call.attrs.out_dtype is not None else ""
             if original not in ("", "void", "float32", self.low):
-                return self._keep(plan, f"kept: out_dtype {original} is not float32")
+                return self._keep(plan, Reason.of("foreign_out_dtype", dtype=original))
         return plan
 
-    def _quantize_identity(self, call) -> str | None:
-        """The rule text if ``quantize`` of this call returns its data's integers unchanged."""
+    def _quantize_identity(self, call) -> Reason | None:
+        """The reason if ``quantize`` of this call returns its data's integers unchanged."""
         data, out_dtype = call.args[0], str(call.attrs.out_dtype)
         if data in self.int_inputs:
             declared = self.int_inputs[data]
@@ -428,21 +429,19 @@ class FunctionPlanner:
                 raise ValueError(
                     f"input {data.name!r} is declared {declared} in input_dtypes, but the "
                     f"quantize that reads it produces {out_dtype}: declare it {out_dtype}")
-            return (f"identity: input {data.name} already holds {out_dtype} values: quantize "
-                    "passes them through")
+            return Reason.of("identity_input", input=data.name, dtype=out_dtype)
         producer = self.bound.get(data)
         if (isinstance(producer, Call) and _op_name(producer) == "dequantize"
                 and tensor_dtype(producer.args[0]) == out_dtype
                 and int(producer.attrs.axis) == int(call.attrs.axis)
                 and all(tvm_ffi.structural_equal(a, b)
                         for a, b in zip(producer.args[1:3], call.args[1:3]))):
-            return ("identity: quantize(dequantize(q)) with the same scale and zero point "
-                    "returns q")
+            return Reason.of("identity_requantize")
         return None
 
-    def _keep(self, plan: _Plan, rule: str) -> _Plan:
+    def _keep(self, plan: _Plan, reason: Reason) -> _Plan:
         plan.category = Category.FP32
-        plan.rule = rule
+        plan.reasons = [reason]
         return plan
 
     def _call_can_low(self, plan: _Plan, float_leaves: list) -> bool:
@@ -548,12 +547,10 @@ class FunctionPlanner:
                 continue  # stored low; the sum is formed in float32 in the normalization
             if (other.category == Category.FOLLOW and other.op not in EXACT_OPS
                     and FUSION_KINDS.get(other.op) == FusionKind.ELEMWISE):
-                plan.rule += (f"; stored float32 between kernels: {consumer.name} adds to it in "
-                              "float32, a residual stream (low_precision_residuals off)")
+                plan.reasons.append(Reason.of("residual_added", consumer=consumer.name))
             elif other.mixed and other.op in CENTRING_OPS and not plan.mixed:
-                plan.rule += (f"; stored float32 between kernels: {consumer.name} "
-                              f"({other.op}) subtracts its mean, which cancels the leading "
-                              "digits (low_precision_residuals off)")
+                plan.reasons.append(Reason.of("residual_centred", consumer=consumer.name,
+                                              op=other.op))
             else:
                 continue
             self.residuals.add(var)
@@ -596,8 +593,7 @@ class FunctionPlanner:
                     and all(_is_var(arg) and len(leaves) == 1
                             for arg, leaves in self.call_args[source])):
                 self.absorbed[source] = var
-                producer.rule += (f"; computed in float32 inside {var.name}'s kernel "
-                                  f"({plan.op}), so the sum is never stored")
+                producer.reasons.append(Reason.of("absorbed_add", kernel=var.name, op=plan.op))
 
     def _is_branch_of(self, var, add) -> bool:
         """Is ``var`` the branch operand of the absorbed residual ``add`` (its other operand
@@ -652,20 +648,17 @@ class FunctionPlanner:
             if activations and self.can_low.get(var, False) and all(
                     self.arrives_low(leaf, var) for leaf in activations):
                 plan.mode = Mode.LOW
-                plan.rule += (f"; runs {self.low}: its inputs arrive in {self.low} and it is "
-                              "exact (low_precision_boundaries)")
+                plan.reasons.append(Reason.of("exact_arrives_low", dtype=self.low))
             else:
-                plan.rule += "; runs float32: an input is in float32 registers"
+                plan.reasons.append(Reason.of("in_float32_registers"))
             return
         absorbed = [leaf for leaf in activations if self._widening_absorbed(leaf, var)]
         if absorbed and self.can_low.get(var, False):
             plan.mode = Mode.LOW
-            plan.rule += (f"; runs {self.low}: {absorbed[0].name} reaches it from another "
-                          f"kernel, stored in {self.low} (low_precision_boundaries)")
+            plan.reasons.append(Reason.of("arrives_low", dtype=self.low, input=absorbed[0].name))
             return
         self.stored_low.difference_update(absorbed)
-        plan.rule += ("; computes float32 in registers, inputs widened there "
-                      "(low_precision_boundaries)")
+        plan.reasons.append(Reason.of("widened_in_kernel"))
 
     def _widening_absorbed(self, value, consumer) -> bool:
         """A value read only by ``consumer`` across a kernel boundary: a float32 copy made
@@ -904,11 +897,11 @@ class FunctionPlanner:
         if plan.op == "dequantize" and category == Category.FOLLOW:
             if self.low in demand and "float32" not in demand:
                 plan.mode = Mode.LOW
-                plan.rule += f"; produces {self.low} directly (out_dtype): its consumers want it"
+                plan.reasons.append(Reason.of("dequantize_low", dtype=self.low))
             elif demand:
-                plan.rule += "; produces float32: a consumer wants float32"
+                plan.reasons.append(Reason.of("dequantize_float32"))
             else:
-                plan.rule += "; no consumer reads it any more"
+                plan.reasons.append(Reason.of("unread"))
             return
         if plan.op == "quantize" and category == Category.FOLLOW:
             producer = self.bound.get(self.bound[var].args[0])
@@ -916,9 +909,9 @@ class FunctionPlanner:
             if self.can_low.get(var, False) and (
                     not self.f32_ready.get(var, False) or from_dequantize):
                 plan.mode = Mode.LOW
-                plan.rule += f"; reads its input in {self.low}"
+                plan.reasons.append(Reason.of("quantize_reads_low", dtype=self.low))
             else:
-                plan.rule += "; reads its input in float32"
+                plan.reasons.append(Reason.of("quantize_reads_float32"))
             return
         if category in LOW_CATEGORIES:
             plan.mode = Mode.LOW
@@ -932,25 +925,21 @@ class FunctionPlanner:
             if not plan.float_output:
                 if can_low and not f32_ready:
                     plan.mode = Mode.LOW
-                    plan.rule += f"; runs {self.low}: its inputs exist only in {self.low}"
+                    plan.reasons.append(Reason.of("inputs_only_low", dtype=self.low))
                 else:
-                    plan.rule += "; runs float32: its inputs exist in float32"
+                    plan.reasons.append(Reason.of("inputs_float32"))
             elif f32_ready and (not exact or "float32" in demand):
-                plan.rule += ("; runs float32: its inputs exist in float32, so it rounds once, "
-                              "when a consumer needs low precision" if not exact else
-                              "; runs float32: its inputs exist in float32 and a consumer "
-                              "needs float32")
+                plan.reasons.append(Reason.of("float32_wanted" if exact else "rounds_once"))
             elif can_low and self.low in demand and plan.constant_inputs:
                 plan.mode = Mode.LOW
-                plan.rule += (f"; runs {self.low} on the {self.low} copy of its constant input "
-                              "made at conversion time (exact): a consumer wants it")
+                plan.reasons.append(Reason.of("constant_copy", dtype=self.low))
             elif can_low and self.low in demand:
                 plan.mode = Mode.LOW
-                plan.rule += f"; runs {self.low}: inputs are {self.low} and a consumer wants it"
+                plan.reasons.append(Reason.of("low_wanted", dtype=self.low))
             elif self.low in demand:
-                plan.rule += "; runs float32: an input is a float32 activation"
+                plan.reasons.append(Reason.of("float32_activation"))
             else:
-                plan.rule += "; runs float32: no consumer wants low precision"
+                plan.reasons.append(Reason.of("nothing_wants_low"))
         elif category == Category.STORAGE:
             plan.mode = Mode.STORAGE
         elif category == Category.ACCUMULATE:
@@ -1072,8 +1061,7 @@ class MixedPrecisionRewriter(PyExprMutator):
                 self._keep_at_boundary(name, "result", where, value, problem, False)
                 plan = planner.plans.get(expr) if _is_var(expr) else None
                 if plan is not None:
-                    plan.rule += (f"; stays float32 as the function's {where} [{FP32_BOUNDARY}]: "
-                                  f"{problem}")
+                    plan.reasons.append(Reason.of(FP32_BOUNDARY, where=where, why=str(problem)))
             if kept:
                 want = result_type = kept_type
         if planner.boundaries:
@@ -1473,8 +1461,9 @@ class MixedPrecisionRewriter(PyExprMutator):
             kernel = self._emit_narrowing_kernel(plan.op, call, attrs, new_args, narrowed,
                                                  var.name, output)
             if kernel is not None:
-                plan.rule += (f"; reads {', '.join(new_args[i].name for i in narrowed)} in "
-                              f"float32 and rounds it to {low} in its own kernel")
+                plan.reasons.append(Reason.of(
+                    "narrowing_kernel", inputs=", ".join(new_args[i].name for i in narrowed),
+                    dtype=low))
                 self._record(var, call, kernel, new_args, plan)
                 return kernel
             new_args = [self.cast(a, low) if i in narrowed else a for i, a in enumerate(new_args)]
@@ -1484,9 +1473,9 @@ class MixedPrecisionRewriter(PyExprMutator):
             out_dtype = self._mixed_out_dtype(var, output)
             kernel = self._emit_absorbing_kernel(plan.op, call, new_args, operands, out_dtype,
                                                  var.name, output)
-            plan.rule += (f"; one kernel (mixed_kernels): adds "
-                          f"{' + '.join(o.name for o in operands)} in float32 registers, "
-                          f"computes float32, writes {' and '.join(_as_tuple(out_dtype))}")
+            plan.reasons.append(Reason.of(
+                "absorbing_kernel", operands=" + ".join(o.name for o in operands),
+                writes=" and ".join(_as_tuple(out_dtype))))
             self._record(absorbed, add_call, kernel, operands, add_plan)
             self._record(var, call, kernel, new_args[1:], plan)
             return kernel
@@ -1495,8 +1484,8 @@ class MixedPrecisionRewriter(PyExprMutator):
             mixed = self._emit_mixed_kernel(plan.op, call, new_args, out_dtype, var.name, output)
             if mixed is not None:
                 read = sorted({self.dtype_of(a) for a in new_args if self.dtype_of(a)})
-                plan.rule += (f"; one kernel (mixed_kernels): reads {'/'.join(read)}, computes "
-                              f"float32, writes {' and '.join(_as_tuple(out_dtype))}")
+                plan.reasons.append(Reason.of("mixed_kernel", reads="/".join(read),
+                                              writes=" and ".join(_as_tuple(out_dtype))))
                 self._record(var, call, mixed, new_args, plan)
                 return mixed
             plan.mixed = False
@@ -1508,7 +1497,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         except Exception as err:  # TVM rejects the op in this dtype: keep it as it was
             message = str(err).strip().splitlines()[-1][:160]
             plan.mode, plan.category = Mode.ORIGINAL, Category.FP32
-            plan.rule = f"kept: {plan.op} rejects {low} operands ({message})"
+            plan.reasons = [Reason.of("rejected_by_tvm", op=plan.op, dtype=low, message=message)]
             new_args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in call.args]
             normalized = Call(call.op, new_args, call.attrs, call.ty_args, call.span)
         new_var = self._emit(normalized, var.name, output)
@@ -1519,8 +1508,7 @@ class MixedPrecisionRewriter(PyExprMutator):
             # TVM 0.27 legalizes attention with an explicit scale by multiplying the scores with
             # a float32 constant, so its result becomes float32 whatever the inputs; the cast
             # (a no-op at this level) brings the legalized result back to the declared dtype.
-            plan.rule += (f"; result pinned to {low} (TVM's legalization of a scaled attention "
-                          "returns float32)")
+            plan.reasons.append(Reason.of("attention_pinned", dtype=low))
             self._record(var, call, new_var, new_args, plan)
             pinned = self._emit(relax.op.astype(new_var, low), f"{var.name}_{_short(low)}", output)
             self._casts += 1
@@ -1742,8 +1730,8 @@ class MixedPrecisionRewriter(PyExprMutator):
             input_dtypes=tuple(in_dtypes), compute_dtype=compute,
             accumulation_dtype=plan.accumulation or compute,
             output_dtype="+".join(stored) if stored else "-",
-            rule=plan.rule, casts_added=self._casts + max(0, len(stored) - 1),
-            macs=estimate_macs(plan.op, call)))
+            rule=render(plan.reasons), casts_added=self._casts + max(0, len(stored) - 1),
+            macs=estimate_macs(plan.op, call), reasons=tuple(plan.reasons)))
 
 
 class BuiltBlock:

@@ -38,6 +38,7 @@ import tvm
 
 from .op_tables import LOW_CATEGORIES, Category
 from .policy import Decision
+from .reasons import Reason
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class TargetCaps:
     #: The CPU's float16 FMA (aarch64 ``fmla v.8h``, x86 ``vfmadd...ph``) accumulates in float16:
     #: float32 accumulation would widen every element, so dot products accumulate in float16.
     fp16_native_accumulation: bool = False
+    half_fma: str = ""  # that instruction, for the report
     #: Kernels are bound by memory traffic (GPUs): the kernel settings default to on.
     memory_bound: bool = False
 
@@ -101,12 +103,12 @@ def target_caps(target: tvm.target.Target) -> TargetCaps:
         if triple.startswith(("aarch64", "arm64")):
             fp16 = _llvm_has("fullfp16", target)
             return TargetCaps(name, fp16, _llvm_has("bf16", target),
-                              fp16_native_accumulation=fp16)
+                              fp16_native_accumulation=fp16, half_fma="fmla v.8h")
         if triple.startswith(("x86_64", "i686", "i386")):
             fp16 = _llvm_has("avx512fp16", target)
             return TargetCaps(name, fp16,
                               _llvm_has("avx512bf16", target) or _llvm_has("amx-bf16", target),
-                              fp16_native_accumulation=fp16)
+                              fp16_native_accumulation=fp16, half_fma="vfmadd231ph")
         return TargetCaps(name, False, False)
     if kind == "rocm":
         cpu = str(attrs["mcpu"]) if "mcpu" in attrs else ""
@@ -143,20 +145,18 @@ def target_rule(target, dtype: str, fallback: str | None):
                 return decision
             if (native and decision.category == Category.LOW_PRECISION_FP32_ACCUMULATE
                     and not decision.accumulation_from_user):
-                return Decision(decision.category,
-                                f"{decision.rule}; target {caps.name} accumulates in float16: "
-                                "its half FMA (fmla v.8h) would otherwise widen every element",
-                                "float16")
-            return Decision(decision.category,
-                            f"{decision.rule}; target {caps.name} computes {dtype} fast",
+                return Decision(decision.category, decision.reasons + (Reason.of(
+                    "target_native_accumulation", target=caps.name,
+                    instruction=caps.half_fma),), "float16")
+            return Decision(decision.category, decision.reasons + (
+                Reason.of("target_fast", target=caps.name, dtype=dtype),),
                             decision.accumulation_dtype, decision.accumulation_from_user)
         return fast
 
     def storage_only(op: str, decision: Decision) -> Decision:
         if decision.category in LOW_CATEGORIES:
-            return Decision(Category.STORAGE,
-                            f"storage: target {caps.name} has no fast {dtype} arithmetic, so "
-                            f"{op} computes in float32 with its weights stored in {dtype}",
+            return Decision(Category.STORAGE, (Reason.of(
+                "target_storage_only", target=caps.name, dtype=dtype, op=op),),
                             decision.accumulation_dtype)
         return decision
     return storage_only

@@ -34,6 +34,10 @@ def test_report_rows_summary_and_json(dtype):
     data = json.loads(report.to_json())
     assert data["dtype"] == dtype and len(data["rows"]) == 4
     assert data["rows"][0]["rule"].startswith("low_precision_fp32_accumulate: matmul")
+    assert data["rows"][0]["reasons"][0] == {"code": "builtin_category", "params": {
+        "category": "low_precision_fp32_accumulate", "op": "matmul",
+        "why": data["rows"][0]["reasons"][0]["params"]["why"]}}
+    assert relay_amp.BindingRecord.from_dict(data["rows"][0]) == report.rows[0]
     assert {"function", "name", "op", "input_dtypes", "compute_dtype", "accumulation_dtype",
             "output_dtype", "rule", "casts_added"} <= set(data["rows"][0])
     text = str(report)

@@ -75,7 +75,7 @@ def test_reduce_prod_result_keeps_float32_with_the_reason(dtype):
     assert record.bound == pytest.approx(_bound(dtype), rel=1e-6)
     note = f"main: result (gv) kept float32, not {dtype} [fp32_boundary]: observed max "
     assert any(n.startswith(note) and f"exceeds {dtype} max" in n for n in report.notes)
-    assert "[fp32_boundary]" in report.find("gv").rule
+    assert "fp32_boundary" in report.find("gv").codes
     assert report.find("gv").output_dtype == "float32"
     assert json.loads(report.to_json())["boundary"][0]["code"] == FP32_BOUNDARY
     (out,) = run_module(new, [_low(batch[0], dtype)])
@@ -276,7 +276,8 @@ def test_parameter_out_of_range_stays_float32(dtype):
     assert (record.kind, record.where) == ("parameter", "x")
     assert any(n.startswith(f"main: parameter x kept float32, not {dtype} [fp32_boundary]")
                for n in report.notes)
-    assert "fp32: input lv observed max" in report.find("gv").rule  # the reshape of x
+    reason = report.find("gv").reason("input_out_of_range")  # the reshape of x
+    assert reason.values["input"] == "lv" and reason.values["why"].startswith("observed max")
     (out,) = run_module(new, [batch[0], _low(batch[1], dtype)])
     assert np.isfinite(out).all()
 

@@ -143,8 +143,7 @@ def test_layer_norm_is_one_mixed_kernel(dtype):
                                   low_precision_inputs=names)
     assert [str(p.ty.dtype) for p in new["main"].params] == [dtype] * 4
     layer_norm = next(row for row in report.rows if row.op == "nn.layer_norm")
-    assert "one kernel (mixed_kernels)" in layer_norm.rule
-    assert f"writes {dtype}" in layer_norm.rule
+    assert layer_norm.reason("mixed_kernel").values["writes"] == dtype
     text = new.script()
     assert "R.nn.layer_norm" not in text and "call_tir" in text
     cost = gpu_cost(new, CUDA)
@@ -263,12 +262,13 @@ def test_residual_streams_keep_float32_between_kernels_by_default(dtype):
     stored, stored_report = convert_checked(mod, dtype, target=CUDA, keep_io_dtypes=False,
                                             low_precision_residuals=True)
     row = report.find("r")
-    assert "a residual stream (low_precision_residuals off)" in row.rule
-    assert "residual stream" not in stored_report.find("r").rule
+    assert "residual_added" in row.codes
+    assert "residual_added" not in stored_report.find("r").codes
     assert "low_precision_residuals off (default" in next(
         note for note in report.notes if "kernel settings" in note)
-    conv = next(row for row in report.rows if row.op == "nn.conv2d" and "rounds it" in row.rule)
-    assert f"reads r in float32 and rounds it to {dtype} in its own kernel" in conv.rule
+    conv = next(row for row in report.rows
+                if row.op == "nn.conv2d" and "narrowing_kernel" in row.codes)
+    assert conv.reason("narrowing_kernel").values == {"inputs": "r", "dtype": dtype}
     kept_cost, stored_cost = gpu_cost(kept, CUDA), gpu_cost(stored, CUDA)
     # float32 r: the add reads it as it is, the second conv rounds it in its own kernel
     assert kept_cost.casts == stored_cost.casts == 0
@@ -357,10 +357,10 @@ def test_post_norm_residual_add_is_formed_inside_the_layer_norm_kernel(dtype):
     written in float32 for the next residual add and in the low dtype for the dot products."""
     mod, weights = bert_layer()
     converted, report = low_precision_signature(mod, weights, dtype)
-    add = next(row for row in report.rows if row.op == "add" and "inside" in row.rule)
-    norm = report.find(add.rule.split("inside ")[1].split("'s kernel")[0])
+    add = next(row for row in report.rows if row.op == "add" and "absorbed_add" in row.codes)
+    norm = report.find(add.reason("absorbed_add").values["kernel"])
     assert norm.op == "nn.layer_norm"
-    assert "in float32 registers" in norm.rule and f"writes float32 and {dtype}" in norm.rule
+    assert norm.reason("absorbing_kernel").values["writes"] == f"float32 and {dtype}"
     kernels = [b.value for b in converted["main"].body.blocks[0].bindings
                if isinstance(b.value, tvm.ir.Call) and b.value.op.name == "relax.call_tir"
                and "layer_norm" in b.value.args[0].name_hint]
@@ -417,7 +417,8 @@ def test_a_float32_result_another_kernel_reads_is_not_rounded(dtype):
         builder.emit_func_output(result)
     mod = builder.get()
     converted, report = convert_checked(mod, dtype, target=CUDA)
-    assert "writes float32" in report.find(normed.name).rule
+    assert report.find(normed.name).reason("mixed_kernel").values["writes"].startswith(
+        "float32")
     inputs = random_inputs(mod, seed=3)
     expected = run_module(mod, inputs)
     got = run_module(converted, inputs)

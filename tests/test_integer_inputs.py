@@ -197,9 +197,9 @@ def test_qdq_identity_requantize_and_dequantize_to_float16():
 
     new, report = convert_checked(QDQ, "float16", input_dtypes={"x": "int8"})
     tvm.ir.assert_structural_equal(new, Expected)
-    assert report.find("q").rule.startswith("identity: input x already holds int8")
-    assert report.find("q3").rule.startswith("identity: quantize(dequantize(q))")
-    assert "float16 directly (out_dtype)" in report.find("d").rule
+    assert report.find("q").reason("identity_input").values == {"input": "x", "dtype": "int8"}
+    assert report.find("q3").code == "identity_requantize"
+    assert report.find("d").reason("dequantize_low").values == {"dtype": "float16"}
     assert report.find("q4").input_dtypes[0] == "float16"  # requantize without float32
 
 
@@ -271,7 +271,8 @@ def test_qdq_resnet_block_from_onnx(tmp_path):
 def test_bfloat16_keeps_qdq_in_float32():
     _, report = relay_amp.convert(QDQ, "bfloat16")
     assert report.find("d").compute_dtype == "float32"
-    assert "TVM's dequantize produces only float16/float32" in report.find("d").rule
+    assert "dequantize produces only float16/float32" in report.find("d").reason(
+        "tvm_limitation").values["limitation"]
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -276,3 +276,5 @@ def test_error_measured_on_the_named_outputs_and_every_output_kept():
     assert "output_nonfinite" not in named
     broken = [[np.array([np.nan, 1.0]), np.array([3.0, 4.0])]]
     assert sweep.output_agreement(reference, broken, {"error_outputs": [1]})["nonfinite"] == 1
+    text = sweep._agreement_text({"detection_recall": 1.0, **named})
+    assert text == "detection recall 1.000; relative L2 of every output 0.268"

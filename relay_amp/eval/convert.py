@@ -1353,7 +1353,7 @@ def format_report(saved: dict, rules=(), ops=(), compute=None, limit=None) -> st
               and (not rules or any(r.lower() in row["rule"].lower() for r in rules))
               and (compute is None or row["compute_dtype"] == compute)]
     report = Report(conversion["dtype"],
-                    rows=[BindingRecord(**{**row, "input_dtypes": tuple(row["input_dtypes"])})
+                    rows=[BindingRecord.from_dict(row)
                           for row in picked])
     target = saved.get("target", {})
     lines = [f"model   {saved['model']['path']} ({saved['model']['format']})",

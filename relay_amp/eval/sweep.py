@@ -364,6 +364,8 @@ def _agreement_text(row: dict) -> str:
     digits = {"pooled_cosine": 6, "pooled_cosine_min": 6}  # cosines sit near 1
     parts = [f"{k.replace('_agreement', '').replace('_', ' ')} {row[k]:.{digits.get(k, 3)}f}"
              for k in keys if row.get(k) is not None]
+    if row.get("output_relative_l2") is not None:  # relative_l2 is of the named outputs
+        parts.append(f"relative L2 of every output {row['output_relative_l2']:.3g}")
     return "; ".join(parts)
 
 
