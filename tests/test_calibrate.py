@@ -60,7 +60,8 @@ def test_calibration_turns_overflow_into_finite_outputs():
     assert report.find("lv").reason("result_kept_float32").values["why"].startswith(
         "observed max")
     assert report.find("lv1").reason("out_of_range").values["why"].startswith("observed max 6.9")
-    assert "exceeds float16 max 65504" in report.find("gv").reason("out_of_range").values["why"]
+    assert "exceeds float16 max 65504" in report.find("gv").reason(
+        "input_out_of_range").values["why"]
     # bfloat16 has float32's range: calibration changes nothing there
     bf16, bf16_report = relay_amp.convert(Overflowing, "bfloat16", calibration=calibration)
     assert bf16_report.find("gv").compute_dtype == "bfloat16"
@@ -80,8 +81,8 @@ def test_underflowing_values_stay_float32():
     inputs = [np.full((2, 8), 1e-4, "float32"), np.full((8, 8), 1e-3, "float32")]
     calibration = relay_amp.calibrate(Tiny, [inputs])
     _, report = relay_amp.convert(Tiny, "float16", calibration=calibration)
-    assert "below float16's smallest normal" in report.find("gv").reason("out_of_range").values[
-        "why"]
+    assert "below float16's smallest normal" in report.find("gv").reason(
+        "input_out_of_range").values["why"]
 
 
 def test_bad_calibration_input_is_a_clear_error():

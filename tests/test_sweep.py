@@ -272,6 +272,11 @@ def test_error_measured_on_the_named_outputs_and_every_output_kept():
     named = sweep.output_agreement(reference, swapped, {"error_outputs": [1]})
     assert named["relative_l2"] == pytest.approx(0.4 / 5.0)
     assert named["max_abs"] == pytest.approx(0.4)
+    small = [[np.array([1.0, 2.0]), np.array([300.0, 400.0]), np.array([0.1, 0.2])]]
+    moved = [[np.array([1.0, 2.0]), np.array([300.0, 400.0]), np.array([0.1, 0.3])]]
+    worst = sweep.output_agreement(small, moved, {"error_outputs": [1, 2]})
+    assert worst["relative_l2_each"] == [0.0, pytest.approx(0.1 / np.sqrt(0.05))]
+    assert worst["relative_l2"] == worst["relative_l2_each"][1]  # the scores' error shows
     assert named["output_relative_l2"] == pytest.approx(every["relative_l2"])
     assert "output_nonfinite" not in named
     broken = [[np.array([np.nan, 1.0]), np.array([3.0, 4.0])]]

@@ -1,0 +1,93 @@
+"""Golden conversions: the converted module of every case below, as TVMScript, is what it was
+when ``tests/golden/conversions.json`` was written. A restructuring of the pass must leave
+them as they are; a change that means to alter conversions rewrites the file
+(``python tests/test_golden.py --update``) and says so in its commit.
+
+Cases: the module-level modules of the test files, the benchmark's synthetic graphs, small
+BERT/ViT/LLaMA stacks and the sweep's default models (converted as the sweep converts them:
+calibrated, uint8 input), each in float16 and bfloat16, without a target and for CUDA. The
+text leaves constant values out (TVMScript's metadata), so float32 results of an MXNet
+re-estimation that differ in the last bit between CPUs do not change it.
+"""
+
+import hashlib
+import importlib
+import json
+import pathlib
+import sys
+import tempfile
+
+import tvm
+
+import relay_amp
+
+HERE = pathlib.Path(__file__).parent
+GOLDEN = HERE / "golden" / "conversions.json"
+TEST_FILES = ("test_api", "test_bad_inputs", "test_boundary_range", "test_calibrate",
+              "test_codegen_arm", "test_fallback", "test_integer_inputs", "test_policy")
+TARGETS = {"none": None, "cuda": {"kind": "cuda", "arch": "sm_90"}}
+DTYPES = ("float16", "bfloat16")
+
+
+def _test_file_modules():
+    sys.path.insert(0, str(HERE))
+    for stem in TEST_FILES:
+        module = importlib.import_module(stem)
+        for name, value in sorted(vars(module).items()):
+            if isinstance(value, tvm.IRModule):
+                yield f"{stem}.{name}", value, {}
+
+
+def _graphs():
+    from relay_amp.eval import gpu_bench, transformer_graphs
+    from relay_amp.eval.synthetic import synthetic_module
+
+    yield "synthetic.transformer", synthetic_module("transformer", 400), {}
+    yield "synthetic.convnet", synthetic_module("convnet", 400), {}
+    yield "bert_encoder", gpu_bench.bert_encoder(1, 64, 2, 128, seq=16).mod, {}
+    yield "vit_encoder", transformer_graphs.vit_encoder(1, 64, 2, 128, image=32, patch=16,
+                                                       classes=10).mod, {}
+    yield "llama_decoder", transformer_graphs.llama_decoder(1, 64, 4, 2, 128, vocab=100,
+                                                            seq=16).mod, {}
+
+
+def _sweep_defaults():
+    from relay_amp.eval import models
+
+    for name in models.DEFAULT_MODELS:
+        loaded = models.load(name, tempfile.mkdtemp())
+        integer = loaded.extra["uint8"]
+        options = {"calibration": relay_amp.calibrate(loaded.mod, loaded.batches),
+                   "input_dtypes": {integer["input"]: "uint8"},
+                   "input_normalization": {integer["input"]: integer["normalization"]}}
+        yield f"sweep.{name}", loaded.mod, options
+
+
+def fingerprints() -> dict:
+    """case id -> sha256 of the converted module's TVMScript (constants left out)."""
+    found = {}
+    for source in (_test_file_modules, _graphs, _sweep_defaults):
+        for name, mod, options in source():
+            for target_name, target in TARGETS.items():
+                for dtype in DTYPES:
+                    converted, _ = relay_amp.convert(mod, dtype, target=target, **options)
+                    text = converted.script(show_meta=False)
+                    found[f"{name}/{dtype}/{target_name}"] = hashlib.sha256(
+                        text.encode()).hexdigest()[:16]
+    return found
+
+
+def test_conversions_are_as_recorded():
+    recorded = json.loads(GOLDEN.read_text())
+    now = fingerprints()
+    assert sorted(now) == sorted(recorded), "cases changed: run with --update"
+    changed = sorted(case for case in now if now[case] != recorded[case])
+    assert not changed, f"{len(changed)} conversions differ from the golden file: {changed}"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update"]:
+        sys.exit("usage: python tests/test_golden.py --update")
+    GOLDEN.parent.mkdir(exist_ok=True)
+    GOLDEN.write_text(json.dumps(fingerprints(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN}")
