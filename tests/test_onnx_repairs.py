@@ -10,8 +10,10 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from tvm import relax  # noqa: E402
 from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
+import relay_amp  # noqa: E402
 from relay_amp import execution  # noqa: E402
 from relay_amp.eval import onnx_repairs  # noqa: E402
 
@@ -272,19 +274,24 @@ def test_a_gather_that_is_not_box_nms_is_left_alone():
     assert onnx_repairs.static_nms_gather(model) == 0
 
 
-def test_nms_inputs_become_outputs_after_the_existing_ones():
+def test_nms_inputs_become_outputs_of_the_converted_module(dtype):
+    from relay_amp.eval.models import expose_nms_inputs
+
     model = _box_nms_model()
     onnx_repairs.static_nms_gather(model)
-    assert onnx_repairs.expose_nms_inputs(model) == ["boxes", "scores"]
-    assert [o.name for o in model.graph.output] == ["table", "boxes", "scores"]
-    table, boxes, scores = _tvm(model, {"data": BOX_TABLE})
-    np.testing.assert_array_equal(boxes, BOX_TABLE[:, :, 2:])  # every anchor, in anchor order
-    np.testing.assert_array_equal(scores.reshape(-1), BOX_TABLE[0, :, 1])
-    np.testing.assert_array_equal(table[0, :3], BOX_TABLE[0][[0, 2, 4]])
-    assert onnx_repairs.expose_nms_inputs(model) == []  # already outputs
-    plain = _model([helper.make_node("Relu", ["x"], ["y"])], [_tensor("x", [2])],
-                   [_tensor("y", [2])])
-    assert onnx_repairs.expose_nms_inputs(plain) == []
+    mod = from_onnx(model, shape_dict={"data": [1, 6, 6]})
+    converted, _ = relay_amp.convert(mod, dtype, target={"kind": "cuda", "arch": "sm_90"})
+    for module in (mod, converted):
+        exposed, count = expose_nms_inputs(module)
+        assert count == 2
+        relax.analysis.well_formed(exposed)
+        table, boxes, scores = execution.run(execution.compile_module(exposed), [BOX_TABLE])
+        np.testing.assert_array_equal(boxes, BOX_TABLE[:, :, 2:])  # every anchor, in order
+        np.testing.assert_array_equal(scores.reshape(-1), BOX_TABLE[0, :, 1])
+        np.testing.assert_array_equal(table[0, :3], BOX_TABLE[0][[0, 2, 4]])
+    plain = from_onnx(_model([helper.make_node("Relu", ["x"], ["y"])], [_tensor("x", [2])],
+                             [_tensor("y", [2])]), shape_dict={"x": [2]})
+    assert expose_nms_inputs(plain) == (plain, 0)
 
 
 # ------------------------------------------------------------------------------ all of them

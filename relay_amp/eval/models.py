@@ -375,13 +375,9 @@ def gluon_to_relax(net, batch: np.ndarray, workdir: str, name: str = "model"):
 REPAIRED_TASKS = ("detection", "segmentation")
 
 
-def import_repaired(onnx_path: str, batch_shape, notes: list, extra: dict | None = None):
+def import_repaired(onnx_path: str, batch_shape, notes: list):
     """Load an exported ONNX file, apply the named repairs of :mod:`.onnx_repairs` at the input
-    shape ``batch_shape`` (each repair that changed something adds a note) and import it.
-
-    A detector's NMS inputs become extra outputs (:func:`.onnx_repairs.expose_nms_inputs`);
-    their positions go into ``extra["error_outputs"]``: the outputs the sweep's error
-    measures compare, where the task metrics read the detections."""
+    shape ``batch_shape`` (each repair that changed something adds a note) and import it."""
     import onnx  # pylint: disable=import-outside-toplevel
 
     from . import onnx_repairs  # pylint: disable=import-outside-toplevel
@@ -391,14 +387,50 @@ def import_repaired(onnx_path: str, batch_shape, notes: list, extra: dict | None
     data = [i.name for i in model.graph.input if i.name not in initializers]
     shapes = {data[0]: list(batch_shape)}
     notes.extend(onnx_repairs.repair(model, shapes))
-    if extra is not None:
-        count = len(model.graph.output)
-        added = onnx_repairs.expose_nms_inputs(model)
-        if added:
-            extra["error_outputs"] = list(range(count, count + len(added)))
-            notes.append(f"error measured on the NMS inputs ({', '.join(added)}: every "
-                         "anchor's decoded boxes and scores), added as outputs")
     return import_onnx(model, shapes, notes)
+
+
+NMS_OPS = ("relax.vision.all_class_non_max_suppression", "relax.vision.non_max_suppression")
+
+
+def expose_nms_inputs(mod) -> tuple:
+    """``mod`` whose ``main`` also returns the boxes and scores each NMS call reads (in
+    float32, after its own outputs), and how many it added; ``(mod, 0)`` without NMS.
+
+    After NMS, a detector's outputs are the boxes that survived, in score order: a small change
+    in one score can swap two rows or let another box in, so comparing those outputs element by
+    element measures which boxes were selected more than how far the numbers moved. What NMS
+    reads (every anchor's decoded box and score, in anchor order) is the numeric result. The
+    outputs are added to the module as converted, so the conversion is the one the model gets.
+    """
+    import tvm  # pylint: disable=import-outside-toplevel
+    from tvm import relax  # pylint: disable=import-outside-toplevel
+
+    from ..instrument import instrument  # pylint: disable=import-outside-toplevel
+
+    func = mod["main"]
+
+    def probe(binding, bind):
+        value = binding.value
+        if not (isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "") in NMS_OPS):
+            return []
+        return [bind(relax.op.astype(arg, "float32"), f"nms_input{i}", visible=True)
+                for i, arg in enumerate(value.args[:2])]
+
+    blocks, extra = instrument(func, probe)
+    if not extra:
+        return mod, 0
+    result = func.body.body
+    if isinstance(result.ty, tvm.ir.type.TupleType):
+        fields = [relax.TupleGetItem(result, i) for i in range(len(result.ty.fields))]
+    else:
+        fields = [result]
+    returned = relax.BlockBuilder().normalize(relax.Tuple(fields + extra))
+    exposed = relax.Function(func.params, relax.SeqExpr(blocks, returned), returned.ty,
+                             func.is_pure, func.attrs)
+    functions = dict(mod.functions_items())
+    functions[mod.get_global_var("main")] = exposed
+    return relax.transform.Normalize()(tvm.IRModule(functions, attrs=mod.attrs)), len(extra)
 
 
 def detection_output_order(onnx_path: str) -> list[int]:
@@ -454,10 +486,10 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
     notes: list = []
     extra = {"onnx_path": os.path.join(workdir, spec.name + ".onnx")}
     if spec.task in REPAIRED_TASKS:
-        mod = import_repaired(gluon_to_onnx(net, batch, workdir, spec.name), batch.shape, notes,
-                              extra)
+        mod = import_repaired(gluon_to_onnx(net, batch, workdir, spec.name), batch.shape, notes)
         if spec.task == "detection":
             extra["detection_outputs"] = detection_output_order(extra["onnx_path"])
+            extra["expose_nms_inputs"] = True
     else:
         try:
             mod, _ = gluon_to_relax(net, batch, workdir, spec.name)

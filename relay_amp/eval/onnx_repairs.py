@@ -430,34 +430,6 @@ def static_nms_gather(model) -> int:
     return changed
 
 
-def expose_nms_inputs(model) -> list[str]:
-    """Add the boxes and scores every ``NonMaxSuppression`` reads as graph outputs, after the
-    existing ones; returns their names.
-
-    After NMS, a detector's outputs are the boxes that survived, in score order: a small change
-    in one score can swap two rows or let another box in, so an element-wise comparison of
-    those outputs measures which boxes were selected more than how far the numbers moved. The
-    NMS inputs (every anchor's decoded box and score, in anchor order) are the numeric result.
-    """
-    import onnx  # pylint: disable=import-outside-toplevel
-
-    present = {output.name for output in model.graph.output}
-    wanted = [name for node in model.graph.node if node.op_type == "NonMaxSuppression"
-              for name in node.input[:2] if name and name not in present]
-    wanted = list(dict.fromkeys(wanted))
-    if wanted:
-        inferred = {info.name: info for info in
-                    onnx.shape_inference.infer_shapes(model).graph.value_info}
-        for position, name in enumerate(wanted):
-            info = inferred.get(name)
-            if info is None or not info.type.tensor_type.HasField("shape"):
-                # NMS boxes are (batches, boxes, 4), scores (batches, classes, boxes)
-                info = onnx.helper.make_tensor_value_info(
-                    name, onnx.TensorProto.FLOAT, [f"nms_{position}_{axis}" for axis in "abc"])
-            model.graph.output.append(info)
-    return wanted
-
-
 def repair(model, input_shapes: dict) -> list[str]:
     """Apply every repair in place; returns one note per repair that changed something.
 
@@ -478,6 +450,5 @@ def repair(model, input_shapes: dict) -> list[str]:
 
 __all__ = ["keep_one_resize_target", "decompose_lp_normalization", "set_split_num_outputs",
            "fold_runtime_pads", "static_nms_gather", "remove_unused_nodes", "shape_derived",
-           "expose_nms_inputs",
            "repair",
            "DATA_DEPENDENT_SHAPE_OPS"]
