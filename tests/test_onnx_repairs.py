@@ -279,13 +279,18 @@ def test_nms_inputs_become_outputs_of_the_converted_module(dtype):
 
     model = _box_nms_model()
     onnx_repairs.static_nms_gather(model)
+    model.graph.node.append(helper.make_node("Neg", ["data"], ["negated"]))
+    model.graph.output.append(_tensor("negated", [1, 6, 6]))  # a tuple of results
     mod = from_onnx(model, shape_dict={"data": [1, 6, 6]})
     converted, _ = relay_amp.convert(mod, dtype, target={"kind": "cuda", "arch": "sm_90"})
-    for module in (mod, converted):
+    for module in (mod, converted, relax.transform.Normalize()(relax.transform.ToNonDataflow()(
+            mod))):
         exposed, count = expose_nms_inputs(module)
         assert count == 2
         relax.analysis.well_formed(exposed)
-        table, boxes, scores = execution.run(execution.compile_module(exposed), [BOX_TABLE])
+        table, negated, boxes, scores = execution.run(execution.compile_module(exposed),
+                                                      [BOX_TABLE])
+        np.testing.assert_array_equal(negated, -BOX_TABLE)
         np.testing.assert_array_equal(boxes, BOX_TABLE[:, :, 2:])  # every anchor, in order
         np.testing.assert_array_equal(scores.reshape(-1), BOX_TABLE[0, :, 1])
         np.testing.assert_array_equal(table[0, :3], BOX_TABLE[0][[0, 2, 4]])

@@ -421,8 +421,12 @@ def expose_nms_inputs(mod) -> tuple:
     if not extra:
         return mod, 0
     result = func.body.body
-    if isinstance(result.ty, tvm.ir.type.TupleType):
-        fields = [relax.TupleGetItem(result, i) for i in range(len(result.ty.fields))]
+    if isinstance(result, relax.Tuple):
+        fields = list(result.fields)
+    elif isinstance(result.ty, tvm.ir.type.TupleType):  # a var: its fields bound one by one
+        fields = [relax.Var(f"output{i}", ty) for i, ty in enumerate(result.ty.fields)]
+        blocks.append(relax.BindingBlock([relax.VarBinding(var, relax.TupleGetItem(result, i))
+                                          for i, var in enumerate(fields)]))
     else:
         fields = [result]
     returned = relax.BlockBuilder().normalize(relax.Tuple(fields + extra))
