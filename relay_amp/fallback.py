@@ -25,7 +25,7 @@ from .dtypes import numpy_dtype
 from .execution import agreement, as_batches, check_batch, compile_module, contiguous, with_function
 from .instrument import instrument, returning_stats
 from .policy import Policy
-from .reasons import Reason, render
+from .reasons import Reason
 from .report import Report
 from .rewriter import replace_attrs
 from .transform import convert, resolve_policy
@@ -243,7 +243,7 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
                 reason = Reason.of("search_fallback", dtype=dtype,
                                    error=errors.get(row.name, float("nan")),
                                    rank=fp32.index(row.name) + 1)
-                row = dataclasses.replace(row, reasons=(reason,), rule=render((reason,)))
+                row = dataclasses.replace(row, reasons=(reason,))
             rows.append(row)
         report.rows = rows
         report.search = SearchResult("sensitivity", float(tolerance), value, value <= tolerance,

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 import tvm
 from tvm.relax import TensorType
 
-from .reasons import Reason
+from .reasons import Reason, render
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,14 @@ class BindingRecord:
     compute_dtype: str
     accumulation_dtype: str
     output_dtype: str
-    rule: str
     casts_added: int
     macs: int
     reasons: tuple = ()
+
+    @property
+    def rule(self) -> str:
+        """The reasons as text, rendered when asked for (:func:`relay_amp.reasons.render`)."""
+        return render(self.reasons)
 
     @property
     def code(self) -> str | None:
@@ -54,7 +58,7 @@ class BindingRecord:
 
     def to_dict(self) -> dict:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**data, "input_dtypes": list(self.input_dtypes),
+        return {**data, "input_dtypes": list(self.input_dtypes), "rule": self.rule,
                 "reasons": [reason.as_dict() for reason in self.reasons]}
 
     @classmethod
@@ -62,7 +66,9 @@ class BindingRecord:
         """A row from :meth:`to_dict` (a report.json row)."""
         reasons = tuple(Reason(r["code"], tuple(r["params"].items()))
                         for r in data.get("reasons", ()))
-        return cls(**{**data, "input_dtypes": tuple(data["input_dtypes"]), "reasons": reasons})
+        known = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in data.items() if k in known},
+                      "input_dtypes": tuple(data["input_dtypes"]), "reasons": reasons})
 
 
 #: Reason code of a function parameter or result kept float32 although the signature asked for

@@ -67,7 +67,7 @@ from .op_tables import (
 )
 from .planner import QDQ_OPS, SCALED_ATTENTION, SOME_VALUES_OPS, FunctionPlanner, Mode, Plan
 from .policy import Policy
-from .reasons import Reason, render
+from .reasons import Reason
 from .relax_utils import (
     VAR_TYPES,
     BuiltBlock,
@@ -847,7 +847,7 @@ class MixedPrecisionRewriter(PyExprMutator):
             input_dtypes=tuple(in_dtypes), compute_dtype=compute,
             accumulation_dtype=plan.accumulation or compute,
             output_dtype="+".join(stored) if stored else "-",
-            rule=render(plan.reasons), casts_added=self._casts + max(0, len(stored) - 1),
+            casts_added=self._casts + max(0, len(stored) - 1),
             macs=estimate_macs(plan.op, call), reasons=tuple(plan.reasons)))
 
 

@@ -277,9 +277,9 @@ def test_error_measured_on_the_named_outputs_and_every_output_kept():
     worst = sweep.output_agreement(small, moved, {"error_outputs": [1, 2]})
     assert worst["relative_l2_each"] == [0.0, pytest.approx(0.1 / np.sqrt(0.05))]
     assert worst["relative_l2"] == worst["relative_l2_each"][1]  # the scores' error shows
-    assert named["output_relative_l2"] == pytest.approx(every["relative_l2"])
+    assert named["output_relative_l2"] == pytest.approx(np.sqrt(2 / 5))  # output 0 alone
     assert "output_nonfinite" not in named
     broken = [[np.array([np.nan, 1.0]), np.array([3.0, 4.0])]]
     assert sweep.output_agreement(reference, broken, {"error_outputs": [1]})["nonfinite"] == 1
     text = sweep._agreement_text({"detection_recall": 1.0, **named})
-    assert text == "detection recall 1.000; relative L2 of every output 0.268"
+    assert text == "detection recall 1.000; relative L2 of the model's outputs 0.632"

@@ -134,19 +134,23 @@ def output_agreement(reference: list, outputs: list, extra: dict) -> dict:
     Where the loader names ``extra["error_outputs"]`` (a detector's NMS inputs: boxes in
     pixels, scores below 1), each is compared on its own and the worst figure of each measure
     is the row's, so the larger values cannot hide the error of the smaller; the measures over
-    every output together are kept as ``output_*``."""
+    the model's own outputs (the others) together are kept as ``output_*``. ``nonfinite``
+    counts every output."""
     from ..execution import agreement  # pylint: disable=import-outside-toplevel
 
-    every = agreement([o for batch in reference for o in batch],
-                      [o for batch in outputs for o in batch]).as_dict()
     chosen = extra.get("error_outputs")
     if not chosen:
-        return every
+        return agreement([o for batch in reference for o in batch],
+                         [o for batch in outputs for o in batch]).as_dict()
+    own = [i for i in range(len(reference[0])) if i not in chosen]
+    every = agreement([batch[i] for batch in reference for i in own],
+                      [batch[i] for batch in outputs for i in own]).as_dict()
     each = [agreement([batch[i] for batch in reference], [batch[i] for batch in outputs])
             for i in chosen]
     return {"relative_l2": max(a.relative_l2 for a in each),
             "max_abs": max(a.max_abs for a in each), "cosine": min(a.cosine for a in each),
-            "relative_l2_each": [a.relative_l2 for a in each], "nonfinite": every["nonfinite"],
+            "relative_l2_each": [a.relative_l2 for a in each],
+            "nonfinite": every["nonfinite"] + sum(a.nonfinite for a in each),
             **{f"output_{key}": value for key, value in every.items() if key != "nonfinite"}}
 
 
@@ -390,7 +394,7 @@ def _agreement_text(row: dict) -> str:
     parts = [f"{k.replace('_agreement', '').replace('_', ' ')} {row[k]:.{digits.get(k, 3)}f}"
              for k in keys if row.get(k) is not None]
     if row.get("output_relative_l2") is not None:  # relative_l2 is of the named outputs
-        parts.append(f"relative L2 of every output {row['output_relative_l2']:.3g}")
+        parts.append(f"relative L2 of the model's outputs {row['output_relative_l2']:.3g}")
     return "; ".join(parts)
 
 
