@@ -24,6 +24,8 @@ def test_python_examples_run_in_order(tmp_path):
     namespace = _run(blocks, tmp_path)
     assert namespace["amp"].last_report.dtype == "float16"
     assert namespace["report"].find("lv3").rule == "fp32: excluded by name 'lv3'"
+    assert namespace["report"].find("lv3").code == "excluded_by_name"  # as the README says
+    assert '`report.find("lv3").code` is `"excluded_by_name"`' in README
 
 
 def test_printed_report_matches_the_code(tmp_path):
