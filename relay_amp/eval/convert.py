@@ -1131,7 +1131,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
                 raise UsageError(f"--calibrate: {one_line(err)}") from None
         timings["calibrate_s"] = time.perf_counter() - start
 
-    search, search_rules = None, {}
+    search, search_reasons = None, {}
     fp32_bindings: list = []
     if options.tolerance is not None:
         from tqdm import tqdm  # pylint: disable=import-outside-toplevel
@@ -1157,8 +1157,8 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
         timings["search_s"] = time.perf_counter() - start
         search = searched.search
         fp32_bindings = list(search.fp32_bindings)
-        search_rules = {row.name: row.rule for row in searched.rows
-                        if row.function == "main" and row.name in fp32_bindings}
+        search_reasons = {row.name: row.reasons for row in searched.rows
+                          if row.function == "main" and row.name in fp32_bindings}
 
     final_data = dict(policy_data)
     final_data["exclude_names"] = list(policy_data["exclude_names"]) + [
@@ -1169,11 +1169,11 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
         converted, report = relay_amp.convert(mod, policy=policy, target=checked.target,
                                               calibration=calibration)
     timings["convert_s"] = time.perf_counter() - start
-    if search_rules:
+    if search_reasons:
         import dataclasses  # pylint: disable=import-outside-toplevel
 
-        report.rows = [dataclasses.replace(row, rule=search_rules[row.name])
-                       if row.function == "main" and row.name in search_rules else row
+        report.rows = [dataclasses.replace(row, reasons=search_reasons[row.name])
+                       if row.function == "main" and row.name in search_reasons else row
                        for row in report.rows]
     report.search = search
 
