@@ -152,6 +152,14 @@ EXACT_OPS = frozenset(BUILTIN_GROUPS[-1].ops)
 #: residual stream itself.
 CENTRING_OPS = frozenset({"nn.layer_norm", "nn.group_norm", "nn.instance_norm"})
 
+#: Ops that order their float inputs (which boxes survive NMS, which index ``argmax`` picks,
+#: the order ``sort`` returns): rounding swaps values that differ in their last digits, so a
+#: float32 value one of them reads, directly or through :data:`EXACT_OPS`, is not stored in low
+#: precision between kernels (``low_precision_boundaries``).
+RANKING_OPS = frozenset({
+    "vision.all_class_non_max_suppression", "vision.non_max_suppression",
+    "vision.get_valid_counts", "topk", "sort", "argsort", "argmax", "argmin"})
+
 #: Built-in conditional rules: ``(op, attribute, values, reason)``; a matching call stays fp32.
 BUILTIN_CONDITIONS: tuple[tuple[str, str, tuple, str], ...] = (
     ("nn.batch_norm", "training", (True,),

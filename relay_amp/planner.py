@@ -29,6 +29,7 @@ from .op_tables import (
     EXACT_OPS,
     FUSION_KINDS,
     LOW_CATEGORIES,
+    RANKING_OPS,
     TVM_LIMITATIONS,
     Category,
     FusionKind,
@@ -421,7 +422,8 @@ class FunctionPlanner:
                     and self.group_kind[var] in STORING_KINDS
                     and any(c is not None and (var, c) not in self.fused and self._reads_stored(c)
                             for c in uses.get(var, ()))
-                    and not self._keeps_residual(var, plan)):
+                    and not self._keeps_residual(var, plan)
+                    and not self._ranked(var, plan)):
                 self.stored_low.add(var)
             if self._computes_low(var, plan):
                 self.low_values.add(var)
@@ -451,6 +453,23 @@ class FunctionPlanner:
                 continue
             self.residuals.add(var)
             return True
+        return False
+
+    def _ranked(self, var, plan: Plan) -> bool:
+        """A value a ranking op (:data:`RANKING_OPS`) reads, directly or through exact follow ops,
+        keeps float32 between kernels."""
+        seen, stack = {var}, [var]
+        while stack:
+            for consumer in self.uses.get(stack.pop(), ()):
+                other = self.plans.get(consumer)
+                if other is None or consumer in seen:
+                    continue
+                if other.op in RANKING_OPS:
+                    plan.reasons.append(Reason.of("ranked", consumer=consumer.name, op=other.op))
+                    return True
+                if other.category == Category.FOLLOW and other.op in EXACT_OPS:
+                    seen.add(consumer)
+                    stack.append(consumer)
         return False
 
     def _result_vars(self, expr) -> set:

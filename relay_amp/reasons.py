@@ -56,6 +56,8 @@ TEXT = {
     "residual_centred": (None, "stored float32 between kernels: {consumer} ({op}) subtracts its "
                                "mean, which cancels the leading digits (low_precision_residuals "
                                "off)"),
+    "ranked": (None, "stored float32 between kernels: {consumer} ({op}) orders it, and rounding "
+                     "swaps values that differ in their last digits"),
     "absorbed_add": (None, "computed in float32 inside {kernel}'s kernel ({op}), so the sum is "
                            "never stored"),
     "exact_arrives_low": (None, "runs {dtype}: its inputs arrive in {dtype} and it is exact "

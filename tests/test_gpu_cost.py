@@ -424,3 +424,68 @@ def test_a_float32_result_another_kernel_reads_is_not_rounded(dtype):
     got = run_module(converted, inputs)
     for want, have in zip(expected, got):
         np.testing.assert_allclose(np.asarray(have), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def detector_head(ranked: bool):
+    """A detector's last kernels: class scores from a softmax, masked, sliced per class and
+    concatenated with their boxes into NMS (``ranked``) or into a max reduction."""
+    rng = np.random.default_rng(0)
+
+    def const(*shape):
+        return relax.const((0.3 * rng.normal(size=shape)).astype("float32"))
+
+    def dense(builder, x, channels, width):
+        conv = relax.op.nn.conv2d(x, const(channels, 4, 3, 3), padding=1)
+        return builder.emit(relax.op.reshape(relax.op.permute_dims(conv, [0, 2, 3, 1]),
+                                             (1, 64, width)))
+
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            probs = builder.emit(relax.op.nn.softmax(dense(builder, x, 3, 3), axis=-1))
+            classes = builder.emit(relax.op.strided_slice(probs, [2], [1], [3]))
+            masked = builder.emit(relax.op.where(
+                relax.op.greater(classes, relax.const(0.2, "float32")), classes,
+                relax.const(-1.0, "float32")), "masked")
+            per_class = [builder.emit(relax.op.strided_slice(masked, [2], [i], [i + 1]))
+                         for i in range(2)]
+            scores = builder.emit(relax.op.reshape(relax.op.concat(per_class, axis=1),
+                                                   (1, 1, 128)))
+            box = dense(builder, x, 4, 4)
+            boxes = builder.emit(relax.op.concat([box, box], axis=1))
+            if ranked:
+                selected = builder.emit(relax.op.vision.all_class_non_max_suppression(
+                    boxes, scores, relax.const(10, "int64"), relax.const(0.5, "float32"),
+                    relax.const(0.1, "float32"), "onnx"))
+                out = builder.emit_output(relax.TupleGetItem(selected, 0))
+            else:
+                out = builder.emit_output(relax.op.add(relax.op.max(scores),
+                                                       relax.op.max(boxes)))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_what_nms_ranks_is_not_stored_in_low_precision(dtype):
+    """Scores NMS orders keep float32 between kernels (rounded, nearly-equal scores swap and
+    other boxes survive); the same scores read by a max reduction are stored low."""
+    from relay_amp.eval.models import expose_nms_inputs
+
+    ranked, report = convert_checked(detector_head(True), dtype, target=CUDA)
+    reason = report.find("masked").reason("ranked")
+    assert reason.values["op"] == "vision.all_class_non_max_suppression"
+    _, unranked_report = convert_checked(detector_head(False), dtype, target=CUDA)
+    assert "ranked" not in unranked_report.find("masked").codes
+    assert not any(row.codes and "ranked" in row.codes for row in unranked_report.rows)
+
+    mod = detector_head(True)
+    inputs = random_inputs(mod, seed=4)
+    expected = run_module(expose_nms_inputs(mod)[0], inputs)
+    got = run_module(expose_nms_inputs(ranked)[0], inputs)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(expected[0]))
+    for want, have in zip(expected[1:], got[1:]):
+        assert np.asarray(have).dtype == np.float32
+        # the logits are rounded once (the convolution writes low precision); nothing after it
+        limit = 2e-3 if dtype == "float16" else 2e-2
+        np.testing.assert_allclose(np.asarray(have), np.asarray(want), rtol=limit, atol=limit)

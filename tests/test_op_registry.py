@@ -11,11 +11,13 @@ from relay_amp.op_tables import (
     BUILTIN_GROUPS,
     FUSION_KINDS,
     PASSTHROUGH_OPS,
+    RANKING_OPS,
     TVM_LIMITATIONS,
 )
 
 NAMED_OPS = sorted({op for group in BUILTIN_GROUPS for op in group.ops} | set(PASSTHROUGH_OPS)
-                   | set(FUSION_KINDS) | {op for ops in TVM_LIMITATIONS.values() for op in ops}
+                   | set(FUSION_KINDS) | set(RANKING_OPS)
+                   | {op for ops in TVM_LIMITATIONS.values() for op in ops}
                    | {condition[0] for condition in BUILTIN_CONDITIONS})
 
 
