@@ -31,8 +31,16 @@ class BindingRecord:
     accumulation_dtype: str
     output_dtype: str
     casts_added: int
-    macs: int
     reasons: tuple = ()
+    #: The multiply-accumulates, or the call they are counted from when first read.
+    mac_source: object = field(default=0, repr=False, compare=False)
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates of the call (:func:`estimate_macs`), counted when first read."""
+        if type(self.mac_source) is not int:  # noqa: E721
+            object.__setattr__(self, "mac_source", estimate_macs(self.op, self.mac_source))
+        return self.mac_source
 
     @property
     def rule(self) -> str:
@@ -57,8 +65,9 @@ class BindingRecord:
         raise KeyError(f"{self.name} has no reason {code!r} (its codes: {self.codes})")
 
     def to_dict(self) -> dict:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**data, "input_dtypes": list(self.input_dtypes), "rule": self.rule,
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "mac_source"}
+        return {**data, "macs": self.macs, "input_dtypes": list(self.input_dtypes),
+                "rule": self.rule,
                 "reasons": [reason.as_dict() for reason in self.reasons]}
 
     @classmethod
@@ -68,7 +77,8 @@ class BindingRecord:
                         for r in data.get("reasons", ()))
         known = {f.name for f in fields(cls)}
         return cls(**{**{k: v for k, v in data.items() if k in known},
-                      "input_dtypes": tuple(data["input_dtypes"]), "reasons": reasons})
+                      "input_dtypes": tuple(data["input_dtypes"]), "reasons": reasons,
+                      "mac_source": int(data.get("macs", 0))})
 
 
 #: Reason code of a function parameter or result kept float32 although the signature asked for

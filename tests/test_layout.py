@@ -76,3 +76,22 @@ def test_tvm_private_builder_calls_are_used_in_one_wrapper_and_still_exist():
             builder.emit(relax.op.add(x, x))
         assert isinstance(built.block, relax.DataflowBlock) and len(built.block.bindings) == 1
         builder.emit_func_output(x)
+
+
+def test_readme_layout_names_every_module():
+    """Each module of the package appears in the README's Layout section (by path, or by file
+    name in a line that lists several of one folder)."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    missing = [str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")
+               if p.name != "__init__.py" and f"`{p.relative_to(PACKAGE.parent)}`" not in layout
+               and f"`{p.name}`" not in layout]
+    assert not missing, f"README's Layout section does not name {missing}"
+
+
+def test_pass_modules_stay_under_500_lines():
+    """The pass is split so that a module can be read in one sitting (the policy object, with
+    its documented precedence and JSON form, is the one exception)."""
+    long = {str(p.relative_to(PACKAGE)): n for p in PASS_MODULES
+            if (n := len(p.read_text().splitlines())) > 500 and p.name != "policy.py"}
+    assert not long, f"pass modules over 500 lines: {long}"

@@ -6,6 +6,7 @@ import tvm
 from tvm import relax
 
 import relay_amp
+from relay_amp.op_hooks import OP_HOOKS
 from relay_amp.op_tables import (
     BUILTIN_CONDITIONS,
     BUILTIN_GROUPS,
@@ -16,7 +17,7 @@ from relay_amp.op_tables import (
 )
 
 NAMED_OPS = sorted({op for group in BUILTIN_GROUPS for op in group.ops} | set(PASSTHROUGH_OPS)
-                   | set(FUSION_KINDS) | set(RANKING_OPS)
+                   | set(FUSION_KINDS) | set(RANKING_OPS) | set(OP_HOOKS)
                    | {op for ops in TVM_LIMITATIONS.values() for op in ops}
                    | {condition[0] for condition in BUILTIN_CONDITIONS})
 

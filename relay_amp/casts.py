@@ -1,0 +1,170 @@
+"""Casts and constants of step 3 (the algorithm is stated in :mod:`relay_amp.rewriter`): one
+cast cache per scope that stores both directions, so a cast back returns the original value;
+float32 constants converted once, at conversion time."""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+from tvm.relax import (
+    DataflowVar,
+    TensorType,
+    TupleGetItem,
+)
+
+from .dtypes import (
+    converted_tensor,
+    numpy_dtype,
+    out_of_range_value,
+)
+from .relax_utils import (
+    GenericConst,
+    TupleType,
+    is_var,
+    same_dtypes,
+)
+from .report import short_dtype as _short
+
+
+class CastEmitter:
+    """The cast cache and constant conversion of the rewriter
+    (:class:`relay_amp.rewriter.MixedPrecisionRewriter`)."""
+
+    def _constant(self, const) -> list:
+        """[const, numpy value, value out of the low dtype's range, low-precision copy]."""
+        key = const.__chandle__()
+        entry = self._constants.get(key)
+        if entry is None:
+            value = const.value
+            try:  # a read-only view of the constant's memory, no copy
+                array = np.from_dlpack(value)
+            except (TypeError, BufferError, RuntimeError):
+                array = value.numpy()
+            entry = self._constants[key] = [const, array, out_of_range_value(array, self.low),
+                                            None]
+        return entry
+
+    def constant_out_of_range(self, const) -> float | None:
+        return self._constant(const)[2]
+
+    def low_constant(self, const):
+        """The low-precision copy of a float32 constant, converted once, at conversion time."""
+        entry = self._constant(const)
+        if entry[3] is None:
+            entry[3] = relax.const(converted_tensor(entry[1], self.low))
+            entry[1] = None  # the float32 copy is not needed any more
+            self.constants_converted += 1
+        return entry[3]
+
+    def _lookup(self, key, dtype):
+        for layer in reversed(self._cache_stack):
+            hit = layer.get((key, dtype))
+            if hit is not None:
+                return hit
+        return None
+
+    def _emit(self, expr, name: str, output: bool):
+        if output and self.builder_.current_block_is_dataflow():
+            return self.builder_.emit_output(expr, name)
+        return self.builder_.emit(expr, name)
+
+    def cast(self, expr, dtype: str, output: bool = False):
+        """``expr`` as ``dtype`` (a float32 <-> low-precision tensor cast), through the cache."""
+        source = self.dtype_of(expr)
+        if source == dtype or source is None or {source, dtype} != {"float32", self.low}:
+            return expr
+        key = expr.__chandle__()
+        hit = self._lookup(key, dtype)
+        if hit is not None:
+            return hit
+        if type(expr) is GenericConst and self.policy.cast_params_offline:
+            if dtype == self.low:
+                new = self.low_constant(expr)
+            else:
+                new = relax.const(expr.value.numpy().astype(numpy_dtype(dtype)), dtype)
+                self.constants_converted += 1
+        else:
+            name = (expr.name if is_var(expr) else "const") + "_" + _short(dtype)
+            new = self._emit(relax.op.astype(expr, dtype), name, output)
+            self._casts += 1
+            self.total_casts += 1
+        layer = self._cache_layer(new)
+        layer[(key, dtype)] = new
+        layer[(new.__chandle__(), source)] = expr
+        self.dtype_of(new)  # keeps ``new`` alive while its handle is a cache key
+        return new
+
+    def _written_low(self, value) -> bool:
+        """Did the kernel that computes ``value`` also write its low-precision copy?"""
+        copy = self._lookup(value.__chandle__(), self.low)
+        return copy is not None and copy.__chandle__() in self._kernel_copies
+
+    def _cache_layer(self, value) -> dict:
+        """The innermost cache layer in which ``value`` stays visible: a dataflow block's layer
+        holds only its dataflow vars; output vars and constants outlive the block."""
+        if type(value) is DataflowVar:
+            return self._cache_stack[-1]
+        for layer, is_dataflow in zip(reversed(self._cache_stack), reversed(self._layer_kinds)):
+            if not is_dataflow:
+                return layer
+        return self._cache_stack[0]
+
+    def cast_to_type(self, expr, want):
+        """``expr`` with each float tensor leaf cast to the dtype of the same leaf of ``want``."""
+        if want is None:
+            return expr
+        want_type = type(want)
+        if want_type is TensorType:
+            return self.cast(expr, str(want.dtype.dtype))
+        if want_type is TupleType and type(expr.ty) is TupleType:
+            if type(expr) is relax.Tuple:
+                fields = [self.cast_to_type(f, w) for f, w in zip(expr.fields, want.fields)]
+                if all(a.same_as(b) for a, b in zip(fields, expr.fields)):
+                    return expr
+                return relax.Tuple(fields)
+            if same_dtypes(expr.ty, want):
+                return expr
+            fields = []
+            for i, field_want in enumerate(want.fields):
+                item = self.builder_.emit(TupleGetItem(expr, i), "item")
+                fields.append(self.cast_to_type(item, field_want))
+            return self.builder_.emit(relax.Tuple(fields), "tuple")
+        return expr
+
+    def storage_constant(self, const):
+        """A float32 constant stored in the low-precision dtype and widened where it is used."""
+        if self.constant_out_of_range(const) is not None:
+            return const
+        key = const.__chandle__()
+        hit = self._lookup(key, "storage")
+        if hit is not None:
+            return hit
+        widened = self.builder_.emit(relax.op.astype(self.low_constant(const), "float32"),
+                                     "weight_f32")
+        self._casts += 1
+        self.total_casts += 1
+        self._cache_layer(widened)[(key, "storage")] = widened
+        return widened
+
+    def _widen(self, value):
+        """A float32 copy of a low-precision value for one consumer: not shared, so the cast
+        stays inside that consumer's kernel."""
+        self._casts += 1
+        self.total_casts += 1
+        name = (value.name if is_var(value) else "const") + "_f32"
+        return self.builder_.emit(relax.op.astype(value, "float32"), name)
+
+    def count_cast(self, var):
+        """``var``, a cast this binding added, counted in the report."""
+        self._casts += 1
+        self.total_casts += 1
+        return var
+
+    def _adopt_cast(self, source, result):
+        """A float32 <-> low-precision cast already in the program joins the cast cache, so a
+        later cast back returns its source instead of casting twice."""
+        source_dtype, result_dtype = self.dtype_of(source), self.dtype_of(result)
+        if {source_dtype, result_dtype} == {"float32", self.low}:
+            layer = self._cache_layer(result)
+            layer.setdefault((source.__chandle__(), result_dtype), result)
+            layer.setdefault((result.__chandle__(), source_dtype), source)

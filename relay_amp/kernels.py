@@ -1,0 +1,188 @@
+"""The kernels step 3 emits itself (the algorithm is stated in :mod:`relay_amp.rewriter`): an
+accumulate op as one TensorIR kernel that reads low precision and computes in float32 registers
+(``mixed_kernels``), a centring normalization that also forms the residual add feeding it, and
+a dot product that rounds a float32 operand inside its own kernel; each from TVM's own
+legalization of the op."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.ir import Call
+from tvm.relax import (
+    TensorType,
+)
+
+from .report import short_dtype as _short
+
+
+class KernelEmitter:
+    """Kernel emission of :class:`relay_amp.rewriter.MixedPrecisionRewriter`."""
+
+    def _emit_mixed_kernel(self, op: str, call, args, out_dtype: str, name: str, output: bool):
+        """``op`` as one TensorIR kernel that widens its float operands to float32, computes
+        with TVM's own legalization of ``op`` and writes ``out_dtype``; None if the legalization
+        is not a single TE computation."""
+        low = self.low
+        return self._emit_legalized(
+            op, call, args, lambda index, tensor: "float32" if str(tensor.dtype) == low else None,
+            name, output, out_dtype)
+
+    def _mixed_out_dtype(self, var, output: bool):
+        """What a mixed kernel writes: the low dtype, float32, or both (a residual stream
+        that dot products also read, as a post-norm transformer's layer_norm result)."""
+        low, demand = self.low, self._planner.demand.get(var, ())
+        if var in self._planner.low_values or (low in demand and "float32" not in demand):
+            return low
+        if low in demand and not output and var in self._planner.residuals:
+            return ("float32", low)
+        return "float32"
+
+    def _split_pair(self, pair, name: str):
+        """The float32 result of a kernel that writes ``(float32, low)``; the low-precision
+        copy joins the cast cache."""
+        result = self.builder_.emit(relax.TupleGetItem(pair, 0), name)
+        copy = self.builder_.emit(relax.TupleGetItem(pair, 1), f"{name}_{_short(self.low)}")
+        self._adopt_cast(result, copy)
+        self._kernel_copies.add(copy.__chandle__())
+        self.dtype_of(copy)  # keeps ``copy`` alive while its handle is a set member
+        return result
+
+    def _absorbed_operands(self, add):
+        """The operands of an absorbed residual add as its normalization's kernel reads them:
+        a value stored in low precision between kernels as that copy, the rest as they are."""
+        operands = []
+        for arg, _ in self._planner.call_args[add]:
+            visited = self.visit_leaf(arg)
+            if self._planner.boundary_read(arg, add):
+                visited = self.cast(visited, self.low)
+            operands.append(visited)
+        return operands
+
+    def _emit_absorbing_kernel(self, op: str, call, args, operands, out_dtype, name: str,
+                               output: bool):
+        """``op`` on the sum of ``operands`` (the absorbed add), formed in float32 in the same
+        kernel; ``args`` are the op's other operands (``args[0]`` is the add)."""
+        from tvm import topi  # pylint: disable=import-outside-toplevel
+
+        def widened_sum(*tensors):
+            total = topi.cast(tensors[0], "float32")
+            for tensor in tensors[1:]:
+                total = topi.add(total, topi.cast(tensor, "float32"))
+            return total
+
+        low = self.low
+        kernel = self._emit_legalized(
+            op, call, args, lambda index, tensor: "float32" if str(tensor.dtype) == low else None,
+            name, output, out_dtype, prologue=(0, widened_sum, operands))
+        if kernel is None:  # the add as its own kernel, then the op
+            total = self._emit(relax.op.add(*[self.cast(o, "float32") for o in operands]),
+                               f"{name}_sum", False)
+            return self._emit_mixed_kernel(op, call, [total, *args[1:]], out_dtype, name, output)
+        return kernel
+
+    def _emit_narrowing_kernel(self, op: str, call, attrs, args, narrowed, name: str,
+                               output: bool):
+        """``op`` as one TensorIR kernel that rounds its float32 operands at ``narrowed`` to the
+        low dtype itself (a residual stream that crosses the kernel boundary in float32), then
+        computes as TVM's legalization of ``op`` does with low-precision operands; None if that
+        legalization is not a single TE computation."""
+        low = self.low
+        stand_ins = [relax.Var(f"narrowed{i}", TensorType(a.ty.shape, low)) if i in narrowed
+                     else a for i, a in enumerate(args)]
+        return self._emit_legalized(
+            op, Call(call.op, stand_ins, attrs, call.ty_args, call.span), args,
+            lambda index, tensor: low if index in narrowed else None, name, output)
+
+    def _emit_legalized(self, op: str, legal_call, args, operand_dtype, name: str, output: bool,
+                        out_dtype=None, prologue=None):
+        """TVM's legalization of ``legal_call`` (one ``call_te``, recorded) re-emitted on
+        ``args``, the operands of ``legal_call`` position for position, as one kernel that casts
+        operand ``i`` to ``operand_dtype(i, tensor)`` (None: as it is) and its result to
+        ``out_dtype`` (a tuple of dtypes: one result in each, the first returned and the
+        second a cached low-precision copy). ``prologue``, ``(i, compute, exprs)``: operand
+        ``i`` is ``compute`` of the tensors of ``exprs``, in the same kernel. None if the
+        legalization is anything but one ``call_te``."""
+        recorder = _TeRecorder()
+        legalize = tvm.ir.Op.get("relax." + op).get_attr("FLegalize")
+        try:
+            legalize(recorder, legal_call)
+        except Exception:  # any builder use beyond call_te: keep the op as it is
+            return None
+        if len(recorder.calls) != 1:
+            return None
+        te_func, te_args, te_kwargs = recorder.calls[0]
+        # A TE function may use the builder it was legalized with (matmul's infers its output
+        # shape with it); the recorder cannot cross the FFI, so it gets the real builder.
+        for cell in getattr(te_func, "__closure__", None) or ():
+            if cell.cell_contents is recorder:
+                cell.cell_contents = self.builder_
+        te_kwargs = dict(te_kwargs)
+        hint = te_kwargs.pop("primfunc_name_hint", op.split(".")[-1])
+        positions = {arg.__chandle__(): i for i, arg in enumerate(legal_call.args)}
+        keys = list(te_kwargs)
+        values, indices = [], []
+        computed, prologue_compute, extra = (prologue[0], prologue[1], list(prologue[2])) if (
+            prologue) else (None, None, [])
+        for value in list(te_args) + [te_kwargs[k] for k in keys]:
+            index = positions.get(value.__chandle__()) if isinstance(value, relax.Expr) else None
+            if isinstance(value, relax.Expr) and index is None:
+                return None
+            if index is not None and index == computed:
+                values.append(None)  # formed in the kernel from the prologue's tensors
+            else:
+                values.append(args[index] if index is not None else value)
+            indices.append(index)
+        if computed is not None and computed not in indices:
+            return None
+        count = len(te_args)
+        main = [v for v in values[:count] if v is not None]
+
+        def kernel(*tensors, **kwargs):
+            from tvm import te, topi  # pylint: disable=import-outside-toplevel
+
+            positional = iter(tensors[:len(main)])
+            formed = prologue_compute(*tensors[len(main):]) if prologue_compute else None
+            given = [formed if index == computed and index is not None else (
+                next(positional) if i < count else kwargs[keys[i - count]])
+                for i, index in enumerate(indices)]
+            operands = []
+            for tensor, index in zip(given, indices):
+                dtype = (operand_dtype(index, tensor) if isinstance(tensor, te.Tensor)
+                         and index != computed else None)
+                operands.append(topi.cast(tensor, dtype) if dtype else tensor)
+            result = te_func(*operands[:count], **dict(zip(keys, operands[count:])))
+            if isinstance(out_dtype, tuple):  # one result per dtype, written by one kernel
+                return [topi.cast(result, d) if str(result.dtype) != d else result
+                        for d in out_dtype]
+            if out_dtype is not None and str(result.dtype) != out_dtype:
+                return topi.cast(result, out_dtype)
+            return result
+
+        if isinstance(out_dtype, tuple):
+            pair = self._emit_te(kernel, main + extra, dict(zip(keys, values[count:])), hint,
+                                 f"{name}_pair", False)
+            return None if pair is None else self._split_pair(pair, name)
+        return self._emit_te(kernel, main + extra, dict(zip(keys, values[count:])), hint,
+                             name, output)
+
+    def _emit_te(self, compute, args, kwargs, hint: str, name: str, output: bool):
+        """``compute`` as one PrimFunc named after the op; None if TE rejects it."""
+        try:
+            value = self.builder_.normalize(self.builder_.call_te(
+                compute, *args, primfunc_name_hint=f"relay_amp_{hint}", **kwargs))
+        except Exception:  # TE rejects these dtypes: keep the op as it is
+            return None
+        return self._emit(value, name, output)
+
+
+
+class _TeRecorder:
+    """Stands in for the BlockBuilder of an op's legalization and records its ``call_te``."""
+
+    def __init__(self):
+        self.calls = []
+
+    def call_te(self, func, *args, **kwargs):
+        self.calls.append((func, args, kwargs))
+        return None
