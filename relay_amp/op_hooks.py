@@ -96,9 +96,9 @@ def _quantize_identity(planner, call) -> Reason | None:
 
 def _quantize_source(rewriter, call):
     data = call.args[0]
-    if data in rewriter._int_params:
-        return rewriter._int_params[data]
-    return rewriter.visit_expr(rewriter._planner.bound[data].args[0])  # dequantize's integers
+    if data in rewriter.int_params:
+        return rewriter.int_params[data]
+    return rewriter.visit_expr(rewriter.planner.bound[data].args[0])  # dequantize's integers
 
 
 def _quantize_mode(planner, plan, var, demand):
@@ -147,13 +147,13 @@ def _pin_attention(rewriter, plan, call, var, name: str, output: bool):
 # ------------------------------------------------------------------ batch_norm
 def _count_batch_norm(rewriter, var):
     """The report's count of batch norms and the bytes of their float32 parameters."""
-    parameters = [arg for arg, _ in rewriter._planner.call_args[var][1:]
+    parameters = [arg for arg, _ in rewriter.planner.call_args[var][1:]
                   if type(arg) is GenericConst and rewriter.dtype_of(arg) == "float32"]
     if parameters:
         rewriter.batch_norm_float32[0] += 1
         for arg in parameters:
-            if arg.__chandle__() not in rewriter._batch_norm_seen:  # dtype_of keeps arg alive
-                rewriter._batch_norm_seen.add(arg.__chandle__())
+            if arg.__chandle__() not in rewriter.batch_norm_seen:  # dtype_of keeps arg alive
+                rewriter.batch_norm_seen.add(arg.__chandle__())
                 rewriter.batch_norm_float32[1] += 4 * int(np.prod(
                     [int(d) for d in arg.value.shape]))
 

@@ -14,10 +14,10 @@ The algorithm, per Relax function (If branches and nested functions are scopes o
    is stored in low precision and widened in the kernel that reads it, unless it is a residual
    stream (an elementwise op in another kernel adds to it, or a centring normalization reads
    it), which keeps float32 (low_precision_residuals off), or a ranking op (NMS, top-k, sort,
-   argmax) reads it, directly or through exact ops: rounding would swap nearly-equal values. An accumulate op is one kernel that
-   reads what arrives, computes in float32 registers and writes what its consumers want; a
-   centring normalization also forms the residual add that feeds it, so the sum is never
-   stored.
+   argmax) reads it, directly or through exact ops: rounding would swap nearly-equal values.
+   An accumulate op is one kernel that reads what arrives, computes in float32 registers and
+   writes what its consumers want; a centring normalization also forms the residual add that
+   feeds it, so the sum is never stored.
 2. Demand. Backward over the bindings, each binding records the dtypes its operands must have:
    low-precision ops want low precision; float32, unknown and accumulate ops want each operand's
    original dtype; a follow op runs in low precision only if it can and one of its consumers
@@ -101,17 +101,17 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         self._kernel_copies: set = set()  # handles of low-precision copies a kernel writes
         self._absorbed: dict = {}  # absorbed add -> (its call, plan, operands as rewritten)
         self._constants: dict = {}  # handle -> [constant, its numpy value, out of range, low copy]
-        self._planner: FunctionPlanner | None = None
+        self.planner: FunctionPlanner | None = None
         self._function_name = ""
         self._casts = 0  # astype bindings emitted for the binding being rewritten
         self.total_casts = 0
         self.constants_converted = 0
         self.notes: list[str] = []
-        self._int_params: dict = {}
+        self.int_params: dict = {}
         self._prologue: list = []
         self.dtype_of = DtypeCache()
         self.batch_norm_float32 = [0, 0]  # batch_norm ops, bytes of their float32 parameters
-        self._batch_norm_seen: set = set()
+        self.batch_norm_seen: set = set()
         self._remap: dict = {}  # original var handle -> (original var, its rewritten value)
         self.boundary: list[BoundaryRecord] = []
 
@@ -124,7 +124,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         ``int_inputs`` maps parameter names to the integer dtype they are fed in; they are cast
         once, at the top of the function, straight to the low-precision dtype (with
         ``normalization`` folded in)."""
-        outer = (self._planner, self._function_name, self._int_params, self._prologue)
+        outer = (self.planner, self._function_name, self.int_params, self._prologue)
         int_inputs, normalization = int_inputs or {}, normalization or {}
         new_params, params_low = [], set()
         int_params, prologue = {}, []
@@ -183,13 +183,13 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             planner.plan_boundaries(func.body, low_results=signature_low and not (
                 result_type is not None))
         planner.backward(func.body, signature_low, result_type)
-        self._planner, self._function_name = planner, name
-        self._int_params = int_params
+        self.planner, self._function_name = planner, name
+        self.int_params = int_params
         self._prologue = [entry for entry in prologue if planner.demand.get(entry[0])]
         self.builder_.begin_scope(new_params)
         body = self.rewrite_seq(func.body, want)
         self.builder_.end_scope()
-        self._planner, self._function_name, self._int_params, self._prologue = outer
+        self.planner, self._function_name, self.int_params, self._prologue = outer
         new_func = Function(new_params, body, want, func.is_pure, func.attrs, func.span)
         return self.builder_.normalize(new_func)
 
@@ -234,11 +234,11 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         self._casts = 0
         output = type(var) is not DataflowVar
         plan = None
-        if self._planner:
-            var = self._planner.canonical(var)
-            plan = self._planner.plans.get(var)
+        if self.planner:
+            var = self.planner.canonical(var)
+            plan = self.planner.plans.get(var)
         value_type = type(value)
-        if plan is not None and var in self._planner.absorbed:
+        if plan is not None and var in self.planner.absorbed:
             self._absorbed[var] = (value, plan, self._absorbed_operands(var))
             return  # emitted inside its normalization's kernel
         if plan is not None:
@@ -256,7 +256,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             new_var = self._emit(new_if, var.name, output)
         elif value_type is relax.Tuple:
             new_var = self._emit(self.cast_to_type(self.visit_expr(value),
-                                                   self._planner.tuple_want(var, value)),
+                                                   self.planner.tuple_want(var, value)),
                                  var.name, output)
         elif isinstance(value, Function):
             inner = self.rewrite_function(f"{self._function_name}.{var.name}", value,
@@ -289,7 +289,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         self.remap(binding.var, new_var)
 
     def _eager_casts(self, var, new_var, output: bool):
-        demand = self._planner.demand.get(var, ()) if self._planner else ()
+        demand = self.planner.demand.get(var, ()) if self.planner else ()
         for dtype in sorted(d for d in demand if d in ("float32", self.low)):
             self.cast(new_var, dtype, output)
 
@@ -301,10 +301,10 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         if plan.mode == Mode.IDENTITY:
             source = hooks.identity_source(self, call)
             new_var = self._emit(source, var.name, output)
-            self._record(var, call, new_var, [a for a, _ in self._planner.call_args[var]], plan)
+            self._record(var, call, new_var, [a for a, _ in self.planner.call_args[var]], plan)
             return new_var
         new_args, narrowed = [], []
-        for index, (arg, _) in enumerate(self._planner.call_args[var]):
+        for index, (arg, _) in enumerate(self.planner.call_args[var]):
             visited = self.visit_leaf(arg)
             lowered = plan.mode == Mode.LOW and (
                 hooks.low_operands is None or index in hooks.low_operands)
@@ -316,16 +316,16 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             if dtype is None:  # shapes, scalars, ...: nothing to cast
                 new_args.append(visited)
             elif plan.mixed:  # the kernel widens its operands in registers
-                keep_low = self.low in self._planner.demand.get(arg, ())
+                keep_low = self.low in self.planner.demand.get(arg, ())
                 new_args.append(self.cast(visited, low) if keep_low else visited)
-            elif self._planner.boundaries and is_var(arg) and self._planner.boundary_read(
+            elif self.planner.boundaries and is_var(arg) and self.planner.boundary_read(
                     arg, var):
                 stored = self.cast(visited, low)
                 new_args.append(stored if lowered or dtype != "float32" else self._widen(stored))
-            elif (self._planner.boundaries and not lowered and dtype == "float32"
+            elif (self.planner.boundaries and not lowered and dtype == "float32"
                   and self.dtype_of(visited) == low and plan.category not in (None, Category.FP32)):
                 new_args.append(self._widen(visited))
-            elif (lowered and arg in self._planner.residuals
+            elif (lowered and arg in self.planner.residuals
                   and plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE
                   and self.dtype_of(visited) == "float32"
                   and not self._written_low(visited)):
@@ -342,7 +342,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
                 and not hooks.keeps_out_dtype):
             attrs = replace_attrs(attrs, out_dtype=plan.accumulation or low)
         elif binding is not None and all(
-                new is old for new, (old, _) in zip(new_args, self._planner.call_args[var])):
+                new is old for new, (old, _) in zip(new_args, self.planner.call_args[var])):
             # nothing changed: the original binding (and its var) carries over as it is
             self.builder_.emit_normalized(binding)
             if hooks.is_cast:
@@ -359,8 +359,8 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
                 self._record(var, call, kernel, new_args, plan)
                 return kernel
             new_args = [self.cast(a, low) if i in narrowed else a for i, a in enumerate(new_args)]
-        if plan.mixed and self._planner.call_args[var][0][0] in self._absorbed:
-            absorbed = self._planner.call_args[var][0][0]
+        if plan.mixed and self.planner.call_args[var][0][0] in self._absorbed:
+            absorbed = self.planner.call_args[var][0][0]
             add_call, add_plan, operands = self._absorbed.pop(absorbed)
             out_dtype = self._mixed_out_dtype(var, output)
             kernel = self._emit_absorbing_kernel(plan.op, call, new_args, operands, out_dtype,
@@ -382,7 +382,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
                 return mixed
             plan.mixed = False
             new_args = [self.cast(a, self.dtype_of(old)) if self.dtype_of(old) else a
-                        for a, (old, _) in zip(new_args, self._planner.call_args[var])]
+                        for a, (old, _) in zip(new_args, self.planner.call_args[var])]
         new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
         try:
             normalized = self.builder_.normalize(new_call)
@@ -409,7 +409,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
                 if dtype is not None:
                     in_dtypes.append(dtype)
         out_dtype = self.dtype_of(new_var)
-        demand = self._planner.demand.get(var, set())
+        demand = self.planner.demand.get(var, set())
         stored = [out_dtype] if out_dtype else []
         if out_dtype in ("float32", self.low):
             stored += sorted(d for d in demand if d in ("float32", self.low) and d != out_dtype)
