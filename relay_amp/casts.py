@@ -63,7 +63,9 @@ class CastEmitter:
                 return hit
         return None
 
-    def _emit(self, expr, name: str, output: bool):
+    def emit_named(self, expr, name: str, output: bool):
+        """Bind ``expr`` to ``name``: a dataflow output when ``output`` (the value leaves the
+        dataflow block), else a binding of the current block."""
         if output and self.builder_.current_block_is_dataflow():
             return self.builder_.emit_output(expr, name)
         return self.builder_.emit(expr, name)
@@ -85,9 +87,7 @@ class CastEmitter:
                 self.constants_converted += 1
         else:
             name = (expr.name if is_var(expr) else "const") + "_" + _short(dtype)
-            new = self._emit(relax.op.astype(expr, dtype), name, output)
-            self._casts += 1
-            self.total_casts += 1
+            new = self.count_cast(self.emit_named(relax.op.astype(expr, dtype), name, output))
         layer = self._cache_layer(new)
         layer[(key, dtype)] = new
         layer[(new.__chandle__(), source)] = expr
@@ -139,20 +139,16 @@ class CastEmitter:
         hit = self._lookup(key, "storage")
         if hit is not None:
             return hit
-        widened = self.builder_.emit(relax.op.astype(self.low_constant(const), "float32"),
-                                     "weight_f32")
-        self._casts += 1
-        self.total_casts += 1
+        widened = self.count_cast(self.builder_.emit(
+            relax.op.astype(self.low_constant(const), "float32"), "weight_f32"))
         self._cache_layer(widened)[(key, "storage")] = widened
         return widened
 
     def _widen(self, value):
         """A float32 copy of a low-precision value for one consumer: not shared, so the cast
         stays inside that consumer's kernel."""
-        self._casts += 1
-        self.total_casts += 1
         name = (value.name if is_var(value) else "const") + "_f32"
-        return self.builder_.emit(relax.op.astype(value, "float32"), name)
+        return self.count_cast(self.builder_.emit(relax.op.astype(value, "float32"), name))
 
     def count_cast(self, var):
         """``var``, a cast this binding added, counted in the report."""

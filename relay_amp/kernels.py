@@ -76,7 +76,7 @@ class KernelEmitter:
             op, call, args, lambda index, tensor: "float32" if str(tensor.dtype) == low else None,
             name, output, out_dtype, prologue=(0, widened_sum, operands))
         if kernel is None:  # the add as its own kernel, then the op
-            total = self._emit(relax.op.add(*[self.cast(o, "float32") for o in operands]),
+            total = self.emit_named(relax.op.add(*[self.cast(o, "float32") for o in operands]),
                                f"{name}_sum", False)
             return self._emit_mixed_kernel(op, call, [total, *args[1:]], out_dtype, name, output)
         return kernel
@@ -173,7 +173,7 @@ class KernelEmitter:
                 compute, *args, primfunc_name_hint=f"relay_amp_{hint}", **kwargs))
         except Exception:  # TE rejects these dtypes: keep the op as it is
             return None
-        return self._emit(value, name, output)
+        return self.emit_named(value, name, output)
 
 
 

@@ -140,7 +140,7 @@ def _pin_attention(rewriter, plan, call, var, name: str, output: bool):
         return var
     low = rewriter.low
     plan.reasons.append(Reason.of("attention_pinned", dtype=low))
-    return rewriter.count_cast(rewriter._emit(relax.op.astype(var, low),
+    return rewriter.count_cast(rewriter.emit_named(relax.op.astype(var, low),
                                               f"{name}_{short_dtype(low)}", output))
 
 

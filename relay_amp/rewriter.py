@@ -247,23 +247,23 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in value.args]
             new_call = Call(self.visit_expr(value.op), args, value.attrs, value.ty_args,
                             value.span)
-            new_var = self._emit(new_call, var.name, output)
+            new_var = self.emit_named(new_call, var.name, output)
         elif value_type is If:
             new_if = If(self.visit_expr(value.cond),
                         self.rewrite_seq(value.true_branch, value.true_branch.body.ty),
                         self.rewrite_seq(value.false_branch, value.false_branch.body.ty),
                         value.span)
-            new_var = self._emit(new_if, var.name, output)
+            new_var = self.emit_named(new_if, var.name, output)
         elif value_type is relax.Tuple:
-            new_var = self._emit(self.cast_to_type(self.visit_expr(value),
+            new_var = self.emit_named(self.cast_to_type(self.visit_expr(value),
                                                    self.planner.tuple_want(var, value)),
                                  var.name, output)
         elif isinstance(value, Function):
             inner = self.rewrite_function(f"{self._function_name}.{var.name}", value,
                                           None, False)
-            new_var = self._emit(inner, var.name, output)
+            new_var = self.emit_named(inner, var.name, output)
         else:
-            new_var = self._emit(self.visit_expr(value), var.name, output)
+            new_var = self.emit_named(self.visit_expr(value), var.name, output)
         self.remap(var, new_var)
         self._eager_casts(var, new_var, output)
 
@@ -300,7 +300,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             hooks.before_rewrite(self, var)
         if plan.mode == Mode.IDENTITY:
             source = hooks.identity_source(self, call)
-            new_var = self._emit(source, var.name, output)
+            new_var = self.emit_named(source, var.name, output)
             self._record(var, call, new_var, [a for a, _ in self.planner.call_args[var]], plan)
             return new_var
         new_args, narrowed = [], []
@@ -392,7 +392,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             plan.reasons = [Reason.of("rejected_by_tvm", op=plan.op, dtype=low, message=message)]
             new_args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in call.args]
             normalized = Call(call.op, new_args, call.attrs, call.ty_args, call.span)
-        new_var = self._emit(normalized, var.name, output)
+        new_var = self.emit_named(normalized, var.name, output)
         if hooks.is_cast:
             self._adopt_cast(normalized.args[0], new_var)
         result = new_var

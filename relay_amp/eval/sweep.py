@@ -185,9 +185,8 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
         result["fp32"] = _error("import error", err)
         report(result)
         return result
-    nms_inputs = 0
-    if loaded.extra.get("expose_nms_inputs"):
-        _, nms_inputs = models.expose_nms_inputs(loaded.mod)
+    reference_mod, nms_inputs = (models.expose_nms_inputs(loaded.mod)
+                                 if loaded.extra.get("expose_nms_inputs") else (loaded.mod, 0))
 
     def expose(mod):
         if not nms_inputs:
@@ -200,7 +199,7 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
 
     try:
         start = time.perf_counter()
-        vm = execution.compile_module(expose(loaded.mod))
+        vm = execution.compile_module(reference_mod)
         compile_s = time.perf_counter() - start
         reference, first_run = _run_all(vm, loaded.batches)
         if nms_inputs:
