@@ -13,6 +13,7 @@ from .policy import Policy, current_policy
 from .report import Report
 from .rewriter import MixedPrecisionRewriter
 from .targets import as_target, kernel_settings, target_caps, target_rule
+from .tensor_cores import tensor_core_note
 
 
 def resolve_policy(dtype=None, policy=None, **policy_kwargs) -> Policy:
@@ -159,6 +160,9 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
             caps = target_caps(target)
             report.notes.append(f"{gvar.name_hint}: target {caps.name} "
                                 f"({'computes' if caps.computes(low) else 'only stores'} {low})")
+            tensor_cores = tensor_core_note(target, low) if caps.computes(low) else None
+            if tensor_cores is not None:
+                report.notes.append(f"{gvar.name_hint}: {tensor_cores}")
         signature_low = not policy.keep_io_dtypes and gvar.name_hint not in called
         if not policy.keep_io_dtypes and gvar.name_hint in called:
             report.notes.append(f"{gvar.name_hint}: signature kept, other functions call it")

@@ -14,6 +14,13 @@ import sys
 from relay_amp.eval import gpu_bundle
 
 
+def _batches(text: str) -> list:
+    try:
+        return [int(b) for b in text.split(",") if b]
+    except ValueError:
+        raise ValueError(f"--batches takes comma-separated integers; got {text!r}") from None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,6 +36,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
     parser.add_argument("--variants", default=",".join(gpu_bundle.gpu_bench.VARIANTS),
                         help="comma-separated (default: %(default)s; fp32 is always built)")
+    parser.add_argument("--batches", default="1",
+                        help="comma-separated batch sizes, each a model of its own "
+                             "(default: %(default)s; the PyTorch comparison uses 1,8)")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="also build each variant with the VM's CUDA graph mode")
     parser.add_argument("--no-tvm-pipeline", action="store_true",
@@ -43,7 +53,8 @@ def main(argv=None) -> int:
                                            args.seed, args.cuda_graph,
                                            progress=not args.quiet,
                                            tvm_pipeline=not args.no_tvm_pipeline,
-                                           variants=[v for v in args.variants.split(",") if v])
+                                           variants=[v for v in args.variants.split(",") if v],
+                                           batches=_batches(args.batches))
     except (FileExistsError, ValueError, RuntimeError) as err:
         print(f"gpu_bundle: {err}", file=sys.stderr)
         return 2

@@ -80,13 +80,16 @@ def test_tensorize_works_with_the_pinned_tvm_ffi():
     gpu_bench.check_tensorize()
 
 
-@pytest.mark.parametrize("relay_amp_schedules", [True, False])
-def test_float16_matmuls_past_the_tensor_core_threshold_use_tensor_cores(relay_amp_schedules):
+@pytest.mark.parametrize("dtype, relay_amp_schedules", [("float16", True), ("float16", False),
+                                                        ("bfloat16", True)])
+def test_matmuls_past_the_tensor_core_threshold_use_tensor_cores(dtype, relay_amp_schedules):
+    """What the bundle builds: float16 gets tensor cores with either pipeline, bfloat16 with
+    relay_amp's (TVM's own has no bfloat16 tensor-core rule)."""
     from tvm import relax
 
     builder = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((128, 768), "float16"))
-    w = relax.Var("w", relax.TensorType((768, 768), "float16"))
+    x = relax.Var("x", relax.TensorType((128, 768), dtype))
+    w = relax.Var("w", relax.TensorType((768, 768), dtype))
     with builder.function("main", [x, w]):
         with builder.dataflow():
             out = builder.emit_output(relax.op.matmul(x, w, out_dtype="float32"))
@@ -97,5 +100,8 @@ def test_float16_matmuls_past_the_tensor_core_threshold_use_tensor_cores(relay_a
         executable = gpu_bench.compile_module(builder.get(), target, **flags)
         return executable.mod.imports[0].imports[0].inspect_source("cuda")
 
-    assert "wmma::mma_sync" in source(relay_amp_schedules=relay_amp_schedules)
+    fragment = {"float16": "half", "bfloat16": "nv_bfloat16"}[dtype]
+    with_tensor_cores = source(relay_amp_schedules=relay_amp_schedules)
+    assert "wmma::mma_sync" in with_tensor_cores
+    assert f"matrix_a, 16, 16, 16, {fragment}" in with_tensor_cores
     assert "wmma::" not in source(relay_amp_schedules=relay_amp_schedules, tensor_cores=False)

@@ -85,6 +85,54 @@ def test_cpu_bundle_runs_with_the_runtime_only_and_nothing_of_ours(cpu_bundle, t
     assert "| bert_1x64 | relay_amp:float16 |" in table
 
 
+def test_the_isolated_runner_says_pytorch_was_not_timed(cpu_bundle, tmp_path):
+    folder, _ = cpu_bundle
+    python, env = isolated_python(tmp_path)
+    out = tmp_path / "results"
+    result = subprocess.run(python + [str(folder / "bundle_runner.py"), "--out", str(out),
+                                      "--repeats", "1", "--warmup", "0", "--models",
+                                      "llama_small"],
+                            capture_output=True, text=True, env=env, check=False, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["environment"]["torch"] is None
+    assert list(results["models"]["llama_small"]) == list(gpu_bench.VARIANTS)
+    assert "PyTorch not installed" in (out / "results.md").read_text()
+
+
+def test_manifest_names_each_models_pytorch_counterpart(cpu_bundle):
+    _, manifest = cpu_bundle
+    assert manifest["models"]["bert_1x64"]["torch"] == {
+        "kind": "bert_encoder", "hidden": 64, "layers": 1, "heads": 4, "ffn": 128,
+        "inputs": ["x"]}
+    assert manifest["models"]["llama_small"]["torch"]["kv_heads"] == 2
+
+
+def test_bundle_models_are_built_per_batch_size():
+    bert = gpu_bundle.bundle_model("bert_base", batch=8)
+    assert bert.name == "bert_base_b8" and bert.data["x"].shape == (8, 128, 768)
+    assert bert.torch["heads"] == 12 and bert.torch["ffn"] == 3072
+    llama = gpu_bundle.bundle_model("llama_decoder")
+    assert llama.name == "llama_decoder" and llama.data["input_ids"].shape == (1, 128)
+    with pytest.raises(ValueError, match="positive"):
+        gpu_bundle.build_bundle("unused", ["bert_base"], kind="llvm", batches=(0,))
+
+
+@pytest.mark.parametrize("model", small_models(), ids=lambda m: m.name)
+def test_the_runner_times_the_pytorch_counterpart(model):
+    pytest.importorskip("transformers", reason="the PyTorch counterparts are built with it")
+    eager = [v for v in bundle_runner.TORCH_VARIANTS if not v[1] and v[2] != "float16"]
+    rows = bundle_runner.time_torch(model.torch, model.data, "cpu", repeats=2, warmup=0,
+                                    variants=eager)
+    assert list(rows) == [v[0] for v in eager]
+    for name, row in rows.items():
+        assert "error" not in row, (name, row)
+        assert row["runs"] == 2 and row["latency_ms"] > 0 and row["nonfinite"] == 0
+    missing = bundle_runner.time_torch({"kind": "torchvision", "name": "no_such_net",
+                                        "inputs": []}, {}, "cpu", 1, 0, eager[:1])
+    assert "error" in missing[eager[0][0]]
+
+
 def test_manifest_describes_each_library(cpu_bundle):
     folder, manifest = cpu_bundle
     on_disk = json.loads((folder / "manifest.json").read_text())

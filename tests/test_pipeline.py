@@ -246,3 +246,45 @@ def test_the_sum_of_split_k_slices_is_one_output_per_thread():
     func = [f for _, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)][0]
     assert pipeline._reductions(func) == [(4, 128 * 768)]
     assert pipeline._small_reduction_rule().apply(func, SM90, False) is not None
+
+
+def _static_matmul_relu():
+    @I.ir_module
+    class Module:
+        @R.function
+        def main(x: R.Tensor((128, 256), "float16"), w: R.Tensor((256, 256), "float16")):
+            R.func_attr({"num_input": 1})
+            with R.dataflow():
+                lv = R.matmul(x, w, out_dtype="float32")
+                lv1 = R.astype(R.nn.relu(lv), "float16")
+                gv = R.matmul(lv1, w, out_dtype="float32")
+                R.output(gv)
+            return gv
+
+    return Module
+
+
+@pytest.mark.parametrize("config, flags, captured", [
+    ({}, {}, True),  # relay_amp's default: CUDA graphs on
+    ({"relax.backend.use_cuda_graph": False}, {}, False),  # the user's PassContext decides
+    ({}, {"cuda_graph": False}, False),
+    ({"relax.backend.use_cuda_graph": True}, {"relay_amp_schedules": False}, True),
+    ({}, {"relay_amp_schedules": False}, False),  # TVM's own pipeline keeps TVM's default
+])
+def test_cuda_graphs_are_on_by_default_unless_the_caller_says_otherwise(config, flags, captured):
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with tvm.transform.PassContext(opt_level=3, config=config):
+        lowered = relay_amp.cuda_pipeline(target, **flags)(_static_matmul_relu())
+    assert ("vm.builtin.cuda_graph" in lowered.script()) == captured
+
+
+def test_tvms_default_schedule_pass_is_replaced_exactly_once():
+    """relay_amp's pipeline swaps TVM's dlight ApplyDefaultSchedule for its own rules; if TVM's
+    legalize passes stop holding exactly one, this fails before a pipeline silently runs two
+    schedulers or none."""
+    from tvm.relax.backend.cuda import pipeline
+    from tvm.s_tir import dlight as dl
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    assert sum(isinstance(p, dl.ApplyDefaultSchedule)
+               for p in pipeline.legalize_passes(target)) == 1

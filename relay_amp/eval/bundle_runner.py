@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import ctypes
 import gzip
 import hashlib
@@ -346,6 +347,138 @@ def run_variant(tvm, bundle: str, entry: dict, device, values: dict, repeats: in
     return row, outputs
 
 
+# ------------------------------------------------------------------------------ PyTorch
+#: PyTorch variants timed beside TVM's: ``(name, compiled, autocast dtype, torch.compile mode)``.
+TORCH_VARIANTS = (
+    ("torch eager float32", False, None, None),
+    ("torch eager autocast float16", False, "float16", None),
+    ("torch eager autocast bfloat16", False, "bfloat16", None),
+    ("torch.compile autocast float16", True, "float16", "default"),
+    ("torch.compile autocast float16 (cuda graphs)", True, "float16", "reduce-overhead"),
+    ("torch.compile autocast bfloat16", True, "bfloat16", "default"),
+)
+
+
+def torch_model(spec: dict):
+    """The PyTorch counterpart of a bundle model, with seeded weights: ``(module, convnet)``.
+
+    ``spec["kind"]``: ``torchvision`` (``name``, e.g. ``resnet50``), ``bert_encoder`` (BERT's
+    encoder layers over hidden states: ``hidden``, ``layers``, ``heads``, ``ffn``) or ``llama``
+    (a LLaMA causal LM over token ids: ``hidden``, ``layers``, ``heads``, ``kv_heads``,
+    ``intermediate``, ``vocab``), the shapes of the TVM model beside it.
+    """
+    import torch  # pylint: disable=import-outside-toplevel
+
+    torch.manual_seed(0)
+    kind = spec["kind"]
+    if kind == "torchvision":
+        import torchvision  # pylint: disable=import-outside-toplevel
+
+        return getattr(torchvision.models, spec["name"])(weights=None), True
+    if kind == "bert_encoder":
+        from transformers import BertConfig, BertModel  # pylint: disable=C0415
+
+        config = BertConfig(hidden_size=spec["hidden"], num_hidden_layers=spec["layers"],
+                            num_attention_heads=spec["heads"], intermediate_size=spec["ffn"],
+                            attn_implementation="sdpa")
+        encoder = BertModel(config).encoder
+
+        class Encoder(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.encoder = encoder
+
+            def forward(self, hidden):  # pylint: disable=arguments-differ
+                return self.encoder(hidden).last_hidden_state
+
+        return Encoder(), False
+    if kind == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM  # pylint: disable=C0415
+
+        config = LlamaConfig(hidden_size=spec["hidden"], num_hidden_layers=spec["layers"],
+                             num_attention_heads=spec["heads"],
+                             num_key_value_heads=spec["kv_heads"],
+                             intermediate_size=spec["intermediate"], vocab_size=spec["vocab"],
+                             attn_implementation="sdpa", use_cache=False)
+        model = LlamaForCausalLM(config)
+
+        class Logits(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, ids):  # pylint: disable=arguments-differ
+                return self.model(input_ids=ids).logits
+
+        return Logits(), False
+    raise ValueError(f"unknown PyTorch model kind {kind!r}")
+
+
+def time_torch(spec: dict, values: dict, device_kind: str, repeats: int, warmup: int,
+               variants=TORCH_VARIANTS) -> dict:
+    """Time the PyTorch counterpart of a model as its users run it for speed: inference mode,
+    ``cudnn.benchmark``, channels-last convnets, autocast, ``torch.compile``.
+
+    Returns
+    -------
+    dict
+        Variant name to a row (``latency_ms``, ``min_ms``, ``runs``, ``nonfinite``), or to
+        ``{"error": ...}`` (PyTorch or a model library missing, a compile that fails).
+    """
+    try:
+        import torch  # pylint: disable=import-outside-toplevel
+
+        module, convnet = torch_model(spec)
+    except Exception as error:  # pylint: disable=broad-except
+        return {name: {"error": _one_line(error)} for name, *_ in variants}
+    device = torch.device("cuda" if device_kind == "cuda" else "cpu")
+    torch.backends.cudnn.benchmark = True
+    module = module.eval().to(device)
+    inputs = [torch.from_numpy(np.ascontiguousarray(values[name])).to(device)
+              for name in spec["inputs"]]
+    if convnet:
+        module = module.to(memory_format=torch.channels_last)
+        inputs = [x.contiguous(memory_format=torch.channels_last) for x in inputs]
+    rows = {}
+    for name, compiled, dtype, mode in variants:
+        try:
+            rows[name] = _time_torch_variant(torch, module, inputs, device, compiled, dtype,
+                                             mode, repeats, warmup)
+        except Exception as error:  # pylint: disable=broad-except
+            rows[name] = {"error": _one_line(error)}
+        print(_row_line(spec.get("model", "torch"), name, rows[name]), flush=True)
+    return rows
+
+
+def _time_torch_variant(torch, module, inputs, device, compiled, dtype, mode, repeats, warmup):
+    run = torch.compile(module, mode=mode) if compiled else module
+    autocast = (torch.autocast(device.type, dtype=getattr(torch, dtype)) if dtype
+                else contextlib.nullcontext())
+    cuda = device.type == "cuda"
+    times = []
+    with torch.inference_mode(), autocast:
+        output = run(*inputs)
+        for _ in range(warmup):
+            run(*inputs)
+        for _ in range(repeats):
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                start.record()
+                run(*inputs)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                begin = time.perf_counter()
+                run(*inputs)
+                times.append((time.perf_counter() - begin) * 1e3)
+    times_ms = np.array(times)
+    output = output.float().cpu().numpy()
+    return {"latency_ms": float(np.median(times_ms)), "min_ms": float(times_ms.min()),
+            "runs": int(times_ms.size), "nonfinite": int(np.count_nonzero(~np.isfinite(output)))}
+
+
 def precompile(bundle: str, libraries: list, compiler: str, cache: str, jobs: int) -> list:
     """Compile the CUDA of ``libraries`` into ``cache`` with ``jobs`` processes at once.
 
@@ -379,13 +512,15 @@ def _load_only(bundle: str, libraries: list, compiler: str, cache: str) -> int:
 
 def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str = "nvrtc",
                models=None, checkpoint=None, cache: str | None = None, jobs: int = 1,
-               profile: bool = False) -> dict:
+               profile: bool = False, torch_variants=()) -> dict:
     """Run every variant of every model in the bundle; one row per variant, errors included.
 
     ``checkpoint``, if given, is called with the results so far after every variant, so that a
     run stopped part-way still leaves what it measured. With ``cache`` (a folder), compiled
     CUDA is kept there, and with ``jobs`` > 1 every library's CUDA is compiled first by that
-    many processes at once (:func:`precompile`).
+    many processes at once (:func:`precompile`). ``torch_variants`` (names of
+    :data:`TORCH_VARIANTS`) are timed after each model's TVM variants, in this process, for the
+    models whose manifest entry names a PyTorch counterpart (``torch``).
 
     Returns
     -------
@@ -445,8 +580,18 @@ def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str 
             reference = references.get("vm", references.get(entry["mode"]))
             if reference is not None:
                 row.update(compare(reference, outputs))
+            row["mode"] = entry["mode"]
             rows[variant] = row
             print(_row_line(name, variant, row), flush=True)
+            _add_speedups(model, rows)
+            if checkpoint:
+                checkpoint({"environment": environment, "models": results})
+        if torch_variants and model.get("torch") and _torch_version(environment):
+            chosen = [v for v in TORCH_VARIANTS if v[0] in torch_variants]
+            spec = {**model["torch"], "model": name}
+            for variant, row in time_torch(spec, values, manifest["device"], repeats, warmup,
+                                           chosen).items():
+                rows[variant] = {**row, "mode": "vm"}  # compared with TVM's float32 VM
             _add_speedups(model, rows)
             if checkpoint:
                 checkpoint({"environment": environment, "models": results})
@@ -455,14 +600,29 @@ def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str 
     return {"environment": environment, "models": results}
 
 
+def _torch_version(environment: dict) -> str | None:
+    """PyTorch's version where it is installed (recorded in ``environment["torch"]`` either
+    way, so a run without it says so instead of leaving its rows out silently)."""
+    if "torch" not in environment:
+        import importlib.util  # pylint: disable=import-outside-toplevel
+
+        if importlib.util.find_spec("torch") is None:
+            environment["torch"] = None
+        else:
+            import torch  # pylint: disable=import-outside-toplevel
+
+            environment["torch"] = torch.__version__
+    return environment["torch"]
+
+
 def _add_speedups(model: dict, rows: dict) -> None:
-    """Speed-up over the float32 variant built for the same execution mode."""
-    base = {model["variants"][v]["mode"]: row["latency_ms"] for v, row in rows.items()
-            if "latency_ms" in row and model["variants"][v]["base"] == "fp32"}
-    for variant, row in rows.items():
-        mode = model["variants"][variant]["mode"]
-        if "latency_ms" in row and mode in base:
-            row["speedup_vs_fp32"] = base[mode] / row["latency_ms"]
+    """Speed-up over TVM's float32 variant built for the same execution mode (PyTorch rows:
+    over TVM's float32 in the plain VM)."""
+    base = {row["mode"]: row["latency_ms"] for v, row in rows.items()
+            if "latency_ms" in row and model["variants"].get(v, {}).get("base") == "fp32"}
+    for row in rows.values():
+        if "latency_ms" in row and row.get("mode") in base:
+            row["speedup_vs_fp32"] = base[row["mode"]] / row["latency_ms"]
 
 
 def _one_line(error: BaseException) -> str:
@@ -483,7 +643,9 @@ def format_markdown(results: dict) -> str:
     env = results["environment"]
     lines = [f"Device: {env.get('gpu', env['device_kind'])}"
              f"{' (compute ' + env['compute_version'] + ')' if 'compute_version' in env else ''}"
-             f", TVM {env['tvm']} runtime only, Python {env['python']}, numpy {env['numpy']}", "",
+             f", TVM {env['tvm']} runtime only, Python {env['python']}, numpy {env['numpy']}"
+             + ("" if "torch" not in env else f", PyTorch {env['torch']}" if env["torch"]
+                else " (PyTorch not installed: no PyTorch rows)"), "",
              "| model | variant | latency ms (median) | speed-up vs fp32 | rel. L2 vs fp32 "
              "| NaN/Inf |", "|---|---|---:|---:|---:|---:|"]
     for model, rows in results["models"].items():
@@ -517,6 +679,9 @@ def main(argv=None) -> int:
                         help="processes that compile the CUDA first (default: %(default)s)")
     parser.add_argument("--profile", action="store_true",
                         help="also time each kernel call (results.json, 'profile')")
+    parser.add_argument("--torch", default=",".join(v[0] for v in TORCH_VARIANTS),
+                        help="PyTorch variants timed beside TVM's, comma-separated, or '' for "
+                             "none (default: all, where the host has torch: %(default)s)")
     parser.add_argument("--load-only", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.load_only is not None:
@@ -533,9 +698,14 @@ def main(argv=None) -> int:
             handle.write(table)
         return table
 
+    torch_variants = [v for v in args.torch.split(",") if v]
+    unknown = sorted(set(torch_variants) - {v[0] for v in TORCH_VARIANTS})
+    if unknown:
+        parser.error(f"unknown --torch variants {unknown}")
     results = run_bundle(args.bundle, args.repeats, args.warmup, args.compiler,
                          args.models.split(",") if args.models else None, checkpoint=save,
-                         cache=args.cache, jobs=args.jobs, profile=args.profile)
+                         cache=args.cache, jobs=args.jobs, profile=args.profile,
+                         torch_variants=torch_variants)
     print(save(results))
     rows = [row for model in results["models"].values() for row in model.values()]
     return 0 if rows and all("error" not in row for row in rows) else 1

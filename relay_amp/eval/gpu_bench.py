@@ -19,7 +19,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..pipeline import cuda_pipeline
+from ..pipeline import CUDA_GRAPH_OPTION, cuda_pipeline
 from .bundle_runner import make_weights
 
 VARIANTS = ("fp32", "relay_amp:float16", "relay_amp:bfloat16", "tvm:float16")
@@ -31,6 +31,9 @@ class BenchModel:
     mod: tvm.IRModule
     data: dict  # name -> input array (the non-weight parameters)
     weights: list  # weight parameter names
+    #: the PyTorch counterpart the GPU bundle's runner times beside it
+    #: (``bundle_runner.torch_model``), or None
+    torch: dict | None = None
 
 
 # ------------------------------------------------------------------------------ models
@@ -78,8 +81,10 @@ def bert_encoder(layers=12, hidden=768, heads=12, ffn=3072, seq=128, batch=1) ->
             result = builder.emit_output(h)
         builder.emit_func_output(result)
     data = {"x": np.random.default_rng(0).normal(size=(batch, seq, hidden)).astype("float32")}
+    torch = {"kind": "bert_encoder", "hidden": hidden, "layers": layers, "heads": heads,
+             "ffn": ffn, "inputs": ["x"]}
     return BenchModel("bert_base_encoder" if layers == 12 else f"bert_{layers}x{hidden}",
-                      builder.get(), data, [w.name for w in weights])
+                      builder.get(), data, [w.name for w in weights], torch)
 
 
 def drop_initializer_inputs(model):
@@ -96,9 +101,15 @@ def drop_initializer_inputs(model):
     return model
 
 
-def gluon_model(name="resnet50_v1", workdir=None) -> BenchModel:
-    """A GluonCV model (the sweep's loader, batch 1) through ONNX, its weights lifted to
-    parameters."""
+#: GluonCV classifiers and the torchvision model of the same architecture (GluonCV's v1 ResNets
+#: stride in the first 1x1 convolution of a block, torchvision's in the 3x3: the same FLOPs).
+TORCHVISION = {"resnet18_v1": "resnet18", "resnet34_v1": "resnet34", "resnet50_v1": "resnet50",
+               "resnet101_v1": "resnet101", "mobilenetv2_1.0": "mobilenet_v2",
+               "vgg16": "vgg16", "densenet121": "densenet121", "squeezenet1.1": "squeezenet1_1"}
+
+
+def gluon_model(name="resnet50_v1", workdir=None, batch: int = 1) -> BenchModel:
+    """A GluonCV model (the sweep's loader) through ONNX, its weights lifted to parameters."""
     import tempfile  # pylint: disable=import-outside-toplevel
 
     import onnx  # pylint: disable=import-outside-toplevel
@@ -106,12 +117,15 @@ def gluon_model(name="resnet50_v1", workdir=None) -> BenchModel:
 
     from .models import load  # pylint: disable=import-outside-toplevel
 
-    loaded = load(name, workdir or tempfile.mkdtemp(prefix="relay_amp_"), batch_size=1)
+    loaded = load(name, workdir or tempfile.mkdtemp(prefix="relay_amp_"), batch_size=batch)
     mod = from_onnx(drop_initializer_inputs(onnx.load(loaded.extra["onnx_path"])),
                     keep_params_in_input=True)
     data_name = mod["main"].params[0].name
     weights = [p.name for p in mod["main"].params[1:]]
-    return BenchModel(name, mod, {data_name: loaded.batches[0][0]}, weights)
+    torch = ({"kind": "torchvision", "name": TORCHVISION[name], "inputs": [data_name]}
+             if name in TORCHVISION else None)
+    return BenchModel(name if batch == 1 else f"{name}_b{batch}", mod,
+                      {data_name: loaded.batches[0][0]}, weights, torch)
 
 
 def weight_shapes(model: BenchModel) -> dict:
@@ -147,17 +161,17 @@ def check_tensorize() -> None:
             "apache-tvm-ffi 0.1.14.post1 works: pip install apache-tvm-ffi==0.1.14.post1")
 
 
-def compile_module(mod: tvm.IRModule, target, cuda_graph: bool = False,
+def compile_module(mod: tvm.IRModule, target, cuda_graph: bool | None = None,
                    tensor_cores: bool = True, relay_amp_schedules: bool = True):
     """``tvm.compile`` for ``target``; for CUDA through :func:`relay_amp.cuda_pipeline`
-    (``relay_amp_schedules=False``: TVM's own pipeline), optionally with the VM's CUDA graph
-    mode."""
+    (``relay_amp_schedules=False``: TVM's own pipeline), with the VM's CUDA graph mode as
+    ``cuda_graph`` says (None: the pipeline's default)."""
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    config = {"relax.backend.use_cuda_graph": True} if cuda_graph else {}
+    config = {} if cuda_graph is None else {CUDA_GRAPH_OPTION: cuda_graph}
     with tvm.transform.PassContext(opt_level=3, config=config):
         if target.kind.name == "cuda":
             return tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(
-                target, tensor_cores, relay_amp_schedules))
+                target, tensor_cores, relay_amp_schedules, cuda_graph=cuda_graph))
         return tvm.compile(mod, target=target)
 
 

@@ -11,7 +11,9 @@ for one target, exports each library, and writes one folder::
       <model>/inputs.npz   the data inputs (weights are generated on the host from their seed)
       tvm/, tvm_ffi/       TVM without its compiler library, and tvm_ffi for the host's Python
 
-On the host: ``python BUNDLE/bundle_runner.py --out RESULTS``. A library built for CUDA holds
+On the host: ``python BUNDLE/bundle_runner.py --out RESULTS``; where the host has PyTorch, the
+runner also times each model's PyTorch counterpart (``manifest.json``'s ``torch``: eager,
+autocast and ``torch.compile``) in the same process. A library built for CUDA holds
 CUDA source (this wheel's TVM has no CUDA compiler); TVM's CUDA loader compiles it there, through
 NVRTC or nvcc. A bundle built for ``llvm`` runs the same way on this machine.
 """
@@ -45,24 +47,25 @@ _FFI_SKIP = ("3rdparty", "include", "__pycache__", "cython")
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024
 
 
-def bundle_model(name: str) -> gpu_bench.BenchModel:
-    """A model of the bundle: GluonCV models by name, ``bert_base``, ``vit_b16``,
-    ``llama_decoder`` (realistic sizes; weights as parameters)."""
+def bundle_model(name: str, batch: int = 1) -> gpu_bench.BenchModel:
+    """A model of the bundle at ``batch``: GluonCV models by name, ``bert_base``, ``vit_b16``,
+    ``llama_decoder`` (realistic sizes; weights as parameters). A batch other than 1 is in the
+    model's name (``bert_base_b8``)."""
     from . import transformer_graphs  # pylint: disable=import-outside-toplevel
     from .models import REGISTRY  # pylint: disable=import-outside-toplevel
 
     builders = {"bert_base": gpu_bench.bert_encoder, "vit_b16": transformer_graphs.vit_encoder,
                 "llama_decoder": transformer_graphs.llama_decoder}
     if name in builders:
-        model = builders[name]()
-        model.name = name
+        model = builders[name](batch=batch)
+        model.name = name if batch == 1 else f"{name}_b{batch}"
         return model
     gluon = sorted(n for n, spec in REGISTRY.items()
                    if spec.family == "gluoncv" and spec.task == "classification")
     if name not in gluon:
         raise ValueError(f"unknown bundle model {name!r}: use {', '.join(builders)} or a GluonCV "
                          f"classifier ({', '.join(gluon[:4])}, ...)")
-    return gpu_bench.gluon_model(name)
+    return gpu_bench.gluon_model(name, batch=batch)
 
 
 def _target(kind: str, arch: str):
@@ -122,7 +125,7 @@ def runtime_packages(out_dir: str, python: str | None = None) -> dict:
 def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: str = "sm_90",
                  python: str | None = "3.12", weight_seed: int = 0, cuda_graph: bool = False,
                  progress: bool = True, tvm_pipeline: bool = True,
-                 variants=gpu_bench.VARIANTS) -> dict:
+                 variants=gpu_bench.VARIANTS, batches=(1,)) -> dict:
     """Build every variant of ``models`` for one target into the bundle folder ``out_dir``.
 
     Parameters
@@ -142,6 +145,9 @@ def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: s
         built with :func:`relay_amp.cuda_pipeline`).
     variants : sequence of str
         Which of ``gpu_bench.VARIANTS`` to build (float32 always comes first: the reference).
+    batches : sequence of int
+        The batch sizes each model named by ``models`` is built for (a built model is taken
+        as it is).
 
     Returns
     -------
@@ -158,7 +164,10 @@ def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: s
     target = _target(kind, arch)
     if kind == "cuda":
         gpu_bench.check_tensorize()
-    models = [bundle_model(entry) if isinstance(entry, str) else entry for entry in models]
+    if not batches or any(int(b) < 1 for b in batches):
+        raise ValueError(f"batch sizes must be positive; got {list(batches)}")
+    models = [model for entry in models for model in (
+        [bundle_model(entry, int(b)) for b in batches] if isinstance(entry, str) else [entry])]
     os.makedirs(out_dir, exist_ok=True)
     try:
         unknown = sorted(set(variants) - set(gpu_bench.VARIANTS))
@@ -200,7 +209,8 @@ def _build(out_dir, models, target, kind, python, weight_seed, cuda_graph, progr
         shapes = gpu_bench.weight_shapes(model)
         record = manifest["models"][model.name] = {
             "weights": [[name, list(shape)] for name, shape in shapes.items()],
-            "weight_seed": weight_seed, "inputs": f"{model.name}/inputs.npz", "variants": {}}
+            "weight_seed": weight_seed, "inputs": f"{model.name}/inputs.npz",
+            "torch": model.torch, "variants": {}}
         for variant in variants:
             bar.set_postfix_str(f"{model.name} {variant}")
             start = time.perf_counter()

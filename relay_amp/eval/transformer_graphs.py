@@ -134,4 +134,7 @@ def llama_decoder(layers=4, hidden=2048, heads=32, kv_heads=4, intermediate=5632
     data = {"input_ids": np.random.default_rng(0).integers(0, vocab, size=(batch, seq))
             .astype("int64")}
     name = "llama_decoder" if (hidden, layers) == (2048, 4) else f"llama_{layers}x{hidden}"
-    return BenchModel(name, builder.get(), data, [p.name for p in w.params])
+    torch = {"kind": "llama", "hidden": hidden, "layers": layers, "heads": heads,
+             "kv_heads": kv_heads, "intermediate": intermediate, "vocab": vocab,
+             "inputs": ["input_ids"]}
+    return BenchModel(name, builder.get(), data, [p.name for p in w.params], torch)

@@ -1,0 +1,158 @@
+"""Tensor cores for float16 and bfloat16, for every spelling of a CUDA arch
+(relay_amp.tensor_cores), proven in the generated CUDA and, with nvcc, in the PTX it compiles to
+(no GPU needed)."""
+
+import inspect
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import relay_amp
+from relay_amp import tensor_cores
+from relay_amp.eval import gpu_bench
+from relay_amp.pipeline import SM_COUNT, sm_count
+
+NVCC = shutil.which("nvcc")
+TARGETS = {"sm_80": {"kind": "cuda", "arch": "sm_80"}, "sm_90": {"kind": "cuda", "arch": "sm_90"},
+           "sm_90a": {"kind": "cuda", "arch": "sm_90a"}, "h100 tag": "nvidia/nvidia-h100"}
+#: CUDA's name of each dtype in a WMMA fragment, and PTX's in a wmma.load instruction.
+FRAGMENT = {"float16": "half", "bfloat16": "nv_bfloat16"}
+PTX = {"float16": "f16", "bfloat16": "bf16"}
+
+
+def _matmul(dtype, rows=128, depth=768, cols=768):
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, depth), dtype))
+    w = relax.Var("w", relax.TensorType((depth, cols), dtype))
+    with builder.function("main", [x, w]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.matmul(x, w, out_dtype="float32"))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def _cuda_source(mod, target) -> str:
+    target = tvm.target.Target(target)
+    executable = tvm.compile(mod, target, relax_pipeline=relay_amp.cuda_pipeline(target))
+    return executable.mod.imports[0].imports[0].inspect_source("cuda")
+
+
+def _fragment_dtypes(source: str) -> set:
+    return set(re.findall(r"wmma::fragment<nvcuda::wmma::matrix_[ab], 16, 16, 16, (\w+)", source))
+
+
+def _ptx_tensor_core_inputs(source: str, tmp_path, arch: str) -> set:
+    """The input dtypes of the tensor-core operand loads in the PTX nvcc makes of ``source``
+    (``wmma.mma`` names only the accumulator's dtype for float16), asserting there are
+    ``wmma.mma`` instructions."""
+    path = tmp_path / "kernels.cu"
+    path.write_text(source)
+    result = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-o", str(tmp_path / "k.ptx"),
+                             str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    ptx = (tmp_path / "k.ptx").read_text()
+    assert re.search(r"wmma\.mma\.sync\.aligned\.row\.col\.m16n16k16\.f32\.", ptx)
+    return set(re.findall(r"wmma\.load\.[ab]\.sync\.aligned\.\w+\.m16n16k16(?:\.shared)?\.(\w+)",
+                          ptx))
+
+
+@pytest.mark.parametrize("spelling", list(TARGETS))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_matmuls_use_tensor_cores_for_every_spelling_of_the_arch(spelling, dtype, tmp_path):
+    source = _cuda_source(_matmul(dtype), TARGETS[spelling])
+    assert _fragment_dtypes(source) == {FRAGMENT[dtype]}
+    assert "wmma::mma_sync" in source
+    if NVCC is not None:
+        arch = str(tvm.target.Target(TARGETS[spelling]).attrs["arch"])
+        assert _ptx_tensor_core_inputs(source, tmp_path, arch) == {PTX[dtype]}
+
+
+@pytest.mark.parametrize("spelling", list(TARGETS))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_converted_bert_layer_runs_its_matmuls_on_tensor_cores(spelling, dtype, tmp_path):
+    layer = gpu_bench.bert_encoder(layers=1, hidden=128, heads=2, ffn=256, seq=128)
+    converted, report = relay_amp.convert(layer.mod, dtype, target=TARGETS[spelling])
+    assert any("run on tensor cores" in note for note in report.notes)
+    source = _cuda_source(converted, TARGETS[spelling])
+    assert _fragment_dtypes(source) == {FRAGMENT[dtype]}
+    on_tensor_cores = {re.search(r"void (?:__launch_bounds__\(\d+\) )?(\w+)\(", kernel).group(1)
+                       for kernel in source.split("__global__")[1:] if "mma_sync" in kernel}
+    assert len(on_tensor_cores) >= 3  # the projections, the MLP's up and (split-K) down
+    if NVCC is not None and spelling in ("sm_90a", "h100 tag"):
+        assert _ptx_tensor_core_inputs(source, tmp_path, "sm_90a") == {PTX[dtype]}
+
+
+def test_targets_without_tensor_cores_for_the_dtype_are_named_and_get_none():
+    assert _fragment_dtypes(_cuda_source(_matmul("bfloat16"), {"kind": "cuda",
+                                                               "arch": "sm_75"})) == set()
+    assert _fragment_dtypes(_cuda_source(_matmul("float16"), {"kind": "cuda",
+                                                              "arch": "sm_75"})) == {"half"}
+    old = tvm.target.Target({"kind": "cuda", "arch": "sm_61"})
+    note = tensor_cores.tensor_core_note(old, "float16")
+    assert "has no float16 tensor cores" in note and "sm_70" in note
+    _, report = relay_amp.convert(_matmul("float32"), "float16", target=old)
+    assert any("sm_61 has no float16 tensor cores" in n for n in report.notes)
+    assert tensor_cores.tensor_core_note(tvm.target.Target("llvm"), "float16") is None
+
+
+def test_the_note_says_where_tvms_own_pipeline_gives_none():
+    plain = tensor_cores.tensor_core_note(tvm.target.Target(TARGETS["sm_90"]), "float16")
+    h100 = tensor_cores.tensor_core_note(tvm.target.Target(TARGETS["h100 tag"]), "float16")
+    bf16 = tensor_cores.tensor_core_note(tvm.target.Target(TARGETS["sm_90"]), "bfloat16")
+    assert "TVM's own" not in plain
+    assert "TVM's own CUDA pipeline gives float16 on sm_90a none" in h100
+    assert "gives bfloat16 on sm_90 none" in bf16
+
+
+def test_small_extents_stay_on_cuda_cores_as_in_dlight():
+    """dlight's threshold (every extent but the batch above 64) holds for bfloat16 too."""
+    source = _cuda_source(_matmul("bfloat16", rows=128, depth=64, cols=768), TARGETS["sm_90"])
+    assert _fragment_dtypes(source) == set()
+
+
+def test_tvms_lookup_is_restored_and_dlight_still_names_intrinsics_through_it():
+    """The bfloat16 schedule is dlight's own, whose intrinsics are named through
+    ``get_wmma_intrin_group`` with ``in_dtype="float16"``; if TVM changes that, the bfloat16
+    tests above lose their tensor cores and this says why."""
+    from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization
+    from tvm.s_tir.tensor_intrin import cuda
+
+    original = cuda.get_wmma_intrin_group
+    _cuda_source(_matmul("bfloat16"), TARGETS["sm_90"])
+    assert cuda.get_wmma_intrin_group is original
+    assert 'in_dtype="float16"' in inspect.getsource(MatmulTensorization.apply)
+    from tvm.s_tir import TensorIntrin
+
+    group = tensor_cores.bfloat16_intrinsic_group("shared.dyn", "shared.dyn", "float32", True)
+    assert all(TensorIntrin.get(name) is not None for name in group.values())
+    with pytest.raises(ValueError, match="float32"):
+        tensor_cores.bfloat16_intrinsic_group("shared", "shared", "float16", False)
+
+
+def test_the_arch_is_read_as_a_number_everywhere():
+    h100 = tvm.target.Target(TARGETS["h100 tag"])
+    assert tensor_cores.arch_number(h100) == 90
+    assert str(tensor_cores.numeric_arch_target(h100).attrs["arch"]) == "sm_90"
+    assert sm_count(h100) == SM_COUNT["sm_90"] == sm_count(tvm.target.Target(TARGETS["sm_90"]))
+    assert tensor_cores.arch_number(tvm.target.Target("llvm")) is None
+
+
+@pytest.mark.skipif(not tvm.cuda(0).exist, reason="needs a CUDA GPU to run the kernel")
+def test_a_bfloat16_tensor_core_matmul_matches_numpy_on_a_gpu():
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 768)).astype(ml_dtypes.bfloat16)
+    w = rng.normal(size=(768, 768)).astype(ml_dtypes.bfloat16)
+    target = tvm.target.Target.from_device(tvm.cuda(0))
+    executable = tvm.compile(_matmul("bfloat16"), target,
+                             relax_pipeline=relay_amp.cuda_pipeline(target))
+    vm = relax.VirtualMachine(executable, tvm.cuda(0))
+    got = vm["main"](tvm.runtime.tensor(x, tvm.cuda(0)), tvm.runtime.tensor(w, tvm.cuda(0)))
+    want = x.astype("float32") @ w.astype("float32")
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-3, atol=1e-2)
