@@ -1,7 +1,7 @@
-"""Golden conversions: the converted module of every case below, as TVMScript, is what it was
-when ``tests/golden/conversions.json`` was written. A restructuring of the pass must leave
-them as they are; a change that means to alter conversions rewrites the file
-(``python tests/test_golden.py --update``) and says so in its commit.
+"""Golden conversions: the converted module of every case below, as TVMScript, is what
+``tests/golden/<case>.<dtype>.<target>.txt`` holds. A restructuring of the pass must leave them
+as they are, and a test failure shows the diff; a change that means to alter conversions
+rewrites the files (``python tests/test_golden.py --update``), so the commit shows what changed.
 
 Cases: the module-level modules of the test files, the benchmark's synthetic graphs, small
 BERT/ViT/LLaMA stacks and the sweep's default models (converted as the sweep converts them:
@@ -10,9 +10,8 @@ text leaves constant values out (TVMScript's metadata), so float32 results of an
 re-estimation that differ in the last bit between CPUs do not change it.
 """
 
-import hashlib
+import difflib
 import importlib
-import json
 import pathlib
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import tvm
 import relay_amp
 
 HERE = pathlib.Path(__file__).parent
-GOLDEN = HERE / "golden" / "conversions.json"
+GOLDEN = HERE / "golden"
 TEST_FILES = ("test_api", "test_bad_inputs", "test_boundary_range", "test_calibrate",
               "test_codegen_arm", "test_fallback", "test_integer_inputs", "test_policy")
 TARGETS = {"none": None, "cuda": {"kind": "cuda", "arch": "sm_90"}}
@@ -63,31 +62,42 @@ def _sweep_defaults():
         yield f"sweep.{name}", loaded.mod, options
 
 
-def fingerprints() -> dict:
-    """case id -> sha256 of the converted module's TVMScript (constants left out)."""
+def conversions() -> dict:
+    """file name -> the converted module's TVMScript (constants left out), for every case."""
     found = {}
     for source in (_test_file_modules, _graphs, _sweep_defaults):
         for name, mod, options in source():
             for target_name, target in TARGETS.items():
                 for dtype in DTYPES:
                     converted, _ = relay_amp.convert(mod, dtype, target=target, **options)
-                    text = converted.script(show_meta=False)
-                    found[f"{name}/{dtype}/{target_name}"] = hashlib.sha256(
-                        text.encode()).hexdigest()[:16]
+                    found[f"{name}.{dtype}.{target_name}.txt"] = converted.script(
+                        show_meta=False)
     return found
 
 
 def test_conversions_are_as_recorded():
-    recorded = json.loads(GOLDEN.read_text())
-    now = fingerprints()
-    assert sorted(now) == sorted(recorded), "cases changed: run with --update"
+    recorded = {path.name: path.read_text() for path in GOLDEN.glob("*.txt")}
+    now = conversions()
+    assert sorted(now) == sorted(recorded), (
+        f"cases changed (new: {sorted(set(now) - set(recorded))}, gone: "
+        f"{sorted(set(recorded) - set(now))}): run python tests/test_golden.py --update")
     changed = sorted(case for case in now if now[case] != recorded[case])
-    assert not changed, f"{len(changed)} conversions differ from the golden file: {changed}"
+    shown = []
+    for case in changed[:4]:
+        diff = difflib.unified_diff(recorded[case].splitlines(), now[case].splitlines(),
+                                    f"recorded/{case}", f"now/{case}", lineterm="", n=1)
+        shown.extend(list(diff)[:40])
+    assert not changed, (f"{len(changed)} conversions differ from tests/golden: {changed}\n"
+                         + "\n".join(shown))
 
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--update"]:
         sys.exit("usage: python tests/test_golden.py --update")
-    GOLDEN.parent.mkdir(exist_ok=True)
-    GOLDEN.write_text(json.dumps(fingerprints(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {GOLDEN}")
+    GOLDEN.mkdir(exist_ok=True)
+    texts = conversions()
+    for stale in set(p.name for p in GOLDEN.glob("*.txt")) - set(texts):
+        (GOLDEN / stale).unlink()
+    for name, text in texts.items():
+        (GOLDEN / name).write_text(text)
+    print(f"wrote {len(texts)} conversions to {GOLDEN}")
