@@ -9,6 +9,7 @@ from tvm.ir import Call
 from tvm.relax import (
     DataflowVar,
     SeqExpr,
+    TupleGetItem,
 )
 
 from .op_hooks import hooks_of
@@ -17,16 +18,22 @@ from .op_tables import (
     EXACT_OPS,
     FUSION_KINDS,
     RANKING_OPS,
+    RESIDUAL_ADD_OPS,
     Category,
     FusionKind,
     fuses,
+    fusion_kind,
 )
 from .plan import STORING_KINDS, Mode, Plan
 from .reasons import Reason
 from .relax_utils import (
-    GenericConst,
     is_var,
 )
+from .targets import UNCENTRED
+
+#: A float32 value read by more dot products than this, each rounding it in its own kernel,
+#: moves more bytes than one cast kernel and low-precision reads (4k > 4 + 2 + 2k for k > 3).
+MAX_ROUNDING_READERS = 3
 
 
 class BoundaryPlanner:
@@ -47,25 +54,23 @@ class BoundaryPlanner:
                     for leaf in leaves:
                         if is_var(leaf):
                             uses.setdefault(leaf, []).append(var)
+            elif type(value) is TupleGetItem and is_var(value.tuple_value):
+                self.tuple_items.setdefault(self.canonical(value.tuple_value), []).append(var)
             else:
                 for free in relax.analysis.free_vars(value):
                     uses.setdefault(self.canonical(free), []).append(None)
         for free in relax.analysis.free_vars(seq.body):
             uses.setdefault(self.canonical(free), []).append(None)
         self._plan_absorbed_adds(items)
-        for _, var, value in items:
+        for _, var, _ in items:
             plan = self.plans.get(var)
             if plan is None:
                 continue
             if var in self.absorbed:
                 self.group_kind[var] = FusionKind.OPAQUE  # inside its normalization's kernel
-            elif all(type(leaf) is GenericConst or leaf in self.folded
-                   for _, leaves in self.call_args[var] for leaf in leaves
-                   if is_var(leaf) or type(leaf) is GenericConst):
-                self.folded.add(var)  # FoldConstant computes it at build time: no kernel
-            else:
+            elif var not in self.folded:
                 self._fuse_inputs(var, plan)
-        for _, var, value in items:
+        for _, var, _ in items:
             plan = self.plans.get(var)
             if plan is None or var in self.folded or var in self.absorbed:
                 continue
@@ -76,22 +81,29 @@ class BoundaryPlanner:
             if (self.dtype_of(var) == "float32" and self.can_low.get(var, False)
                     and var not in self.hot and var not in results
                     and self.group_kind[var] in STORING_KINDS
-                    and any(c is not None and (var, c) not in self.fused and self._reads_stored(c)
-                            for c in uses.get(var, ()))
+                    and self._all_read_stored(var)
                     and not self._keeps_residual(var, plan)
                     and not self._ranked(var, plan)):
                 self.stored_low.add(var)
+                if var in self.uncentred_streams:
+                    plan.reasons.append(Reason.of(
+                        "residual_low", consumer=self.uncentred_streams[var].name,
+                        dtype=self.low))
             if self._computes_low(var, plan):
                 self.low_values.add(var)
 
     def _keeps_residual(self, var, plan: Plan) -> bool:
-        """A residual stream keeps float32 between kernels (unless ``low_precision_residuals``):
-        a value computed in float32 registers that an elementwise op in another kernel adds to
-        in float32, or that a normalization in another kernel centres (:data:`CENTRING_OPS`).
-        Stored in low precision it would be rounded once more per block, on the path that
-        carries the sum through the network (in a post-norm transformer, the normalization's
-        input and result are that path)."""
-        if self.settings.low_precision_residuals:
+        """A residual stream keeps float32 between kernels: a value computed in float32
+        registers that a normalization in another kernel centres (:data:`CENTRING_OPS`), or that
+        an elementwise op in another kernel adds to in float32 where a normalization centres the
+        sum (``low_precision_residuals`` :data:`~relay_amp.targets.UNCENTRED`, the GPU default;
+        with it False every stream an op adds to keeps float32, with True none does). Rounded,
+        the digits that survive the subtraction of the mean are those low precision lacks (in a
+        post-norm transformer, the normalization's input and result are that stream). A stream
+        that is only added to is stored in low precision and added in float32 registers: one
+        rounding per block, where TVM's built-in pass rounds every op."""
+        mode = self.settings.low_precision_residuals
+        if mode is True:
             return False
         for consumer in self.uses.get(var, ()):
             other = self.plans.get(consumer)
@@ -101,6 +113,9 @@ class BoundaryPlanner:
                 continue  # stored low; the sum is formed in float32 in the normalization
             if (other.category == Category.FOLLOW and other.op not in EXACT_OPS
                     and FUSION_KINDS.get(other.op) == FusionKind.ELEMWISE):
+                if mode == UNCENTRED and not self._centred(consumer):
+                    self.uncentred_streams.setdefault(var, consumer)
+                    continue
                 plan.reasons.append(Reason.of("residual_added", consumer=consumer.name))
             elif other.mixed and other.op in CENTRING_OPS and not plan.mixed:
                 plan.reasons.append(Reason.of("residual_centred", consumer=consumer.name,
@@ -110,6 +125,14 @@ class BoundaryPlanner:
             self.residuals.add(var)
             return True
         return False
+
+    def _centred(self, value) -> bool:
+        """Does a normalization centre ``value`` (a residual add: formed in its kernel, or read
+        by it)?"""
+        if value in self.absorbed:
+            return True
+        return any(c is not None and getattr(self.plans.get(c), "op", None) in CENTRING_OPS
+                   for c in self.uses.get(value, ()))
 
     def _ranked(self, var, plan: Plan) -> bool:
         """A value a ranking op (:data:`RANKING_OPS`) reads, directly or through exact follow ops,
@@ -149,7 +172,7 @@ class BoundaryPlanner:
         (float32 registers): the sum, which in a post-norm transformer is the residual
         stream, then never crosses a kernel boundary, and the branch result it adds (a dot
         product's) crosses one in low precision."""
-        if self.settings.low_precision_residuals:
+        if self.settings.low_precision_residuals is True:
             return
         for _, var, _ in items:
             plan = self.plans.get(var)
@@ -157,7 +180,7 @@ class BoundaryPlanner:
                 continue
             source = self.call_args[var][0][0]
             producer = self.plans.get(source)
-            if (producer is not None and producer.op == "add"
+            if (producer is not None and producer.op in RESIDUAL_ADD_OPS
                     and producer.category == Category.FOLLOW and producer.mode == Mode.ORIGINAL
                     and type(source) is DataflowVar and self.uses.get(source) == [var]
                     and self.dtype_of(source) == "float32"
@@ -173,25 +196,58 @@ class BoundaryPlanner:
         return bool(others) and all(o in self.residuals or o not in self.plans for o in others)
 
     def _fuse_inputs(self, var, plan: Plan):
-        kind = FusionKind.ANCHOR if plan.mixed else FUSION_KINDS.get(plan.op, FusionKind.OPAQUE)
-        candidates = []
+        """Which inputs FuseOps puts in ``var``'s kernel: a producer whose every reader is
+        ``var`` or already in ``var``'s kernel (a chain, or a diamond that re-converges at
+        ``var``, as SiLU's ``x * sigmoid(x)``) where the kinds allow it, and at most one anchor
+        (the first reached)."""
+        kind = (FusionKind.ANCHOR if plan.mixed
+                else fusion_kind(plan.op, self.bound[var], self.callee_kinds))
+        self.kernel_root[var] = var
+        single, shared = [], []
         for _, leaves in self.call_args[var]:
             for leaf in leaves:
-                if (is_var(leaf) and leaf in self.group_kind and self.uses.get(leaf) == [var]
-                        and fuses(self.group_kind[leaf], kind)):
-                    candidates.append((leaf, self.group_kind[leaf]))
-        # FuseOps puts at most one anchor kernel in a group: the first one reached
-        anchor = next((leaf for leaf, k in candidates if k == FusionKind.ANCHOR), None)
+                if (not is_var(leaf) or leaf not in self.group_kind or leaf in single
+                        or leaf in shared or not fuses(self.group_kind[leaf], kind)):
+                    continue
+                readers = set(self.uses.get(leaf, ()))
+                if readers == {var}:
+                    single.append(leaf)
+                elif None not in readers:
+                    shared.append(leaf)
         group = kind
-        for leaf, producer in candidates:
-            if anchor is not None and (producer == FusionKind.INJECTIVE or (
-                    producer == FusionKind.ANCHOR and leaf is not anchor)):
-                continue
-            self.fused.add((leaf, var))
-            if kind == FusionKind.ELEMWISE and producer in (FusionKind.ANCHOR,
-                                                            FusionKind.INJECTIVE):
-                group = FusionKind.ANCHOR if anchor is not None else producer
+        anchor = next((leaf for leaf in single if self.group_kind[leaf] == FusionKind.ANCHOR),
+                      None)
+        for leaf in single:
+            group, anchor = self._join(leaf, [var], var, kind, group, anchor)
+        for leaf in shared:
+            readers = set(self.uses[leaf])
+            if all(self._kernel(reader) is var for reader in readers):
+                group, anchor = self._join(leaf, readers, var, kind, group, anchor)
         self.group_kind[var] = group
+
+    def _join(self, leaf, readers, var, kind, group, anchor):
+        """Put ``leaf``'s kernel into ``var``'s (its ``readers`` read it there), unless the
+        kernel already has an anchor and ``leaf``'s is another one or injective (FuseOps keeps
+        one anchor per kernel and never puts data movement in front of it). Returns the
+        kernel's kind and anchor."""
+        producer = self.group_kind[leaf]
+        if anchor is not None and (producer == FusionKind.INJECTIVE or (
+                producer == FusionKind.ANCHOR and leaf is not anchor)):
+            return group, anchor
+        if producer == FusionKind.ANCHOR:
+            anchor = leaf
+        for reader in readers:
+            self.fused.add((leaf, reader))
+        self.kernel_root[leaf] = var
+        if kind == FusionKind.ELEMWISE and producer in (FusionKind.ANCHOR, FusionKind.INJECTIVE):
+            group = FusionKind.ANCHOR if anchor is not None else producer
+        return group, anchor
+
+    def _kernel(self, var):
+        """The last binding of the kernel ``var`` is in (so far)."""
+        while self.kernel_root.get(var, var) is not var:
+            var = self.kernel_root[var]
+        return var
 
     def _reads_stored(self, consumer) -> bool:
         """Float32 and unknown ops read the float32 value the policy protects for them, and an
@@ -202,14 +258,69 @@ class BoundaryPlanner:
             return False
         return not (plan.op in EXACT_OPS and all(
             u is None or hooks_of(getattr(self.plans.get(u), "op", None)).is_cast
-            for u in self.uses.get(consumer, ())))
+            for u in self._readers(consumer)))
+
+    def _all_read_stored(self, var) -> bool:
+        """Does every reader of ``var`` in another kernel read a stored low-precision copy (and is
+        there one)? A float32 op reading it there would need the float32 value as well, and
+        FuseOps puts no cast into a kernel whose result has other readers: the copy would cost
+        a kernel of its own."""
+        crossing = [c for c in self.uses.get(var, ())
+                    if c is not None and (var, c) not in self.fused]
+        return bool(crossing) and all(self._reads_stored(c) for c in crossing)
+
+    def _readers(self, var) -> list:
+        """The uses of ``var``, those through the items of a tuple it is (a ``split``) replaced
+        by the items' uses."""
+        found = list(self.uses.get(var, ()))
+        for item in self.tuple_items.get(var, ()):
+            found.extend(self._readers(item))
+        return found
 
     def arrives_low(self, value, consumer) -> bool:
         """Does ``consumer`` read ``value`` in low precision across a kernel boundary?"""
+        bound = self.bound.get(value)
+        if type(bound) is TupleGetItem and is_var(bound.tuple_value):  # an item of a split
+            producer = self.plans.get(self.canonical(bound.tuple_value))
+            return producer is not None and producer.mode == Mode.LOW
         if (value, consumer) in self.fused:
             return value in self.low_values or self._orig_dtype(value) == self.low
         return (value in self.stored_low or value in self.low_values
-                or self._orig_dtype(value) == self.low)
+                or self._orig_dtype(value) == self.low or self.writes_both(value))
+
+    def writes_both(self, value) -> bool:
+        """Does the kernel of ``value`` write it in float32 and in low precision (a mixed
+        kernel whose result is a residual stream that other kernels also read in low
+        precision)?"""
+        plan = self.plans.get(value)
+        return (plan is not None and plan.mixed and value in self.residuals
+                and type(value) is DataflowVar)
+
+    def rounds_in_reader(self, value, consumer) -> bool:
+        """Does the dot product ``consumer`` round the float32 ``value`` to low precision in its
+        own kernel? It does where no kernel writes a low-precision copy of ``value`` for it to
+        read (a function input, a residual stream, the result of a reduction, a gather or a
+        kernel whose value also leaves the function), since FuseOps never puts a cast into a dot
+        product's kernel nor into a producer that has other readers; unless more than
+        :data:`MAX_ROUNDING_READERS` dot products read it that way, when one cast kernel moves
+        fewer bytes. Where every reader is such a dot product, the cast ends the producer's own
+        kernel instead."""
+        if not self.boundaries or (value, consumer) in self.fused:
+            return False
+        if (value in self.stored_low or value in self.low_values or self.writes_both(value)
+                or self._orig_dtype(value) != "float32" or value in self.folded):
+            return False
+        uses = self.uses.get(value, ())
+        readers = [c for c in set(uses) if c is not None and (value, c) not in self.fused
+                   and self._is_dot_product(c)]
+        if (type(value) is DataflowVar and self.group_kind.get(value) in STORING_KINDS
+                and len(readers) == len(uses)):
+            return False  # only dot products read it: the cast ends its producer's kernel
+        return len(readers) <= MAX_ROUNDING_READERS
+
+    def _is_dot_product(self, var) -> bool:
+        plan = self.plans.get(var)
+        return plan is not None and plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE
 
     def _boundary_follow_mode(self, var, plan: Plan):
         plan.mode_fixed = True

@@ -90,7 +90,7 @@ def out_of_range_reason(largest: float, dtype: str, margin: float = 1.0) -> OutO
     """Why a value whose largest magnitude is ``largest`` cannot be stored in ``dtype`` (its
     maximum, times ``margin``, overflows; or every non-zero value is below the smallest normal
     number), or None if it can."""
-    from .dtypes import finfo  # pylint: disable=import-outside-toplevel
+    from .dtypes import finfo
 
     info = finfo(dtype)
     if largest * margin > float(info.max):

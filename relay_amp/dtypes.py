@@ -72,7 +72,7 @@ def converted_tensor(values: np.ndarray, dtype: str):
     shares through DLPack: about five times faster than ``tvm.runtime.tensor`` for the many small
     weights of a model, whose cost is dominated by the allocation.
     """
-    import tvm  # pylint: disable=import-outside-toplevel
+    import tvm
 
     target = numpy_dtype(dtype)
     if values.size == 0:
@@ -83,5 +83,5 @@ def converted_tensor(values: np.ndarray, dtype: str):
     out = buffer[offset:offset + nbytes].view(target).reshape(values.shape)
     out[...] = values
     if dtype == "bfloat16":  # numpy's DLPack export knows no bfloat16: share the bits as uint16
-        return tvm.runtime.from_dlpack(out.view(np.uint16))._create_view(out.shape, "bfloat16")
+        return tvm.runtime.from_dlpack(out.view(np.uint16))._create_view(out.shape, "bfloat16")  # noqa: SLF001 - no public bfloat16 view of DLPack memory in TVM
     return tvm.runtime.from_dlpack(out)

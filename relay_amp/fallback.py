@@ -24,8 +24,10 @@ from .calibrate import Calibration, calibrate
 from .dtypes import numpy_dtype
 from .execution import agreement, as_batches, check_batch, compile_module, contiguous, with_function
 from .instrument import instrument, returning_stats
+from .op_hooks import hooks_of
 from .policy import Policy
 from .reasons import Reason
+from .relax_utils import op_name
 from .report import Report
 from .rewriter import replace_attrs
 from .transform import convert, resolve_policy
@@ -62,7 +64,7 @@ class _Harness:
         self.run_target = run_target
         self.metric = _metric(metric)
         vm = compile_module(mod, run_target)
-        from .execution import run  # pylint: disable=import-outside-toplevel
+        from .execution import run
 
         self.run = run
         self.reference = [out for batch in batches for out in run(vm, batch)]
@@ -146,11 +148,11 @@ def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None)
                 args.append(arg)
         attrs = value.attrs
         if (attrs is not None and hasattr(attrs, "out_dtype")
-                and value.op.name != "relax.quantize"):
+                and not hooks_of(op_name(value)).keeps_out_dtype):
             attrs = replace_attrs(attrs, out_dtype="float32")
         try:
             shadow = bind(tvm.ir.Call(value.op, args, attrs, value.ty_args), "pair_low")
-        except Exception:  # the op does not take low-precision operands: nothing to measure
+        except Exception:  # noqa: BLE001 - the op does not take low-precision operands: nothing to measure
             return []
         wide = bind(relax.op.astype(shadow, "float32"), "pair_wide")
         diff = bind(relax.op.subtract(wide, binding.var), "pair_diff")

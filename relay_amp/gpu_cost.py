@@ -8,9 +8,15 @@ reshapes into views that launch nothing) and counts, in each Relax function:
 
 * ``kernels``: the ``call_tir`` calls left, one launch each (a fused PrimFunc may still be
   scheduled into more than one CUDA kernel; ``gpu_bench.build`` counts ``__global__`` functions);
-* ``bytes``: for every ``call_tir``, the bytes of its tensor arguments plus its result;
-* ``casts``: ``call_tir`` of a lone ``astype`` (a cast that fused into no other kernel), and of
-  those, ``parameter_casts``: the ones that read a function parameter or a constant.
+* ``bytes``: for every ``call_tir``, the bytes of its tensor arguments plus its result. A tensor
+  that the kernel reads only through indices it loads from another tensor (the table of a
+  ``take``, an embedding lookup) counts at most one element per element of the result: a
+  gather reads the rows it picks, not the table. Symbolic extents count as the sizes given in
+  ``symbolic`` (a sequence length), and a tensor with an extent left unknown counts 0;
+* ``casts``: ``call_tir`` of a lone ``astype`` between two float dtypes (a cast that fused into
+  no other kernel), and of those, ``parameter_casts``: the ones that read a function parameter
+  or a constant; ``integer_casts``: lone casts to or from an integer or boolean dtype (a model's
+  own ``input_ids.astype("int32")``, which float32 has too).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class GpuCost:
     float_bytes: int  # the part of ``bytes`` that float tensors move
     casts: int
     parameter_casts: int
+    integer_casts: int = 0
 
     def ideal_low_precision_bytes(self, low_bytes: int = 2) -> int:
         """These kernels with every float tensor stored in ``low_bytes`` per element
@@ -46,7 +53,7 @@ class GpuCost:
 
 def lower_for_cuda(mod: tvm.IRModule, target) -> tvm.IRModule:
     """``mod`` after the passes of TVM's CUDA pipeline that decide kernels and their operands."""
-    from tvm.relax.backend.cuda import pipeline  # pylint: disable=import-outside-toplevel
+    from tvm.relax.backend.cuda import pipeline
 
     target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
     passes = pipeline.library_dispatch_passes(target) + [
@@ -61,23 +68,95 @@ def lower_for_cuda(mod: tvm.IRModule, target) -> tvm.IRModule:
         return tvm.transform.Sequential(passes)(mod)
 
 
-def _tensor_bytes(ty) -> tuple[int, int]:
-    """(bytes, float bytes) of a static-shape tensor type, or of the tensors of a tuple type."""
+def _tensor_bytes(ty, sizes=None, limit=None) -> tuple[int, int]:
+    """(bytes, float bytes) of a tensor type (symbolic extents from ``sizes``, name -> int; a
+    tensor with an extent left unknown counts 0), or of the tensors of a tuple type. ``limit``
+    caps the element count (a gathered tensor)."""
     if isinstance(ty, relax.TensorType):
-        if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        count = _elements(ty, sizes)
+        if count is None:
             return 0, 0
-        count = 1
-        for dim in ty.shape.values:
-            if not isinstance(dim, tvm.tirx.IntImm):
-                return 0, 0  # a symbolic extent: not counted
-            count *= int(dim)
+        if limit is not None:
+            count = min(count, limit)
         dtype = str(ty.dtype)
         size = count * tvm.DataType(dtype).bits // 8
         return size, size if dtype.startswith(_FLOAT_PREFIXES) else 0
     if isinstance(ty, tvm.ir.type.TupleType):
-        sizes = [_tensor_bytes(field) for field in ty.fields]
-        return sum(s for s, _ in sizes), sum(f for _, f in sizes)
+        found = [_tensor_bytes(field, sizes) for field in ty.fields]
+        return sum(s for s, _ in found), sum(f for _, f in found)
     return 0, 0
+
+
+def _elements(ty, sizes) -> int | None:
+    if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    count = 1
+    for dim in ty.shape.values:
+        extent = _evaluate(dim, sizes or {})
+        if extent is None:
+            return None
+        count *= extent
+    return count
+
+
+_ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
+               "FloorDiv": lambda a, b: a // b, "FloorMod": lambda a, b: a % b,
+               "Max": max, "Min": min}
+
+
+def _evaluate(expr, sizes: dict) -> int | None:
+    """An extent's value: a constant, a symbolic variable in ``sizes``, or arithmetic of them;
+    None if anything in it is unknown."""
+    if isinstance(expr, tvm.tirx.IntImm):
+        return int(expr)
+    if isinstance(expr, tvm.tirx.Var):
+        return sizes.get(expr.name)
+    operation = _ARITHMETIC.get(type(expr).__name__)
+    if operation is None:
+        return None
+    a, b = _evaluate(expr.a, sizes), _evaluate(expr.b, sizes)
+    return None if a is None or b is None else operation(a, b)
+
+
+def _gathered_params(func) -> set:
+    """Positions of the parameters of PrimFunc ``func`` that its blocks read only at indices
+    loaded from another buffer (``A[idx[i], j]``)."""
+    from tvm import s_tir
+
+    try:
+        schedule = s_tir.Schedule(func)
+        blocks, stack = [], [schedule.get_sblock("root")] if _has_root(func) else []
+        while stack:
+            children = schedule.get_child_blocks(stack.pop())
+            blocks.extend(children)
+            stack.extend(children)
+    except Exception:  # noqa: BLE001 - not a schedulable PrimFunc: no gather is counted
+        return set()
+    positions = {param.name: index for index, param in enumerate(func.params)}
+    gathered, direct = set(), set()
+    for block in blocks:
+        for region in schedule.get(block).reads:
+            index = positions.get(region.source.name)
+            if index is not None:
+                loads = any(_loads(r.min) for r in region.region)
+                (gathered if loads else direct).add(index)
+    return gathered - direct
+
+
+def _has_root(func) -> bool:
+    return "root" in func.script()[:4000]
+
+
+_LOAD = tvm.ir.expr.TensorLoad
+
+
+def _loads(expr) -> bool:
+    """Does ``expr`` read a buffer (an index loaded from memory)?"""
+    if isinstance(expr, _LOAD):
+        return True
+    return any(_loads(getattr(expr, name)) for name in ("a", "b", "value", "condition",
+                                                        "true_value", "false_value")
+               if isinstance(getattr(expr, name, None), tvm.ir.expr.Expr))
 
 
 _CAST_KERNEL = re.compile(r"cast\d*")
@@ -89,9 +168,11 @@ def _is_cast_kernel(name: str) -> bool:
     return _CAST_KERNEL.fullmatch(name) is not None
 
 
-def module_cost(lowered: tvm.IRModule) -> GpuCost:
-    """The cost of a module already put through :func:`lower_for_cuda`."""
-    kernels = total = float_total = casts = parameter_casts = 0
+def module_cost(lowered: tvm.IRModule, symbolic: dict | None = None) -> GpuCost:
+    """The cost of a module already put through :func:`lower_for_cuda`; ``symbolic`` maps the
+    names of symbolic extents to sizes."""
+    kernels = total = float_total = casts = parameter_casts = integer_casts = 0
+    gathers: dict = {}
     for _, func in lowered.functions_items():
         if not isinstance(func, relax.Function):
             continue
@@ -105,20 +186,50 @@ def module_cost(lowered: tvm.IRModule) -> GpuCost:
                         and value.op.name == "relax.call_tir"):
                     continue
                 kernels += 1
+                callee = value.args[0]
                 args = value.args[1].fields if isinstance(value.args[1], relax.Tuple) else []
-                for tensor in list(args) + [binding.var]:
-                    size, float_size = _tensor_bytes(tensor.ty)
+                if callee.name_hint not in gathers:
+                    gathers[callee.name_hint] = _gathered_params(lowered[callee])
+                out_elements = max((_elements(t, symbolic) or 0 for t in _tensor_types(
+                    binding.var.ty)), default=0)
+                for index, tensor in enumerate(list(args) + [binding.var]):
+                    limit = out_elements if index in gathers[callee.name_hint] else None
+                    size, float_size = _tensor_bytes(tensor.ty, symbolic, limit)
                     total += size
                     float_total += float_size
-                if _is_cast_kernel(value.args[0].name_hint):
-                    casts += 1
-                    if any(isinstance(a, _CONSTANT) or a.__chandle__() in params
-                           for a in args):
-                        parameter_casts += 1
-    return GpuCost(kernels, total, float_total, casts, parameter_casts)
+                if _is_cast_kernel(callee.name_hint):
+                    dtypes = {str(getattr(t.ty, "dtype", "")) for t in (args[0], binding.var)}
+                    if all(d.startswith(_FLOAT_PREFIXES) for d in dtypes):
+                        casts += 1
+                        if any(isinstance(a, _CONSTANT) or a.__chandle__() in params
+                               for a in args):
+                            parameter_casts += 1
+                    else:
+                        integer_casts += 1
+    return GpuCost(kernels, total, float_total, casts, parameter_casts, integer_casts)
 
 
-def gpu_cost(mod: tvm.IRModule, target=None) -> GpuCost:
+def _tensor_types(ty) -> list:
+    if isinstance(ty, relax.TensorType):
+        return [ty]
+    if isinstance(ty, tvm.ir.type.TupleType):
+        return [t for field in ty.fields for t in _tensor_types(field)]
+    return []
+
+
+def symbolic_sizes(mod: tvm.IRModule, inputs, function: str = "main") -> dict:
+    """The sizes of the symbolic extents of ``function``'s parameters in ``inputs`` (arrays in
+    parameter order), for :func:`gpu_cost`'s ``symbolic``."""
+    sizes = {}
+    for param, value in zip(mod[function].params, inputs):
+        shape = getattr(getattr(param.ty, "shape", None), "values", None) or ()
+        for dim, extent in zip(shape, getattr(value, "shape", ())):
+            if isinstance(dim, tvm.tirx.Var):
+                sizes[dim.name] = int(extent)
+    return sizes
+
+
+def gpu_cost(mod: tvm.IRModule, target=None, symbolic: dict | None = None) -> GpuCost:
     """Kernels, bytes at kernel boundaries and standalone casts of ``mod`` on a CUDA target.
 
     Parameters
@@ -127,10 +238,14 @@ def gpu_cost(mod: tvm.IRModule, target=None) -> GpuCost:
         A Relax module (float32, or the output of a conversion); not modified.
     target : tvm.target.Target or dict, optional
         A CUDA target. Default ``{"kind": "cuda", "arch": "sm_90"}``.
+    symbolic : dict, optional
+        Sizes of symbolic extents by name (``{"seq_len": 128}``; :func:`symbolic_sizes` reads
+        them from inputs). A tensor with an extent not given counts no bytes.
 
     Returns
     -------
     GpuCost
-        Kernels, bytes, float bytes, standalone casts and the casts of parameters or constants.
+        Kernels, bytes, float bytes, standalone float casts, the casts of parameters or
+        constants among them, and standalone integer casts.
     """
-    return module_cost(lower_for_cuda(mod, target or {"kind": "cuda", "arch": "sm_90"}))
+    return module_cost(lower_for_cuda(mod, target or {"kind": "cuda", "arch": "sm_90"}), symbolic)

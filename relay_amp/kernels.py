@@ -63,7 +63,7 @@ class KernelEmitter:
                                output: bool):
         """``op`` on the sum of ``operands`` (the absorbed add), formed in float32 in the same
         kernel; ``args`` are the op's other operands (``args[0]`` is the add)."""
-        from tvm import topi  # pylint: disable=import-outside-toplevel
+        from tvm import topi
 
         def widened_sum(*tensors):
             total = topi.cast(tensors[0], "float32")
@@ -107,7 +107,7 @@ class KernelEmitter:
         legalize = tvm.ir.Op.get("relax." + op).get_attr("FLegalize")
         try:
             legalize(recorder, legal_call)
-        except Exception:  # any builder use beyond call_te: keep the op as it is
+        except Exception:  # noqa: BLE001 - any builder use beyond call_te: keep the op as it is
             return None
         if len(recorder.calls) != 1:
             return None
@@ -139,7 +139,7 @@ class KernelEmitter:
         main = [v for v in values[:count] if v is not None]
 
         def kernel(*tensors, **kwargs):
-            from tvm import te, topi  # pylint: disable=import-outside-toplevel
+            from tvm import te, topi
 
             positional = iter(tensors[:len(main)])
             formed = prologue_compute(*tensors[len(main):]) if prologue_compute else None
@@ -171,7 +171,7 @@ class KernelEmitter:
         try:
             value = self.builder_.normalize(self.builder_.call_te(
                 compute, *args, primfunc_name_hint=f"relay_amp_{hint}", **kwargs))
-        except Exception:  # TE rejects these dtypes: keep the op as it is
+        except Exception:  # noqa: BLE001 - TE rejects these dtypes: keep the op as it is
             return None
         return self.emit_named(value, name, output)
 

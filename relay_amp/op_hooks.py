@@ -45,6 +45,10 @@ class OpHooks:
         As a follow op it can write the low dtype whatever its inputs (through ``out_dtype``).
     is_cast : bool
         The op is a cast: a float32 <-> low-precision one joins the rewriter's cast cache.
+    decision_operands : tuple of int
+        Operands (by position) whose values decide a discrete result (a quantization's scale
+        and zero point): they, and the small chain of arithmetic that computes them, compute in
+        float32 (reason code ``decides_discrete``), since one rounding flips an integer.
     identity : callable, optional
         Step 1, ``(planner, call) -> Reason | None``: the reason when the call returns its
         input's values unchanged (the binding becomes that input).
@@ -65,6 +69,7 @@ class OpHooks:
     keeps_out_dtype: bool = False
     writes_low: bool = False
     is_cast: bool = False
+    decision_operands: tuple[int, ...] = ()
     identity: Callable | None = None
     identity_source: Callable | None = None
     choose_mode: Callable | None = None
@@ -164,10 +169,10 @@ _ATTENTION = OpHooks(after_emit=_pin_attention)
 #: op name (without ``relax.``) -> its hooks; every other op is :data:`GENERIC`.
 OP_HOOKS: dict[str, OpHooks] = {
     "quantize": OpHooks(low_operands=(0,), integer_side=True, keeps_out_dtype=True,
-                        identity=_quantize_identity, identity_source=_quantize_source,
-                        choose_mode=_quantize_mode),
+                        decision_operands=(1, 2), identity=_quantize_identity,
+                        identity_source=_quantize_source, choose_mode=_quantize_mode),
     "dequantize": OpHooks(low_operands=(), integer_side=True, writes_low=True,
-                          choose_mode=_dequantize_mode),
+                          decision_operands=(1, 2), choose_mode=_dequantize_mode),
     "nn.attention": _ATTENTION,
     "nn.attention_bias": _ATTENTION,
     "nn.batch_norm": OpHooks(before_rewrite=_count_batch_norm),

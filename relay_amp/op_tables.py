@@ -46,6 +46,8 @@ class OpGroup:
     category: Category
     reason: str
     ops: tuple[str, ...]
+    #: The result is the same computed before or after rounding to low precision.
+    exact: bool = False
 
 
 BUILTIN_GROUPS: tuple[OpGroup, ...] = (
@@ -131,26 +133,32 @@ BUILTIN_GROUPS: tuple[OpGroup, ...] = (
     OpGroup(
         Category.FOLLOW,
         "exact in any dtype: data movement, layout, selection and monotonic maps",
-        ("nn.relu", "abs", "negative", "sign", "maximum", "minimum", "clip", "where", "reshape",
-         "permute_dims", "expand_dims", "squeeze", "flatten", "nn.batch_flatten", "concat",
-         "split", "stack", "strided_slice", "dynamic_strided_slice", "take", "gather_elements",
-         "gather_nd", "scatter_elements", "scatter_nd", "broadcast_to", "tile", "repeat", "flip",
-         "layout_transform", "nn.pad", "nn.pixel_shuffle", "index_tensor", "index_put",
-         "slice_scatter", "tril", "triu", "zeros_like", "ones_like", "full_like", "nn.dropout",
-         "max", "min", "nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "topk", "sort"),
+        exact=True,
+        ops=("nn.relu", "abs", "negative", "sign", "maximum", "minimum", "clip", "where",
+             "reshape", "permute_dims", "expand_dims", "squeeze", "flatten", "nn.batch_flatten",
+             "concat", "split", "stack", "strided_slice", "dynamic_strided_slice", "take",
+             "gather_elements", "gather_nd", "scatter_elements", "scatter_nd", "broadcast_to",
+             "tile", "repeat", "flip", "layout_transform", "nn.pad", "nn.pixel_shuffle",
+             "index_tensor", "index_put", "slice_scatter", "tril", "triu", "zeros_like",
+             "ones_like", "full_like", "nn.dropout", "max", "min", "nn.max_pool1d",
+             "nn.max_pool2d", "nn.max_pool3d", "topk", "sort"),
     ),
 )
 
 #: Follow ops whose result is the same whether computed before or after rounding to low
 #: precision (relu(round(x)) == round(relu(x))): running them in low precision loses nothing.
 #: Other follow ops round, so they compute in float32 when their inputs already exist in float32.
-EXACT_OPS = frozenset(BUILTIN_GROUPS[-1].ops)
+EXACT_OPS = frozenset(op for group in BUILTIN_GROUPS if group.exact for op in group.ops)
 
 #: Normalizations that subtract their input's mean: a value they read keeps float32 between
 #: kernels by default (``low_precision_residuals`` off). Rounded first, the digits that survive
 #: the subtraction are those low precision lacks; in a post-norm transformer that input is the
 #: residual stream itself.
 CENTRING_OPS = frozenset({"nn.layer_norm", "nn.group_norm", "nn.instance_norm"})
+
+#: The op that forms a residual sum: a centring normalization's kernel can compute it in float32
+#: registers (the post-norm transformer's ``layer_norm(x + f(x))``) instead of reading it stored.
+RESIDUAL_ADD_OPS = frozenset({"add"})
 
 #: Ops that order their float inputs (which boxes survive NMS, which index ``argmax`` picks,
 #: the order ``sort`` returns): rounding swaps values that differ in their last digits, so a
@@ -244,6 +252,50 @@ FUSION_KINDS: dict[str, FusionKind] = {
         "nn.adaptive_avg_pool3d", "nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "einsum"),
         FusionKind.ANCHOR),
 }
+
+
+#: Ops whose legalization TVM marks opaque when an extent is symbolic (a reshape over a sequence
+#: length): FuseOps puts them in no kernel of another op, and RewriteDataflowReshape makes them
+#: views, so a cast before or after one is a kernel of its own.
+OPAQUE_WHEN_SYMBOLIC = frozenset(("reshape", "flatten", "nn.batch_flatten"))
+
+
+#: TVM's ``OpPatternKind`` values (``AnnotateTIROpPattern``) as fusion kinds.
+_PATTERN_KINDS = {0: FusionKind.ELEMWISE, 1: FusionKind.ELEMWISE, 2: FusionKind.INJECTIVE,
+                  3: FusionKind.REDUCE, 4: FusionKind.ANCHOR}
+
+
+def callee_fusion_kinds(mod) -> dict:
+    """The fusion kind of each PrimFunc of ``mod`` (by name), as TVM's AnnotateTIROpPattern
+    finds it: what FuseOps does with a ``call_tir`` of it (an importer's own kernels)."""
+    import tvm
+
+    prim_funcs = {gvar: func for gvar, func in mod.functions_items()
+                  if isinstance(func, tvm.tirx.PrimFunc)}
+    if not prim_funcs:
+        return {}
+    annotated = tvm.relax.transform.AnnotateTIROpPattern()(tvm.IRModule(prim_funcs))
+    return {gvar.name_hint: _PATTERN_KINDS.get(int(func.attrs["op_pattern"]), FusionKind.OPAQUE)
+            for gvar, func in annotated.functions_items()
+            if func.attrs is not None and "op_pattern" in func.attrs}
+
+
+def fusion_kind(op: str, call, callees=None) -> FusionKind:
+    """The :class:`FusionKind` FuseOps gives this call of ``op`` (:data:`FUSION_KINDS`, except
+    :data:`OPAQUE_WHEN_SYMBOLIC` ops over symbolic shapes, and ``call_tir`` of a PrimFunc, whose
+    kind is in ``callees``: :func:`callee_fusion_kinds`)."""
+    if op == "call_tir" and callees:
+        return callees.get(call.args[0].name_hint, FusionKind.OPAQUE)
+    kind = FUSION_KINDS.get(op, FusionKind.OPAQUE)
+    if op in OPAQUE_WHEN_SYMBOLIC and not all(_static(t) for t in (call.ty, call.args[0].ty)):
+        return FusionKind.OPAQUE
+    return kind
+
+
+def _static(ty) -> bool:
+    shape = getattr(ty, "shape", None)
+    values = getattr(shape, "values", None)
+    return values is not None and all(type(v).__name__ == "IntImm" for v in values)
 
 
 def fuses(producer: FusionKind, consumer: FusionKind) -> bool:

@@ -96,7 +96,7 @@ _ATTENTION = {tvm.ir.Op.get("relax.nn.attention"), tvm.ir.Op.get("relax.nn.atten
 
 @relax.expr_functor.mutator
 class _AttentionDecomposer(relax.PyExprMutator):
-    def visit_call_(self, call):  # pylint: disable=arguments-renamed
+    def visit_call_(self, call):
         call = super().visit_call_(call)
         if isinstance(call.op, tvm.ir.Op) and call.op in _ATTENTION:
             decomposed = _decompose(self.builder_, call)
@@ -106,7 +106,7 @@ class _AttentionDecomposer(relax.PyExprMutator):
 
 
 @tvm.transform.module_pass(opt_level=0, name="relay_amp.DecomposeAttention")
-def DecomposeAttention(mod: tvm.IRModule, _context) -> tvm.IRModule:  # pylint: disable=C0103
+def DecomposeAttention(mod: tvm.IRModule, _context) -> tvm.IRModule:
     """Rewrite ``nn.attention`` and ``nn.attention_bias`` as permute, matmul, scale, (bias,
     causal mask,) softmax, matmul, permute; float16/bfloat16 inputs are multiplied with float32
     accumulation and go through a float32 softmax. Sliding-window attention, and a causal mask
@@ -196,7 +196,7 @@ class _SplitK(relax.PyExprMutator):
         super().__init__(mod)
         self.sms = sms
 
-    def visit_call_(self, call):  # pylint: disable=arguments-renamed
+    def visit_call_(self, call):
         call = super().visit_call_(call)
         if isinstance(call.op, tvm.ir.Op) and call.op.same_as(_MATMUL):
             split = _split_k(self.builder_, call, self.sms)
@@ -205,7 +205,7 @@ class _SplitK(relax.PyExprMutator):
         return call
 
 
-def SplitK(sms: int = 132) -> tvm.transform.Pass:  # pylint: disable=invalid-name
+def SplitK(sms: int = 132) -> tvm.transform.Pass:
     """Split the reduction axis of matmuls that have too few 128×128 output tiles to occupy
     ``sms`` streaming multiprocessors (a BERT or LLaMA layer at batch 1: 6 thread blocks for a
     128×768 output) into a batched matmul over K slices plus a sum of the partial products
@@ -228,8 +228,8 @@ def _reductions(func) -> list | None:
     """``(reduction extent, output extent)`` of each block of ``func`` that reduces, from
     dlight's own block analysis; None if an extent is not a constant or ``func`` is not
     analysable."""
-    from tvm import s_tir  # pylint: disable=import-outside-toplevel
-    from tvm.s_tir.dlight.analysis import normalize_prim_func  # pylint: disable=C0415
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
 
     infos = normalize_prim_func(s_tir.Schedule(func))
     if infos is None:
@@ -248,14 +248,14 @@ def _reductions(func) -> list | None:
 
 
 def _small_reduction_rule():
-    from tvm.s_tir import dlight as dl  # pylint: disable=import-outside-toplevel
+    from tvm.s_tir import dlight as dl
 
     class SmallReduction(dl.gpu.Fallback):
         """One output per thread for kernels whose reductions are short (at most
         ``SMALL_REDUCTION`` products) and whose outputs are many (``MANY_OUTPUTS``); others are
         left to the rules after it."""
 
-        def apply(self, func, target, tunable):  # pylint: disable=arguments-renamed
+        def apply(self, func, target, tunable):
             if not isinstance(func, tvm.tirx.PrimFunc):
                 return None
             reductions = _reductions(func)
@@ -268,13 +268,13 @@ def _small_reduction_rule():
 
 
 def _matmul_without_tensor_cores():
-    from tvm.s_tir import dlight as dl  # pylint: disable=import-outside-toplevel
+    from tvm.s_tir import dlight as dl
 
     class MatmulWithoutTensorCores(dl.gpu.Matmul):
         """dlight's Matmul rule, scheduled as for a GPU without tensor cores (the target the
         rule sees says sm_60; code generation still uses the real target)."""
 
-        def apply(self, func, target, tunable):  # pylint: disable=arguments-renamed
+        def apply(self, func, target, tunable):
             if target.kind.name == "cuda":
                 config = {k: v for k, v in target.export().items() if k not in ("arch", "tag")}
                 target = tvm.target.Target({**config, "arch": "sm_60"})
@@ -324,8 +324,8 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
     ``Schedule.tensorize``, which segfaults when apache-tvm 0.27.0 runs with apache-tvm-ffi
     0.1.15 (an ABI mismatch; 0.1.14 works), hence the pin in pyproject.toml.
     """
-    from tvm.relax.backend.cuda import pipeline  # pylint: disable=import-outside-toplevel
-    from tvm.s_tir import dlight as dl  # pylint: disable=import-outside-toplevel
+    from tvm.relax.backend.cuda import pipeline
+    from tvm.s_tir import dlight as dl
 
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     if not tensor_cores:
@@ -360,3 +360,30 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
             return passes(mod)
 
     return _pipeline
+
+
+def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_cores: bool = True,
+          relay_amp_schedules: bool = True):
+    """``tvm.compile`` for ``target`` at ``opt_level=3``; CUDA through :func:`cuda_pipeline`.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        The module to compile.
+    target : tvm.target.Target or dict
+        Any target; only CUDA takes the other arguments into account.
+    cuda_graph, tensor_cores, relay_amp_schedules
+        As :func:`cuda_pipeline` takes them.
+
+    Returns
+    -------
+    tvm.relax.VMExecutable
+        The executable (``export_library`` it, or run it in a ``relax.VirtualMachine``).
+    """
+    target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    config = {} if cuda_graph is None else {CUDA_GRAPH_OPTION: cuda_graph}
+    with tvm.transform.PassContext(opt_level=3, config=config):
+        if target.kind.name == "cuda":
+            return tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(
+                target, tensor_cores, relay_amp_schedules, cuda_graph=cuda_graph))
+        return tvm.compile(mod, target=target)

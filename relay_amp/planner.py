@@ -13,6 +13,7 @@ from tvm.relax import (
     SeqExpr,
     TupleGetItem,
 )
+from tvm.tirx import IntImm
 
 from .boundaries import BoundaryPlanner
 from .calibrate import out_of_range_reason
@@ -46,27 +47,63 @@ from .relax_utils import (
 from .targets import KernelSettings
 
 
+def _tests_infinity(call) -> bool:
+    """Does ``call`` compare with an infinite or NaN constant (``equal(x, -inf)``)? Rounding a
+    value the low dtype holds cannot flip that test."""
+    for arg in call.args:
+        value = scalar_value(arg)
+        if value is None and type(arg) is GenericConst and arg.value.numpy().size == 1:
+            value = float(arg.value.numpy().reshape(()))
+        if value is not None and not np.isfinite(value):
+            return True
+    return False
+
+
+def _governs_many(operand, result) -> bool:
+    """Does one element of ``operand`` decide many of ``result`` (a scalar, or a value broadcast
+    against a larger one)? An elementwise test flips one element where its operand rounds, the
+    error rounding the value itself makes; a rounded scale or threshold moves every output."""
+    operand_elements, result_elements = _elements(operand), _elements(result)
+    return operand_elements is not None and (
+        operand_elements <= 1 or (result_elements is not None
+                                  and operand_elements < result_elements))
+
+
+def _elements(var) -> int | None:
+    """Elements of a static-shape tensor var, else None."""
+    shape = getattr(getattr(var.ty, "shape", None), "values", None)
+    if shape is None or not all(isinstance(d, IntImm) for d in shape):
+        return None
+    return int(np.prod([int(d) for d in shape])) if shape else 1
+
+
 class FunctionPlanner(BoundaryPlanner, DemandPlanner):
     """Steps 1 and 2 of the algorithm for one function."""
 
     def __init__(self, policy: Policy, low: str, target_rule, constant_check, params_low: set,
                  observed=None, margin: float = 1.0, int_inputs=None, dtype_of=None,
-                 settings: KernelSettings | None = None, param_problems=None):
+                 settings: KernelSettings | None = None, param_problems=None,
+                 callee_kinds=None):
         self.policy = policy
+        self.callee_kinds = callee_kinds or {}  # PrimFunc name -> FusionKind of its call_tir
         self.param_problems = param_problems or {}  # param handle -> OutOfRange
         self.settings = settings or KernelSettings()
         self.boundaries = self.settings.low_precision_boundaries
         self.uses: dict = {}  # var -> consumers (a call binding's var, or None for other uses)
+        self.tuple_items: dict = {}  # tuple var -> the vars bound to its items
         self.fused: set = set()  # (value, consumer) edges that stay inside one kernel
         self.group_kind: dict = {}  # var -> FusionKind of the kernel that computes it
+        self.kernel_root: dict = {}  # var -> a later binding of its kernel (itself: the last)
         self.stored_low: set = set()  # float32 values stored in low precision between kernels
         self.residuals: set = set()  # float32 values kept float32 between kernels
+        self.uncentred_streams: dict = {}  # residual stream stored low -> an op that adds to it
         self.low_values: set = set()  # float32 values that the rewrite computes in low precision
         self.folded: set = set()  # values computed from constants alone (folded at build time)
         self.absorbed: dict = {}  # residual add -> the centring kernel that computes it
         self.observed = observed  # var -> calibrated max |x| (None: not calibrated)
         self.margin = margin
         self.hot: dict = {}  # var -> why its value cannot be stored in the low dtype
+        self.deciding: dict = {}  # var -> (consumer, its op): the value decides a discrete result
         self.low = low
         self.target_rule = target_rule
         self.constant_check = constant_check
@@ -124,9 +161,14 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
             return self._orig_dtype(leaf) == "float32"  # parameters and free vars
         return True
 
+    def _is_constant(self, leaf) -> bool:
+        """A constant, or a value computed from constants alone (TFLite's float16 weights
+        behind an ``astype`` to float32): FoldConstant makes it a constant at build time."""
+        return type(leaf) is GenericConst or leaf in self.folded
+
     def _is_lowish(self, leaf) -> bool:
         """Can ``leaf`` be had in low precision without losing float32 protection?"""
-        if type(leaf) is GenericConst:
+        if self._is_constant(leaf):
             return True
         if is_var(leaf):
             return leaf in self.params or self.can_low.get(leaf, False) or (
@@ -151,8 +193,49 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
             problem = self.param_problems.get(param.__chandle__())
             if problem is not None:
                 self.hot[param] = problem
+        self._mark_deciding(seq)
         for binding, var, value in self.bindings(seq):
             self._forward_binding(binding, var, value)
+
+    def _mark_deciding(self, seq: SeqExpr):
+        """The values that decide a discrete result, and the chain of calls that computes each,
+        back to values with more elements than it has (the tensor a scale is measured on is
+        read, not rounded): the operands an op declares (:attr:`OpHooks.decision_operands`: a
+        quantization's scale and zero point), and the float operands of any other call whose
+        result is integers or booleans (a comparison, a cast to an integer) where one element
+        of the operand decides many of the result (:func:`_governs_many`)."""
+        items = self.bindings(seq)
+        producers = {var: value for _, var, value in items if type(value) is Call}
+        for _, var, value in reversed(items):
+            op = op_name(value) if type(value) is Call else None
+            hooks = hooks_of(op)
+            operands = hooks.decision_operands
+            if (op and not operands and not hooks.integer_side and self._discrete(var)
+                    and not _tests_infinity(value)):
+                operands = tuple(i for i, arg in enumerate(value.args)
+                                 if (tensor_dtype(arg) or "").startswith(("float", "bfloat"))
+                                 and _governs_many(arg, var))
+            for index in operands if op else ():
+                if index >= len(value.args) or not is_var(value.args[index]):
+                    continue
+                operand = self.canonical(value.args[index])
+                limit = _elements(operand)
+                stack = [operand]
+                while stack:
+                    item = stack.pop()
+                    producer = producers.get(item)
+                    if (item in self.deciding or producer is None or limit is None
+                            or (_elements(item) or limit + 1) > limit):
+                        continue
+                    self.deciding[item] = (var, op)
+                    stack.extend(self.canonical(leaf) for arg in producer.args
+                                 for leaf in leaves_of(arg) if is_var(leaf))
+
+    @staticmethod
+    def _discrete(var) -> bool:
+        """Is ``var`` a tensor (or tuple of tensors) of integers or booleans?"""
+        dtypes = [str(t.dtype) for t in type_leaves(var.ty)]
+        return bool(dtypes) and not any(d.startswith(("float", "bfloat")) for d in dtypes)
 
     def _forward_binding(self, binding, var, value):
         self.bound[var] = value
@@ -162,13 +245,19 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
             return
         self._check_observed(var)
         value_type = type(value)
+        if value_type is GenericConst or (is_var(value) and self.canonical(value) in self.folded):
+            self.folded.add(var)  # a var bound to a constant is one
         op = op_name(value) if value_type is Call else None
         if op is not None:
             self.call_args[var] = [(self.canonical(arg), self.leaves(arg)) for arg in value.args]
             float_leaves = self._float_leaves(var)
+            if all(type(leaf) is GenericConst or leaf in self.folded
+                   for _, leaves in self.call_args[var] for leaf in leaves
+                   if is_var(leaf) or type(leaf) is GenericConst):
+                self.folded.add(var)  # FoldConstant computes it at build time: no kernel
             plan = self._plan_call(var, value, op, float_leaves)
             plan.constant_inputs = bool(float_leaves) and all(
-                type(leaf) is GenericConst for leaf, _ in float_leaves)
+                self._is_constant(leaf) for leaf, _ in float_leaves)
             plan.mixed = (self.settings.mixed_kernels and plan.category == Category.ACCUMULATE
                           and FUSION_KINDS.get(op) == FusionKind.ANCHOR
                           and self.dtype_of(var) == "float32")
@@ -220,6 +309,10 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
         var_dtype = self.dtype_of(var)
         out_dtypes = {var_dtype} if var_dtype else {tensor_dtype(t) for t in type_leaves(var.ty)}
         plan.float_output = any(d.startswith(("float", "bfloat")) for d in out_dtypes)
+        if var in self.deciding:
+            consumer, consumer_op = self.deciding[var]
+            return self._keep(plan, Reason.of("decides_discrete", consumer=consumer.name,
+                                              op=consumer_op))
         identify = hooks_of(op).identity
         if identify is not None:
             identity = identify(self, call)
@@ -280,10 +373,11 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
             return True
         if category == Category.FOLLOW:
             leaves = [leaf for leaf, _ in float_leaves]
-            activations = [x for x in leaves if is_var(x) and x not in self.params]
+            activations = [x for x in leaves if is_var(x) and x not in self.params
+                           and x not in self.folded]
             if not activations:  # constants and parameters: an exact op on them is exact
                 return plan.op in EXACT_OPS and (plan.constant_inputs or all(
-                    type(leaf) is GenericConst or self._orig_dtype(leaf) == self.low
+                    self._is_constant(leaf) or self._orig_dtype(leaf) == self.low
                     for leaf in leaves))
             return all(self._is_lowish(x) for x in leaves) and any(
                 self.can_low.get(x, False) or self._orig_dtype(x) == self.low for x in activations)

@@ -56,7 +56,7 @@ def known_op_names() -> list[str]:
 
 
 def _attr_fields_by_type_key() -> dict[str, list[str]]:
-    from tvm.relax.op import op_attrs  # pylint: disable=import-outside-toplevel
+    from tvm.relax.op import op_attrs
 
     fields = {}
     for value in vars(op_attrs).values():
@@ -71,7 +71,7 @@ _ATTR_FIELDS: dict[str, list[str]] | None = None
 
 
 def _normalize_op_name(name, where: str) -> str:
-    global _KNOWN_OPS  # pylint: disable=global-statement
+    global _KNOWN_OPS  # noqa: PLW0603 - filled once, on first use
     if not isinstance(name, str):
         raise TypeError(f"op names in {where} must be strings; got {name!r}")
     short = name[len("relax."):] if name.startswith("relax.") else name
@@ -87,7 +87,7 @@ def _normalize_op_name(name, where: str) -> str:
 def _op_attribute_names(op: str) -> list[str]:
     """The attribute names of ``op``; many TVM 0.27 ops do not register their attrs type, so
     those are matched by name (``matmul`` -> ``relax.attrs.MatmulAttrs``)."""
-    global _ATTR_FIELDS  # pylint: disable=global-statement
+    global _ATTR_FIELDS  # noqa: PLW0603 - filled once, on first use
     if _ATTR_FIELDS is None:
         _ATTR_FIELDS = _attr_fields_by_type_key()
     type_key = str(tvm.ir.Op.get("relax." + op).attrs_type_key)

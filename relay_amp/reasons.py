@@ -49,10 +49,17 @@ TEXT = {
     "result_kept_float32": (None, "result kept float32: {why}"),
     "scalar_out_of_range": ("fp32", "scalar argument {value:.4g} {bound}"),
     "foreign_out_dtype": ("kept", "out_dtype {dtype} is not float32"),
+    "decides_discrete": ("fp32", "it decides {consumer}'s integers ({op}'s scale or zero "
+                                 "point): computed in float32 from its inputs as they are, "
+                                 "since one rounding flips an integer"),
     "fp32_boundary": (None, "stays float32 as the function's {where} [fp32_boundary]: {why}"),
     # where values live between kernels (planner, low_precision_boundaries)
     "residual_added": (None, "stored float32 between kernels: {consumer} adds to it in float32, "
-                             "a residual stream (low_precision_residuals off)"),
+                             "a residual stream (low_precision_residuals off, or a "
+                             "normalization centres the sum)"),
+    "residual_low": (None, "a residual stream stored {dtype} between kernels: {consumer} adds to "
+                           "it in float32 registers and no normalization centres the sum "
+                           "(low_precision_residuals)"),
     "residual_centred": (None, "stored float32 between kernels: {consumer} ({op}) subtracts its "
                                "mean, which cancels the leading digits (low_precision_residuals "
                                "off)"),

@@ -117,15 +117,14 @@ class BuiltBlock:
         self.builder, self.dataflow, self.block = builder, dataflow, None
 
     def __enter__(self):
-        # pylint: disable=protected-access
         if self.dataflow:
-            self.builder._begin_dataflow_block()
+            self.builder._begin_dataflow_block()  # noqa: SLF001 - see the class docstring
         else:
-            self.builder._begin_binding_block()
+            self.builder._begin_binding_block()  # noqa: SLF001 - see the class docstring
         return self
 
     def __exit__(self, *exc_info):
-        self.block = self.builder._end_block()  # pylint: disable=protected-access
+        self.block = self.builder._end_block()  # noqa: SLF001 - see the class docstring
         return False
 
 

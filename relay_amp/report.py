@@ -175,6 +175,11 @@ class Report:
             text += f" ({self.constants_converted} constants converted offline)"
         if self.unknown_ops:
             text += f"; unknown ops kept as they were: {', '.join(self.unknown_ops)}"
+        storage = [r for r in self.ops if r.code == "target_storage_only"]
+        if storage:
+            target = storage[0].reason("target_storage_only").values["target"]
+            text += (f"; {len(storage)} ops compute in float32 because target {target} has no "
+                     f"fast {self.dtype} arithmetic (a target that has it converts them)")
         return text
 
     def find(self, name: str, function: str | None = None) -> BindingRecord:

@@ -64,6 +64,7 @@ from .op_hooks import hooks_of
 from .op_tables import (
     PASSTHROUGH_OPS,
     Category,
+    callee_fusion_kinds,
 )
 from .plan import Mode, Plan
 from .planner import FunctionPlanner
@@ -93,6 +94,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
     def __init__(self, mod, policy: Policy, low: str, calibration=None):
         super().__init__(mod)
         self.policy = policy
+        self.callee_kinds = callee_fusion_kinds(mod)
         self.calibration = calibration
         self.low = low
         self.records: list[BindingRecord] = []
@@ -164,7 +166,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         planner = FunctionPlanner(self.policy, self.low, target_rule, self.constant_out_of_range,
                                   params_low, observed, margin,
                                   {p: int_inputs[p.name] for p in int_params}, self.dtype_of,
-                                  settings, param_problems)
+                                  settings, param_problems, self.callee_kinds)
         planner.forward(func.body, params)
         want = lowered_type(func.ret_ty, self.low) if signature_low else func.ret_ty
         result_type = None
@@ -204,17 +206,21 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
     def rewrite_seq(self, seq: SeqExpr, want_type) -> SeqExpr:
         self._push_layer(False)
         blocks = []
-        if self._prologue:
+        if self._prologue and not (seq.blocks and type(seq.blocks[0]) is DataflowBlock):
             with BuiltBlock(self.builder_) as prologue:
-                for param, int_param, normalization in self._prologue:
-                    self.remap(param, self._integer_input(param, int_param, normalization))
-                self._prologue = []
+                self._emit_prologue(())
             blocks.append(prologue.block)
+        read_later = set()
+        if self._prologue:
+            for later in list(seq.blocks[1:]) + [seq.body]:
+                read_later.update(v.__chandle__() for v in relax.analysis.free_vars(
+                    later if isinstance(later, relax.Expr) else SeqExpr([later], seq.body)))
         for block in seq.blocks:
             is_dataflow = type(block) is DataflowBlock
             with BuiltBlock(self.builder_, is_dataflow) as built:
                 if is_dataflow:
                     self._push_layer(True)
+                self._emit_prologue(read_later)  # in the dataflow block, where FuseOps fuses it
                 for binding in block.bindings:
                     self.visit_binding(binding)
                 if is_dataflow:
@@ -227,6 +233,15 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             blocks.append(tail.block)
         self._pop_layer()
         return SeqExpr(blocks, result)
+
+    def _emit_prologue(self, read_later):
+        """The casts of the integer inputs, at the top of the function's first block (a
+        dataflow output there where a later block reads it; ``read_later``: the handles of
+        the parameters a later block or the result reads)."""
+        for param, int_param, normalization in self._prologue:
+            value, name = self._integer_input(param, int_param, normalization)
+            self.remap(param, self.emit_named(value, name, param.__chandle__() in read_later))
+        self._prologue = []
 
     # ------------------------------------------------------------------ bindings
     def visit_var_binding_(self, binding: VarBinding) -> None:
@@ -305,38 +320,12 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             return new_var
         new_args, narrowed = [], []
         for index, (arg, _) in enumerate(self.planner.call_args[var]):
-            visited = self.visit_leaf(arg)
             lowered = plan.mode == Mode.LOW and (
                 hooks.low_operands is None or index in hooks.low_operands)
-            if type(arg) is relax.Tuple:
-                new_args.append(self.cast_to_type(
-                    visited, lowered_type(arg.ty, low) if lowered else arg.ty))
-                continue
-            dtype = self.dtype_of(arg)
-            if dtype is None:  # shapes, scalars, ...: nothing to cast
-                new_args.append(visited)
-            elif plan.mixed:  # the kernel widens its operands in registers
-                keep_low = self.low in self.planner.demand.get(arg, ())
-                new_args.append(self.cast(visited, low) if keep_low else visited)
-            elif self.planner.boundaries and is_var(arg) and self.planner.boundary_read(
-                    arg, var):
-                stored = self.cast(visited, low)
-                new_args.append(stored if lowered or dtype != "float32" else self._widen(stored))
-            elif (self.planner.boundaries and not lowered and dtype == "float32"
-                  and self.dtype_of(visited) == low and plan.category not in (None, Category.FP32)):
-                new_args.append(self._widen(visited))
-            elif (lowered and arg in self.planner.residuals
-                  and plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE
-                  and self.dtype_of(visited) == "float32"
-                  and not self._written_low(visited)):
+            operand, narrow = self._operand(arg, self.visit_leaf(arg), var, plan, lowered)
+            if narrow:
                 narrowed.append(index)  # rounded inside the dot product's own kernel
-                new_args.append(visited)
-            elif lowered:
-                new_args.append(self.cast(visited, low if dtype == "float32" else dtype))
-            elif plan.mode == Mode.STORAGE and type(arg) is GenericConst and dtype == "float32":
-                new_args.append(self.storage_constant(arg))
-            else:
-                new_args.append(self.cast(visited, dtype))
+            new_args.append(operand)
         attrs = call.attrs
         if (plan.mode == Mode.LOW and attrs is not None and hasattr(attrs, "out_dtype")
                 and not hooks.keeps_out_dtype):
@@ -386,7 +375,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
         try:
             normalized = self.builder_.normalize(new_call)
-        except Exception as err:  # TVM rejects the op in this dtype: keep it as it was
+        except Exception as err:  # noqa: BLE001 - TVM rejects the op in this dtype: keep it as it was
             message = str(err).strip().splitlines()[-1][:160]
             plan.mode, plan.category = Mode.ORIGINAL, Category.FP32
             plan.reasons = [Reason.of("rejected_by_tvm", op=plan.op, dtype=low, message=message)]
@@ -400,6 +389,39 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             result = hooks.after_emit(self, plan, normalized, new_var, var.name, output)
         self._record(var, call, new_var, new_args, plan)
         return result
+
+    def _operand(self, arg, visited, var, plan: Plan, lowered: bool):
+        """One operand of ``var``'s call as the plan reads it: ``(expr, narrow)``, ``narrow``
+        when the dot product rounds this float32 operand in its own kernel. The fields of a
+        tuple operand (``concat``) are read as single operands are."""
+        low = self.low
+        if type(arg) is relax.Tuple:
+            fields = [self._operand(field, self.visit_leaf(field), var, plan, lowered)[0]
+                      for field in arg.fields]
+            if all(new.same_as(old) for new, old in zip(fields, visited.fields)):
+                return visited, False
+            return relax.Tuple(fields), False
+        dtype = self.dtype_of(arg)
+        if dtype is None:  # shapes, scalars, ...: nothing to cast
+            return visited, False
+        if plan.mixed:  # the kernel widens its operands in registers
+            keep_low = self.low in self.planner.demand.get(arg, ())
+            return (self.cast(visited, low) if keep_low else visited), False
+        if self.planner.boundaries and is_var(arg) and self.planner.boundary_read(arg, var):
+            stored = self.cast(visited, low)
+            return (stored if lowered or dtype != "float32" else self._widen(stored)), False
+        if (self.planner.boundaries and not lowered and dtype == "float32"
+                and self.dtype_of(visited) == low and plan.category not in (None, Category.FP32)):
+            return self._widen(visited), False
+        if (lowered and plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE
+                and self.dtype_of(visited) == "float32" and is_var(arg)
+                and not self._written_low(visited) and self.planner.rounds_in_reader(arg, var)):
+            return visited, True
+        if lowered:
+            return self.cast(visited, low if dtype == "float32" else dtype), False
+        if plan.mode == Mode.STORAGE and type(arg) is GenericConst and dtype == "float32":
+            return self.storage_constant(arg), False
+        return self.cast(visited, dtype), False
 
     def _record(self, var, call, new_var, new_args, plan: Plan):
         in_dtypes = []

@@ -81,13 +81,13 @@ class SignatureRewriter:
         self.notes.append(record.note(self.low))
 
     def _integer_input(self, param, int_param, normalization):
-        """Cast an integer input once, straight to the low-precision dtype, folding in its
-        normalization: one kernel reads the integers, applies ``x * scale + offset`` in float32
-        registers and writes the low-precision dtype, so the value is rounded once and no
-        float32 tensor of the input exists. Where every reader computes float32 the kernel
-        writes float32 instead (with kernel boundaries, FuseOps puts those readers in its
-        kernel)."""
-        from tvm import topi  # pylint: disable=import-outside-toplevel
+        """``(value, name)``: the cast of an integer input, once, straight to the low-precision
+        dtype, folding in its normalization: one kernel reads the integers, applies
+        ``x * scale + offset`` in float32 registers and writes the low-precision dtype, so the
+        value is rounded once and no float32 tensor of the input exists. Where every reader
+        computes float32 the kernel writes float32 instead, and FuseOps puts those readers in
+        its kernel (it is emitted in the function's first dataflow block)."""
+        from tvm import topi
 
         ndim = param.ty.ndim
         # Readers that all compute float32 (an inference batch_norm on the input, decomposed)
@@ -95,12 +95,12 @@ class SignatureRewriter:
         low = "float32" if self.planner.read_in_float32(param) else self.low
         note = f"{param.name}: fed as {int_param.ty.dtype}, cast once to {low}"
         self.total_casts += 1
+        name = f"{param.name}_{_short(low)}"
         if not normalization:
             if low == "float32":
                 note += f"; float32, not {self.low}: every reader computes float32 (one rounding)"
             self.notes.append(note)
-            return self.builder_.emit(relax.op.astype(int_param, low),
-                                      f"{param.name}_{_short(low)}")
+            return relax.op.astype(int_param, low), name
         if "scale" in normalization:
             scale = np.float32(normalization["scale"])
             offset = np.float32(normalization["offset"])
@@ -127,7 +127,6 @@ class SignatureRewriter:
             widened = topi.cast(data, "float32")
             return topi.cast(topi.add(topi.multiply(widened, scale_t), offset_t), low)
 
-        return self.builder_.emit_te(normalize, int_param, relax.const(scale, "float32"),
+        return self.builder_.call_te(normalize, int_param, relax.const(scale, "float32"),
                                      relax.const(offset, "float32"),
-                                     primfunc_name_hint=f"relay_amp_input_{param.name}",
-                                     name_hint=f"{param.name}_{_short(low)}")
+                                     primfunc_name_hint=f"relay_amp_input_{param.name}"), name

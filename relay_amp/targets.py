@@ -26,7 +26,10 @@ model spend their time moving the tensors at their boundaries, so the kernel set
 :class:`relay_amp.Policy` (``decompose_batch_norm``, ``mixed_kernels``,
 ``low_precision_boundaries``) default to on there, and to off on CPUs and without a target,
 where the extra conversions inside kernels cost compute and bytes matter less.
-``low_precision_residuals`` defaults to off everywhere: it trades accuracy for bytes.
+``low_precision_residuals`` defaults to :data:`UNCENTRED` on memory-bound targets: residual
+streams are stored in low precision and added in float32 registers, except a stream whose sum a
+normalization centres (post-norm transformers), where rounding the stream costs the digits the
+subtraction keeps.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def as_target(target) -> tvm.target.Target | None:
     if isinstance(target, (dict, str)):
         try:
             return tvm.target.Target(target)
-        except Exception as err:  # TVM raises its own error types
+        except Exception as err:  # noqa: BLE001 - TVM raises its own error types
             raise ValueError(f"invalid target {target!r}: {str(err).splitlines()[-1]}") from None
     raise TypeError("target must be a tvm.target.Target, a dict or None; "
                     f"got {type(target).__name__}")
@@ -162,31 +165,37 @@ def target_rule(target, dtype: str, fallback: str | None):
     return storage_only
 
 
+#: ``low_precision_residuals`` as memory-bound targets resolve its default: a residual stream
+#: is stored in low precision unless a normalization centres the sum it is added into (the
+#: post-norm transformer's stream), which keeps float32.
+UNCENTRED = "uncentred"
+
+
 @dataclass(frozen=True)
 class KernelSettings:
-    """The effective kernel settings of one conversion, each with the reason it holds."""
+    """The effective kernel settings of one conversion, each with the reason it holds.
+    ``low_precision_residuals`` is True, False or :data:`UNCENTRED`."""
 
     decompose_batch_norm: bool = False
     mixed_kernels: bool = False
     low_precision_boundaries: bool = False
-    low_precision_residuals: bool = False
+    low_precision_residuals: bool | str = False
     reasons: tuple = ()  # (setting, value, why), in KERNEL_SETTINGS order
 
     def describe(self) -> str:
-        return "; ".join(f"{name} {'on' if value else 'off'} ({why})"
+        return "; ".join(f"{name} {_setting_word(value)} ({why})"
                          for name, value, why in self.reasons)
 
 
-#: Kernel settings whose default does not depend on the target: (value, why).
-TARGET_INDEPENDENT_DEFAULTS = {
-    "low_precision_residuals": (False, "default: residual streams keep float32, which the next "
-                                       "block adds to"),
-}
+def _setting_word(value) -> str:
+    if value is True or value is False:
+        return "on" if value else "off"
+    return f"for {value} streams"
 
 
 def kernel_settings(policy, target) -> KernelSettings:
     """The policy's kernel settings, with None resolved by the target's default."""
-    from .policy import KERNEL_SETTINGS  # pylint: disable=import-outside-toplevel
+    from .policy import KERNEL_SETTINGS
 
     caps = target_caps(target) if target is not None else None
     values, reasons = {}, []
@@ -194,10 +203,14 @@ def kernel_settings(policy, target) -> KernelSettings:
         chosen = getattr(policy, name)
         if chosen is not None:
             values[name], why = chosen, "set by the policy"
-        elif name in TARGET_INDEPENDENT_DEFAULTS:
-            values[name], why = TARGET_INDEPENDENT_DEFAULTS[name]
+        elif name == "low_precision_residuals" and not values["low_precision_boundaries"]:
+            values[name], why = False, "low_precision_boundaries is off"
         elif caps is None:
             values[name], why = False, "default without a target"
+        elif caps.memory_bound and name == "low_precision_residuals":
+            values[name], why = UNCENTRED, (
+                f"target {caps.name} is memory-bound; a stream a normalization centres keeps "
+                "float32")
         elif caps.memory_bound:
             values[name], why = True, f"target {caps.name} is memory-bound"
         else:

@@ -85,12 +85,12 @@ _registered = False
 
 def register_bfloat16_intrinsics() -> None:
     """Register the bfloat16 WMMA intrinsics (once per process)."""
-    global _registered  # pylint: disable=global-statement
+    global _registered  # noqa: PLW0603 - filled once, on first use
     with _REGISTERED:
         if _registered:
             return
-        from tvm.s_tir import TensorIntrin  # pylint: disable=import-outside-toplevel
-        from tvm.s_tir.tensor_intrin import cuda  # pylint: disable=import-outside-toplevel
+        from tvm.s_tir import TensorIntrin
+        from tvm.s_tir.tensor_intrin import cuda
 
         for scope in ("shared", "shared.dyn"):
             suffix = scope.replace(".", "_")
@@ -133,7 +133,7 @@ def _bfloat16_groups():
     While this is active that lookup answers with the bfloat16 intrinsics, so the schedule is
     dlight's own, not a copy. This is the one place relay_amp reaches into dlight;
     ``tests/test_tensor_cores.py`` fails if TVM changes how the rule finds its intrinsics."""
-    from tvm.s_tir.tensor_intrin import cuda  # pylint: disable=import-outside-toplevel
+    from tvm.s_tir.tensor_intrin import cuda
 
     register_bfloat16_intrinsics()
     with _SWAP:
@@ -152,12 +152,13 @@ def _bfloat16_groups():
 
 # ------------------------------------------------------------------------------ the rule
 def _main_block_dtypes(func, min_extent: int) -> tuple | None:
-    """``(input dtype, output dtype)`` of the matmul-like reduction block of ``func`` when dlight's
-    tensor-core schedule can take it (every fixed extent but the batch above ``min_extent``),
-    else None. The block is normalized as dlight's ``Matmul`` rule normalizes it."""
-    from tvm import s_tir  # pylint: disable=import-outside-toplevel
-    from tvm.s_tir.dlight.analysis import get_root_block  # pylint: disable=C0415
-    from tvm.s_tir.dlight.gpu.matmul import (  # pylint: disable=import-outside-toplevel
+    """``(input dtype, output dtype)`` of the bfloat16 matmul-like reduction block of ``func``
+    when dlight's tensor-core schedule can take it (every fixed extent but the batch above
+    ``min_extent``), else None. The block is normalized as dlight's ``Matmul`` rule normalizes
+    it."""
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import get_root_block
+    from tvm.s_tir.dlight.gpu.matmul import (
         get_in_out_dtypes,
         get_index_map,
         get_reduction_blocks,
@@ -168,13 +169,15 @@ def _main_block_dtypes(func, min_extent: int) -> tuple | None:
     if reductions is None:
         return None
     main = reductions[0]
-    maps = get_index_map(sch.get(main))
-    if maps is None:
-        return None
-    matmul_map, a_map, b_map, c_map = maps
-    sch.transform_layout(sch.reindex(main, ("read", 0)), ("write", 0), a_map)
-    sch.transform_layout(sch.reindex(main, ("read", 1)), ("write", 0), b_map)
-    sch.transform_layout(sch.reindex(main, ("write", 0)), ("read", 0), c_map)
+    if get_index_map(sch.get(main)) is None or get_in_out_dtypes(sch.get(main))[0] != (
+            "bfloat16"):
+        return None  # float16 and the rest are dlight's own Matmul rule's to decide
+    reindexed = [sch.reindex(main, ("read", 0)), sch.reindex(main, ("read", 1)),
+                 sch.reindex(main, ("write", 0))]
+    matmul_map, a_map, b_map, c_map = get_index_map(sch.get(main))
+    sch.transform_layout(reindexed[0], ("write", 0), a_map)
+    sch.transform_layout(reindexed[1], ("write", 0), b_map)
+    sch.transform_layout(reindexed[2], ("read", 0), c_map)
     sch.transform_block_layout(main, matmul_map)
     block = sch.get(main)
     for iter_var in block.iter_vars[1:]:
@@ -192,15 +195,15 @@ def tensor_core_matmul():
     tvm.s_tir.dlight.ScheduleRule
         For ``ApplyDefaultSchedule``, in the place of ``dlight.gpu.Matmul()``.
     """
-    from tvm.s_tir import dlight as dl  # pylint: disable=import-outside-toplevel
-    from tvm.s_tir.dlight.gpu.matmul import (  # pylint: disable=import-outside-toplevel
+    from tvm.s_tir import dlight as dl
+    from tvm.s_tir.dlight.gpu.matmul import (
         MatmulTensorization,
     )
 
     class TensorCoreMatmul(dl.gpu.Matmul):
         """dlight's Matmul with the arch read as a number and bfloat16 on tensor cores."""
 
-        def apply(self, func, target, tunable):  # pylint: disable=arguments-renamed
+        def apply(self, func, target, tunable):
             if not isinstance(func, tvm.tirx.PrimFunc):
                 return None
             scheduling = numeric_arch_target(target)

@@ -9,7 +9,9 @@ from .calibrate import Calibration
 from .dtypes import check_low_precision_dtype
 from .execution import with_function
 from .instrument import instrument
+from .op_hooks import hooks_of
 from .policy import Policy, current_policy
+from .relax_utils import op_name
 from .report import Report
 from .rewriter import MixedPrecisionRewriter
 from .targets import as_target, kernel_settings, target_caps, target_rule
@@ -38,7 +40,7 @@ def resolve_policy(dtype=None, policy=None, **policy_kwargs) -> Policy:
 def _well_formed_problem(mod: tvm.IRModule) -> str | None:
     try:
         relax.analysis.well_formed(mod)
-    except Exception as err:  # TVM raises InternalError/ValueError with the reason
+    except Exception as err:  # noqa: BLE001 - TVM raises InternalError/ValueError with the reason
         lines = str(err).strip().splitlines()
         return lines[-1][:200] if lines else type(err).__name__
     return None
@@ -200,9 +202,6 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     return new_mod, report
 
 
-_ASTYPE = tvm.ir.Op.get("relax.astype")
-
-
 @relax.expr_functor.mutator
 class _Internalize(relax.PyExprMutator):
     """Turns the dataflow outputs in ``internal`` into DataflowVars, names unchanged, and drops
@@ -251,7 +250,7 @@ def internalize_dataflow_outputs(func: relax.Function) -> relax.Function:
             var, value = binding.var, binding.value
             read_by = readers.get(var.__chandle__(), set())
             if (not read_by and type(binding) is relax.VarBinding
-                    and isinstance(value, tvm.ir.Call) and value.op.same_as(_ASTYPE)):
+                    and isinstance(value, tvm.ir.Call) and hooks_of(op_name(value)).is_cast):
                 dead.add(var.__chandle__())
             elif type(binding) is relax.VarBinding and type(var) is relax.Var and (
                     read_by <= {index}):
@@ -289,8 +288,8 @@ def add_debug_guards(mod: tvm.IRModule, report: Report) -> tvm.IRModule:
             row = guarded.get((name, binding.var.name))
             ty = binding.var.ty
             value = binding.value
-            stored = (isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "")
-                      == "relax.astype" and isinstance(ty, relax.TensorType)
+            stored = (isinstance(value, tvm.ir.Call) and hooks_of(op_name(value)).is_cast
+                      and isinstance(ty, relax.TensorType)
                       and str(ty.dtype) == report.dtype and isinstance(value.args[0], relax.Var))
             if not (row or stored) or not isinstance(ty, relax.TensorType) or not str(
                     ty.dtype).startswith(("float", "bfloat")):

@@ -9,8 +9,7 @@ import argparse
 import json
 import sys
 
-from tqdm import tqdm
-
+from relay_amp.cli.progress import progress_bar
 from relay_amp.eval import bench_fallback
 
 
@@ -23,7 +22,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="results/fallback.json")
     args = parser.parse_args(argv)
     rows = []
-    for name in tqdm(args.models.split(","), desc="fallback", unit="model"):
+    for name in progress_bar(args.models.split(","), desc="fallback", unit="model"):
         rows.append(bench_fallback.measure(name, args.dtype))
         with open(args.out, "w", encoding="utf-8") as handle:
             json.dump(rows, handle, indent=1, default=float)

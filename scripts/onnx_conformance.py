@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from datetime import datetime, timezone
 
+from relay_amp.cli.progress import progress_bar
 from relay_amp.eval import conformance
 from relay_amp.eval.sweep import machine_description
 
@@ -53,17 +54,18 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(args.results) or ".", exist_ok=True)
     started = time.time()
     if args.doc_only:
-        rows = conformance.rows_from_records(conformance._read(args.results),
+        rows = conformance.rows_from_records(conformance.read_records(args.results),
                                              [conformance.case_name(p) for p in paths])
         duration = None
     else:
+        bar = progress_bar(total=len(paths), desc="conformance", unit="case")
+
         def progress(done):
-            print(f"\r{done}/{len(paths)} cases, {time.time() - started:.0f} s", end="",
-                  file=sys.stderr, flush=True)
+            bar.update(done - bar.n)
 
         rows = conformance.run_suite(paths, args.results, progress, args.timeout, args.workers,
                                      modes)
-        print(file=sys.stderr)
+        bar.close()
         duration = time.time() - started
     command = "python scripts/onnx_conformance.py" + "".join(
         f" --{k} {v}" for k, v in (("limit", args.limit), ("suites", args.suites),

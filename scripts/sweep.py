@@ -2,7 +2,7 @@
 
 import sys
 
-from relay_amp.eval.cli import main
+from relay_amp.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["sweep", *sys.argv[1:]]))

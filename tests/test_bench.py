@@ -26,7 +26,7 @@ def test_synthetic_graphs_have_about_the_asked_size_and_are_well_formed(kind, si
 
 
 def tvm_ffi_hash(mod):
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
+    import tvm_ffi
 
     return tvm_ffi.structural_hash(mod, map_free_vars=True)
 
@@ -114,6 +114,7 @@ def test_outputs_json_plot_and_markdown(tmp_path):
     assert len(paths) == 3
 
 
+@pytest.mark.zoo
 def test_bench_command_end_to_end(tmp_path):
     """A small real run: two graph sizes, one model with latency."""
     out = tmp_path / "bench"
@@ -148,10 +149,11 @@ def test_bench_command_end_to_end(tmp_path):
     assert "### GPU cost (CUDA sm_90" in (out / "bench.md").read_text()
 
 
+@pytest.mark.zoo
 def test_gpu_cost_only_runs_just_the_gpu_cost_table(tmp_path):
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, "-m", "relay_amp.eval.cli", "bench", "--gpu-cost-only",
+        [sys.executable, "-m", "relay_amp.cli", "bench", "--gpu-cost-only",
          "--gpu-cost-models",
          "cifar_resnet20_v1", "--quiet", "--out", str(out)],
         capture_output=True, text=True, timeout=600, check=False)
@@ -167,7 +169,7 @@ def test_bench_command_rejects_bad_flags():
                            (["--models", "nonet"], "unknown model"),
                            (["--repeats", "0"], "at least 1"),
                            (["--gpu-cost-models", "resnet5"], "unknown model")):
-        result = subprocess.run([sys.executable, "-m", "relay_amp.eval.cli", "bench", *flags],
+        result = subprocess.run([sys.executable, "-m", "relay_amp.cli", "bench", *flags],
                                 capture_output=True, text=True, check=False, timeout=120)
         assert result.returncode == 2 and message in result.stderr
 

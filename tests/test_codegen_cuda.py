@@ -172,7 +172,7 @@ def test_hook_chains_to_a_previous_callback_and_switches():
         calls.append(target)
         return code + "\n// previous ran"
 
-    hook = cuda._Hook()  # pylint: disable=protected-access
+    hook = cuda._Hook()
     hook.previous, hook.enabled, hook.registered = previous, True, True
     code = REDUCTION.replace("T*", "half*").replace("T red", "half red")
     out = hook(code, "target")
@@ -259,9 +259,9 @@ def resnet_block(tmp_path_factory):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("name", ["matmul_softmax", "conv_reduction", "attention", "layer_norm",
-                                  "resnet_block"])
-def test_converted_models_compile_to_cubin_for_sm80_and_sm90(name, dtype, resnet_block, tmp_path):
-    mod = resnet_block if name == "resnet_block" else _models()[name]
+                                  pytest.param("resnet_block", marks=pytest.mark.zoo)])
+def test_converted_models_compile_to_cubin_for_sm80_and_sm90(name, dtype, request, tmp_path):
+    mod = request.getfixturevalue(name) if name == "resnet_block" else _models()[name]
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     converted, report = relay_amp.convert(mod, dtype, target=target)
     assert report.converted

@@ -8,6 +8,8 @@ from relay_amp import execution
 from relay_amp.eval import data, models
 from relay_amp.eval.stats import builtin_convert
 
+pytestmark = pytest.mark.zoo  # the model zoo: pip install -r requirements.txt
+
 
 @pytest.fixture(scope="module")
 def resnet18(tmp_path_factory):

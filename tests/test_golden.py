@@ -16,6 +16,7 @@ import pathlib
 import sys
 import tempfile
 
+import pytest
 import tvm
 
 import relay_amp
@@ -62,10 +63,10 @@ def _sweep_defaults():
         yield f"sweep.{name}", loaded.mod, options
 
 
-def conversions() -> dict:
+def conversions(sources=(_test_file_modules, _graphs, _sweep_defaults)) -> dict:
     """file name -> the converted module's TVMScript (constants left out), for every case."""
     found = {}
-    for source in (_test_file_modules, _graphs, _sweep_defaults):
+    for source in sources:
         for name, mod, options in source():
             for target_name, target in TARGETS.items():
                 for dtype in DTYPES:
@@ -75,9 +76,7 @@ def conversions() -> dict:
     return found
 
 
-def test_conversions_are_as_recorded():
-    recorded = {path.name: path.read_text() for path in GOLDEN.glob("*.txt")}
-    now = conversions()
+def _check(now: dict, recorded: dict) -> None:
     assert sorted(now) == sorted(recorded), (
         f"cases changed (new: {sorted(set(now) - set(recorded))}, gone: "
         f"{sorted(set(recorded) - set(now))}): run python tests/test_golden.py --update")
@@ -89,6 +88,20 @@ def test_conversions_are_as_recorded():
         shown.extend(list(diff)[:40])
     assert not changed, (f"{len(changed)} conversions differ from tests/golden: {changed}\n"
                          + "\n".join(shown))
+
+
+def test_conversions_are_as_recorded():
+    """The test files' modules and the generated graphs."""
+    recorded = {path.name: path.read_text() for path in GOLDEN.glob("*.txt")
+                if not path.name.startswith("sweep.")}
+    _check(conversions((_test_file_modules, _graphs)), recorded)
+
+
+@pytest.mark.zoo
+def test_sweep_conversions_are_as_recorded():
+    """The sweep's default models, calibrated, with uint8 input."""
+    recorded = {path.name: path.read_text() for path in GOLDEN.glob("sweep.*.txt")}
+    _check(conversions((_sweep_defaults,)), recorded)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ def resnet50():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("model, arch", [("tiny_bert", "sm_80"), ("resnet50", "sm_90")])
+@pytest.mark.parametrize("model, arch", [("tiny_bert", "sm_80"),
+                                         pytest.param("resnet50", "sm_90", marks=pytest.mark.zoo)])
 def test_build_compiles_every_variant_with_nvcc(model, arch, request, tmp_path):
     """Every variant of the small encoder, and all four of ResNet-50, build and nvcc-compile."""
     bench_model = request.getfixturevalue(model)
@@ -59,6 +60,7 @@ def test_run_needs_a_gpu(tiny_bert):
         gpu_bench.run(tiny_bert)
 
 
+@pytest.mark.zoo
 def test_gluon_import_is_well_formed_with_weights_as_parameters(resnet50):
     """MXNet's ONNX lists every initializer as a graph input too: each weight is one parameter."""
     tvm.relax.analysis.well_formed(resnet50.mod)
@@ -67,6 +69,7 @@ def test_gluon_import_is_well_formed_with_weights_as_parameters(resnet50):
     assert any(name.endswith("_conv0_weight") for name in resnet50.weights)
 
 
+@pytest.mark.zoo
 def test_sweep_loader_keeps_one_parameter():
     from relay_amp.eval import models
 

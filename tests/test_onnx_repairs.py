@@ -17,6 +17,8 @@ import relay_amp  # noqa: E402
 from relay_amp import execution  # noqa: E402
 from relay_amp.eval import onnx_repairs  # noqa: E402
 
+pytestmark = pytest.mark.zoo  # the model zoo: pip install -r requirements.txt
+
 
 def _const(name, value, dtype=np.int64):
     return numpy_helper.from_array(np.array(value, dtype), name)
@@ -172,7 +174,7 @@ def test_runtime_pads_are_folded_at_the_input_shape():
     x = np.random.default_rng(2).normal(size=(1, 3, 4, 5)).astype(np.float32)
     expected = _ort(model, {"x": x})[0]
     assert expected.shape == (1, 3, 8, 8)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - whichever TVM raises: the repair is needed
         _tvm(copy.deepcopy(model), {"x": x})
     assert onnx_repairs.fold_runtime_pads(model, {"x": [1, 3, 4, 5]}) == 1
     assert [n.op_type for n in model.graph.node] == ["Pad"]  # the shape arithmetic is gone
@@ -250,7 +252,7 @@ BOX_TABLE = np.array([[[0, 0.9, 0, 0, 10, 10], [0, 0.8, 1, 1, 10, 10], [0, 0.7, 
 def test_box_nms_table_built_with_static_shapes(rows):
     model = _box_nms_model()
     expected = _ort(model, {"data": rows})[0]
-    with pytest.raises(Exception):  # the importer's bound shape meets the real one
+    with pytest.raises(Exception):  # noqa: B017 - the importer's bound shape meets the real one
         _tvm(copy.deepcopy(model), {"data": rows})
     assert onnx_repairs.static_nms_gather(model) == 1
     ops = [n.op_type for n in model.graph.node]
@@ -315,7 +317,7 @@ def _pyramid_block():
     mx = pytest.importorskip("mxnet")
 
     class Pyramid(mx.gluon.HybridBlock):
-        def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        def hybrid_forward(self, F, x):
             pooled = [F.contrib.AdaptiveAvgPooling2D(x, output_size=size) for size in (1, 2, 3)]
             return F.concat(*[F.flatten(p) for p in pooled], dim=1)
 

@@ -15,6 +15,8 @@ from relay_amp import execution  # noqa: E402
 from relay_amp.eval import metrics, models, sweep  # noqa: E402
 from relay_amp.eval import transformers_zoo as zoo  # noqa: E402
 
+pytestmark = pytest.mark.zoo  # the model zoo: pip install -r requirements.txt
+
 
 @pytest.fixture(scope="module")
 def imported():

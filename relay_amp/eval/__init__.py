@@ -1,9 +1,8 @@
 """The evaluation harness: it imports the pass (:mod:`relay_amp`) and measures it; the pass never
 imports it.
 
-- :mod:`~relay_amp.eval.cli` — the ``relay-amp`` command (``convert``, ``report``, ``sweep``,
-  ``bench``)
-- :mod:`~relay_amp.eval.convert` — a model file in, a compiled library and its report out
+- :mod:`~relay_amp.eval.commands` — ``relay-amp sweep`` and ``relay-amp bench`` (the command
+  itself, with ``convert`` and ``report``, is :mod:`relay_amp.cli`)
 - :mod:`~relay_amp.eval.sweep` — the model-zoo accuracy sweep, one process per model, resumable
 - :mod:`~relay_amp.eval.models` — the sweep's model registry and loaders (one GluonCV loader)
 - :mod:`~relay_amp.eval.bench` — conversion-time, structure, CPU-latency and GPU-cost benchmarks

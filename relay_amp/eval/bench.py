@@ -19,6 +19,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..cli.progress import progress_bar
 from ..execution import compile_module, host_target
 from ..transform import convert
 from .stats import builtin_convert, module_stats
@@ -84,12 +85,10 @@ def scaling_exponent(bindings, seconds) -> float:
 def conversion_benchmark(kinds=KINDS, sizes=SIZES, repeats: int = 3,
                          progress: bool = True) -> list[dict]:
     """relay_amp vs the built-in pass on synthetic graphs of each kind and size."""
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-
     passes = {"relay_amp": _relay_amp("float16"), "tvm": builtin_convert}
     rows = []
     jobs = [(kind, size) for kind in kinds for size in sizes]
-    for kind, size in tqdm(jobs, desc="conversion", unit="graph", disable=not progress):
+    for kind, size in progress_bar(jobs, desc="conversion", unit="graph", disable=not progress):
         mod = synthetic_module(kind, size)
         medians = interleaved_medians(passes, (mod,), repeats if size < 20000 else max(
             1, min(repeats, 3)))
@@ -114,8 +113,8 @@ def scaling_summary(rows: list[dict]) -> dict:
 
 def profile_conversion(kind: str = "transformer", size: int = 50000, top: int = 12) -> dict:
     """cProfile of one relay_amp conversion: the functions that take the most time."""
-    import cProfile  # pylint: disable=import-outside-toplevel
-    import pstats  # pylint: disable=import-outside-toplevel
+    import cProfile
+    import pstats
 
     mod = synthetic_module(kind, size)
     profiler = cProfile.Profile()
@@ -138,7 +137,7 @@ def model_benchmark(name: str, repeats: int = 5, latency: bool = False,
                     latency_repeats: int = 5, workdir: str | None = None) -> dict:
     """Conversion time, casts, round trips and parameter bytes of one sweep model for every
     variant; with ``latency``, the compiled CPU latency of float32 and every variant."""
-    from . import models  # pylint: disable=import-outside-toplevel
+    from . import models
 
     workdir = workdir or tempfile.mkdtemp(prefix="relay_amp_bench_")
     loaded = models.load(name, workdir)
@@ -149,7 +148,7 @@ def model_benchmark(name: str, repeats: int = 5, latency: bool = False,
     for label, (function, low) in found.items():
         try:
             converted[label] = function(mod)
-        except Exception as err:  # pylint: disable=broad-except
+        except Exception as err:
             row[label] = {"error": error_message(err)}
             continue
         row[label] = module_stats(converted[label], low)
@@ -180,18 +179,16 @@ def run_models(names, repeats: int = 5, latency_names=(), latency_repeats: int =
                progress: bool = True) -> list[dict]:
     """:func:`model_benchmark` for each model, each in its own process (a model that fails
     becomes a row with its error)."""
-    import multiprocessing  # pylint: disable=import-outside-toplevel
-
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+    import multiprocessing
 
     rows = []
     context = multiprocessing.get_context("spawn")
-    for name in tqdm(list(names), desc="models", unit="model", disable=not progress):
+    for name in progress_bar(list(names), desc="models", unit="model", disable=not progress):
         with context.Pool(1) as pool:
             try:
                 rows.append(pool.apply(model_benchmark, (name, repeats, name in latency_names,
                                                          latency_repeats)))
-            except Exception as err:  # pylint: disable=broad-except
+            except Exception as err:
                 rows.append({"model": name, "error": error_message(err)})
     return rows
 
@@ -290,10 +287,10 @@ def write_outputs(results: dict, out_dir: str) -> list[str]:
 
 
 def plot_conversion(rows: list[dict], path: str) -> str:
-    import matplotlib  # pylint: disable=import-outside-toplevel
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     styles = {"transformer": "o", "convnet": "s"}
@@ -452,7 +449,7 @@ GPU_COST_VARIANTS = (
 def gpu_cost_model(name: str):
     """``(module, weight parameter names)`` of a GPU cost model: GluonCV models through ONNX
     with weights as constants, the transformer graphs with weights as parameters."""
-    from . import gpu_bench, models, transformer_graphs  # pylint: disable=import-outside-toplevel
+    from . import gpu_bench, models, transformer_graphs
 
     builders = {"bert_base": gpu_bench.bert_encoder, "vit_b16": transformer_graphs.vit_encoder,
                 "llama_decoder": transformer_graphs.llama_decoder}
@@ -465,7 +462,7 @@ def gpu_cost_model(name: str):
 def gpu_cost_variant(mod, weights, tool: str, dtype: str, keep_io: bool, settings, target):
     """One variant of the GPU cost table: the ``weights`` parameters in the low-precision dtype,
     the other float parameters (data inputs) too unless ``keep_io``."""
-    import relay_amp  # pylint: disable=import-outside-toplevel
+    import relay_amp
 
     floats = [p.name for p in mod["main"].params
               if str(getattr(p.ty, "dtype", "")) == "float32"]
@@ -482,12 +479,10 @@ def gpu_cost_benchmark(names=GPU_COST_MODELS, target=GPU_COST_TARGET,
     """Kernels and bytes at kernel boundaries after TVM's CUDA legalize-and-fuse passes, for
     float32, each variant of :data:`GPU_COST_VARIANTS`, and the ideal (float32's kernels with
     every float tensor at 2 bytes)."""
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-
-    from ..gpu_cost import gpu_cost  # pylint: disable=import-outside-toplevel
+    from ..gpu_cost import gpu_cost
 
     rows = []
-    for name in tqdm(names, desc="gpu cost", unit="model", disable=not progress):
+    for name in progress_bar(names, desc="gpu cost", unit="model", disable=not progress):
         mod, weights = gpu_cost_model(name)
         fp32 = gpu_cost(mod, target)
         row = {"model": name, "fp32": fp32.as_dict(),

@@ -18,9 +18,9 @@ LIGHT_MODELS = ("light_squeezenet", "light_shufflenet", "light_bvlc_alexnet",
 
 def load_light(name: str):
     """An ONNX ``light_*`` model (weights replaced by constants) with photo inputs."""
-    import onnx  # pylint: disable=import-outside-toplevel
+    import onnx
 
-    from .models import import_onnx  # pylint: disable=import-outside-toplevel
+    from ..cli.frontends import import_onnx
 
     path = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light",
                         name + ".onnx")
@@ -38,7 +38,7 @@ def load_light(name: str):
 def load(name: str):
     if name.startswith("light_"):
         return load_light(name)
-    from .models import load as load_model  # pylint: disable=import-outside-toplevel
+    from .models import load as load_model
 
     loaded = load_model(name)
     return loaded.mod, loaded.batches
@@ -46,7 +46,7 @@ def load(name: str):
 
 def measure(name: str, dtype: str = "float16", max_bisection: int = 60) -> dict:
     """Both searches on one model, at a tolerance of half the calibrated conversion's error."""
-    from ..calibrate import calibrate  # pylint: disable=import-outside-toplevel
+    from ..calibrate import calibrate
 
     mod, batches = load(name)
     reference = [o for b in batches for o in run(compile_module(mod), b)]

@@ -100,7 +100,7 @@ def to_device(tvm, value: np.ndarray, dtype: str, device):
 def to_numpy(tensor) -> np.ndarray:
     """A TVM tensor as numpy; bfloat16 comes back as float32."""
     if str(tensor.dtype) == "bfloat16":
-        view = tensor._create_view(tensor.shape, "uint16")  # pylint: disable=protected-access
+        view = tensor._create_view(tensor.shape, "uint16")  # noqa: SLF001 - no public uint16 view of a TVM tensor
         return bfloat16_to_float32(view.numpy())
     return tensor.numpy()
 
@@ -145,12 +145,12 @@ def import_bundled_tvm(bundle: str):
     os.environ["TVM_USE_RUNTIME_LIB"] = "1"
     # tvm_ffi would otherwise import PyTorch, where installed, and may JIT-build an extension
     os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
-    import tvm  # pylint: disable=import-outside-toplevel
-    import tvm.runtime.vm  # pylint: disable=import-outside-toplevel,unused-import
+    import tvm
+    import tvm.runtime.vm
 
     if not os.path.abspath(tvm.__file__).startswith(bundle + os.sep):
         raise RuntimeError(f"imported {tvm.__file__}, not the TVM of the bundle {bundle}")
-    if not tvm.base._RUNTIME_ONLY:  # pylint: disable=protected-access
+    if not tvm.base._RUNTIME_ONLY:  # noqa: SLF001 - TVM tells a runtime-only build only here
         raise RuntimeError("TVM did not start in runtime-only mode")
     return tvm
 
@@ -174,7 +174,7 @@ def enable_cuda(tvm, compiler: str, cache: str | None = None) -> None:
     replaces it. With ``cache``, a folder, each compiled cubin is kept there under the hash of
     its source, arch and compiler, and a later load of the same source reads it back.
     """
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
+    import tvm_ffi
 
     library = os.path.join(os.path.dirname(tvm.__file__), "lib", "libtvm_runtime_cuda.so")
     try:
@@ -190,7 +190,7 @@ def enable_cuda(tvm, compiler: str, cache: str | None = None) -> None:
     def compile_uncached(code):
         if compiler == "nvcc":
             return _nvcc(code, arch)
-        from tvm.support import nvcc  # pylint: disable=import-outside-toplevel
+        from tvm.support import nvcc
 
         return nvcc.compile_cuda(code, target_format="cubin", arch=arch, compiler="nvrtc")
 
@@ -264,7 +264,7 @@ class KernelProfile:
         self.device = device
         self.pending = []
         try:
-            from cuda.bindings import runtime  # pylint: disable=import-outside-toplevel
+            from cuda.bindings import runtime
 
             self.cudart = runtime if device.dlpack_device_type() == 2 else None
         except ImportError:
@@ -367,16 +367,16 @@ def torch_model(spec: dict):
     (a LLaMA causal LM over token ids: ``hidden``, ``layers``, ``heads``, ``kv_heads``,
     ``intermediate``, ``vocab``), the shapes of the TVM model beside it.
     """
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
 
     torch.manual_seed(0)
     kind = spec["kind"]
     if kind == "torchvision":
-        import torchvision  # pylint: disable=import-outside-toplevel
+        import torchvision
 
         return getattr(torchvision.models, spec["name"])(weights=None), True
     if kind == "bert_encoder":
-        from transformers import BertConfig, BertModel  # pylint: disable=C0415
+        from transformers import BertConfig, BertModel
 
         config = BertConfig(hidden_size=spec["hidden"], num_hidden_layers=spec["layers"],
                             num_attention_heads=spec["heads"], intermediate_size=spec["ffn"],
@@ -388,12 +388,12 @@ def torch_model(spec: dict):
                 super().__init__()
                 self.encoder = encoder
 
-            def forward(self, hidden):  # pylint: disable=arguments-differ
+            def forward(self, hidden):
                 return self.encoder(hidden).last_hidden_state
 
         return Encoder(), False
     if kind == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM  # pylint: disable=C0415
+        from transformers import LlamaConfig, LlamaForCausalLM
 
         config = LlamaConfig(hidden_size=spec["hidden"], num_hidden_layers=spec["layers"],
                              num_attention_heads=spec["heads"],
@@ -407,7 +407,7 @@ def torch_model(spec: dict):
                 super().__init__()
                 self.model = model
 
-            def forward(self, ids):  # pylint: disable=arguments-differ
+            def forward(self, ids):
                 return self.model(input_ids=ids).logits
 
         return Logits(), False
@@ -426,10 +426,10 @@ def time_torch(spec: dict, values: dict, device_kind: str, repeats: int, warmup:
         ``{"error": ...}`` (PyTorch or a model library missing, a compile that fails).
     """
     try:
-        import torch  # pylint: disable=import-outside-toplevel
+        import torch
 
         module, convnet = torch_model(spec)
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
         return {name: {"error": _one_line(error)} for name, *_ in variants}
     device = torch.device("cuda" if device_kind == "cuda" else "cpu")
     torch.backends.cudnn.benchmark = True
@@ -444,7 +444,7 @@ def time_torch(spec: dict, values: dict, device_kind: str, repeats: int, warmup:
         try:
             rows[name] = _time_torch_variant(torch, module, inputs, device, compiled, dtype,
                                              mode, repeats, warmup)
-        except Exception as error:  # pylint: disable=broad-except
+        except Exception as error:
             rows[name] = {"error": _one_line(error)}
         print(_row_line(spec.get("model", "torch"), name, rows[name]), flush=True)
     return rows
@@ -534,7 +534,7 @@ def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str 
     tvm = import_bundled_tvm(bundle)
     environment = {"python": platform.python_version(), "numpy": np.__version__,
                    "tvm": tvm.__version__, "tvm_file": tvm.__file__,
-                   "runtime_only": bool(tvm.base._RUNTIME_ONLY),  # pylint: disable=W0212
+                   "runtime_only": bool(tvm.base._RUNTIME_ONLY),  # noqa: SLF001 - TVM tells a runtime-only build only here
                    "device_kind": manifest["device"], "built_for": manifest["target"]}
     setup_error = None
     try:
@@ -571,7 +571,7 @@ def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str 
             try:
                 row, outputs = run_variant(tvm, bundle, entry, device, values, repeats, warmup,
                                            profile)
-            except Exception as error:  # pylint: disable=broad-except
+            except Exception as error:
                 rows[variant] = {"error": _one_line(error)}
                 continue
             if entry["base"] == "fp32":
@@ -604,12 +604,12 @@ def _torch_version(environment: dict) -> str | None:
     """PyTorch's version where it is installed (recorded in ``environment["torch"]`` either
     way, so a run without it says so instead of leaving its rows out silently)."""
     if "torch" not in environment:
-        import importlib.util  # pylint: disable=import-outside-toplevel
+        import importlib.util
 
         if importlib.util.find_spec("torch") is None:
             environment["torch"] = None
         else:
-            import torch  # pylint: disable=import-outside-toplevel
+            import torch
 
             environment["torch"] = torch.__version__
     return environment["torch"]

@@ -88,14 +88,14 @@ def data_root() -> str:
     if override:
         return override
     try:
-        from onnx.backend.test import loader  # pylint: disable=import-outside-toplevel
+        from onnx.backend.test import loader
 
         root = getattr(loader, "DATA_DIR", None)
         if root and os.path.isdir(root):
             return root
     except ImportError:  # an onnx build without the backend tests' loader
         pass
-    import onnx  # pylint: disable=import-outside-toplevel
+    import onnx
 
     return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
 
@@ -154,8 +154,8 @@ def _value_kinds(values) -> list[str]:
 
 def _load_tensors(folder: str, prefix: str, kinds=None) -> list:
     """The ``{prefix}_N.pb`` tensors of a test data set, in order, as numpy arrays."""
-    import onnx  # pylint: disable=import-outside-toplevel
-    from onnx import numpy_helper  # pylint: disable=import-outside-toplevel
+    import onnx
+    from onnx import numpy_helper
 
     paths = sorted(glob.glob(os.path.join(folder, f"{prefix}_*.pb")),
                    key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[-1]))
@@ -175,7 +175,7 @@ def _load_tensors(folder: str, prefix: str, kinds=None) -> list:
 
 def load_case(path: str):
     """``(model, input names, inputs, reference outputs)`` of a case's first test data set."""
-    import onnx  # pylint: disable=import-outside-toplevel
+    import onnx
 
     model = onnx.load(_model_file(path))
     folder = sorted(glob.glob(os.path.join(path, "test_data_set_*")))[0]
@@ -223,8 +223,8 @@ def _message(err) -> str:
 def low_precision_ops(mod, low: str) -> int:
     """Calls in ``mod`` (casts left out) that read or write a ``low`` tensor: the ops that run
     in low precision, counted the same way for relay_amp and the built-in pass."""
-    import tvm  # pylint: disable=import-outside-toplevel
-    from tvm import relax  # pylint: disable=import-outside-toplevel
+    import tvm
+    from tvm import relax
 
     def dtypes(ty):
         if isinstance(ty, relax.TensorType):
@@ -257,13 +257,13 @@ def low_precision_ops(mod, low: str) -> int:
 def all_low_policy(dtype: str, **kwargs):
     """A policy that puts every op of the built-in tables into low precision (dot products keep
     float32 accumulation)."""
-    from relay_amp import Policy  # pylint: disable=import-outside-toplevel
-    from relay_amp.op_tables import (  # pylint: disable=import-outside-toplevel
+    from relay_amp import Policy
+    from relay_amp.op_tables import (
         BUILTIN_GROUPS,
         LOW_CATEGORIES,
         Category,
     )
-    from relay_amp.policy import known_op_names  # pylint: disable=import-outside-toplevel
+    from relay_amp.policy import known_op_names
 
     known = set(known_op_names())
     policy = Policy(dtype, **kwargs)
@@ -273,7 +273,7 @@ def all_low_policy(dtype: str, **kwargs):
 
 
 def _round(array: np.ndarray, dtype: str) -> np.ndarray:
-    from relay_amp.dtypes import numpy_dtype  # pylint: disable=import-outside-toplevel
+    from relay_amp.dtypes import numpy_dtype
 
     return np.asarray(array).astype(numpy_dtype(dtype))
 
@@ -281,7 +281,7 @@ def _round(array: np.ndarray, dtype: str) -> np.ndarray:
 def builtin_convert(mod, fp16_inputs=None):
     """TVM's ``relax.transform.ToMixedPrecision`` as its users run it: ``ConvertToDataflow``
     first (the pass converts only inside dataflow blocks), float32 accumulation."""
-    from tvm import relax  # pylint: disable=import-outside-toplevel
+    from tvm import relax
 
     mod = relax.transform.ConvertToDataflow()(mod)
     return relax.transform.ToMixedPrecision(out_dtype="float32",
@@ -292,9 +292,9 @@ class _Case:
     """A case imported, run in float32 and ready for its units (one mode and dtype each)."""
 
     def __init__(self, path: str, stage):
-        from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
+        from tvm.relax.frontend.onnx import from_onnx
 
-        from relay_amp.execution import (  # pylint: disable=import-outside-toplevel
+        from relay_amp.execution import (
             compile_module,
             run,
         )
@@ -303,7 +303,7 @@ class _Case:
         self.skip = None
         self._run, self._compile = run, compile_module
         self._references: dict = {}
-        self._calibration = None
+        self.calibration_outcome = None
         self._compiled: dict = {}  # structural hash of a module -> its VM
         try:
             stage("import")
@@ -338,7 +338,7 @@ class _Case:
 
     def compiled(self, mod):
         """The VM of ``mod``, compiled once per distinct module (modes often agree)."""
-        import tvm_ffi  # pylint: disable=import-outside-toplevel
+        import tvm_ffi
 
         key = _structural_hash(mod)
         hit = self._compiled.get(key)
@@ -353,19 +353,19 @@ class _Case:
 
     def calibration(self):
         """Calibrated ranges on the case's float32 inputs (None where calibration fails)."""
-        import relay_amp  # pylint: disable=import-outside-toplevel
+        import relay_amp
 
-        if self._calibration is None:
+        if self.calibration_outcome is None:
             try:
                 self.stage("calibrate")
-                self._calibration = relay_amp.calibrate(self.mod, [self.feed])
+                self.calibration_outcome = relay_amp.calibrate(self.mod, [self.feed])
             except Exception as err:  # a graph the instrumented copy cannot build
-                self._calibration = _message(err)
-        return self._calibration if not isinstance(self._calibration, str) else None
+                self.calibration_outcome = _message(err)
+        return self.calibration_outcome if not isinstance(self.calibration_outcome, str) else None
 
     def fed(self, converted, low: str):
         """What the converted module takes: float32 inputs it declares ``low`` rounded to it."""
-        from tvm import relax  # pylint: disable=import-outside-toplevel
+        from tvm import relax
 
         feed, rounded = [], []
         for array, param, before in zip(self.feed, converted["main"].params, self.param_dtypes):
@@ -401,7 +401,7 @@ class _Case:
             self.stage("run")
             outputs = self._run(vm, feed)
         except Exception as err:
-            from tvm import relax  # pylint: disable=import-outside-toplevel
+            from tvm import relax
 
             try:
                 relax.analysis.well_formed(converted)
@@ -436,13 +436,13 @@ def attribute(conversion: str | None, end_to_end: str | None, rounded: bool) -> 
 
 
 def _structural_hash(mod) -> int:
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
+    import tvm_ffi
 
     return tvm_ffi.structural_hash(mod)
 
 
 def _relay_amp_unit(case: _Case, mode: Mode, dtype: str) -> dict:
-    import relay_amp  # pylint: disable=import-outside-toplevel
+    import relay_amp
 
     kwargs = {"keep_io_dtypes": not mode.low_io}
     calibration = case.calibration() if mode.calibrate else None
@@ -458,7 +458,7 @@ def _relay_amp_unit(case: _Case, mode: Mode, dtype: str) -> dict:
     result = case.evaluate(converted, dtype, dtype)
     result["report_low_ops"] = len(report.converted)
     if mode.calibrate and calibration is None:
-        result["calibration"] = f"failed: {case._calibration}"  # pylint: disable=protected-access
+        result["calibration"] = f"failed: {case.calibration_outcome}"
     if report.boundary:
         result["boundary"] = [
             f"parameter {b.where}: {b.reason}" if b.kind == "parameter" else
@@ -553,7 +553,7 @@ def mode_outcome(row: dict, mode: str, dtypes=DTYPES) -> tuple[str, dict]:
 
 # --------------------------------------------------------------------------- the suite
 def _worker(paths, out_path, modes, dtypes):
-    done = _done_units(_read(out_path))
+    done = _done_units(read_records(out_path))
     with open(out_path, "a", encoding="utf-8") as out:
         def write(record):
             out.write(json.dumps(record, default=str) + "\n")
@@ -631,7 +631,7 @@ def _supervise(paths, out_path, modes, dtypes, timeout_s, tail: _Tail, on_poll):
     names = {case_name(p): p for p in paths}
 
     def remaining():
-        done = _done_units(_read(out_path))
+        done = _done_units(read_records(out_path))
         return [p for n, p in names.items() if not _case_finished(done.get(n, {}), modes, dtypes)]
 
     todo = remaining()
@@ -668,7 +668,7 @@ def run_suite(paths, out_path: str, progress=None, timeout_s: float = 120.0, wor
     ``out_path``, one JSON line per unit (a case in one mode and dtype); a run resumes from the
     units already there. Returns the case rows (:func:`assemble`)."""
     workers = max(1, int(workers))
-    earlier = [r for r in _read(out_path) if "case" in r]
+    earlier = [r for r in read_records(out_path) if "case" in r]
     shards = [f"{out_path}.{i}" for i in range(workers)]
     for shard in shards:
         if not os.path.exists(shard):
@@ -690,14 +690,14 @@ def run_suite(paths, out_path: str, progress=None, timeout_s: float = 120.0, wor
         thread.start()
     for thread in threads:
         thread.join()
-    merged = _done_units(earlier + [r for shard in shards for r in _read(shard)])
+    merged = _done_units(earlier + [r for shard in shards for r in read_records(shard)])
     with open(out_path, "w", encoding="utf-8") as handle:
         for name in sorted(merged):
             for record in merged[name].values():
                 handle.write(json.dumps(record, default=str) + "\n")
     for shard in shards:
         os.remove(shard)
-    return rows_from_records(_read(out_path), [case_name(p) for p in paths])
+    return rows_from_records(read_records(out_path), [case_name(p) for p in paths])
 
 
 def rows_from_records(records, order=None) -> list[dict]:
@@ -707,7 +707,7 @@ def rows_from_records(records, order=None) -> list[dict]:
     return [assemble(name, done[name]) for name in order if name in done]
 
 
-def _read(path):
+def read_records(path):
     if not os.path.exists(path):
         return []
     records = []

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from ..cli.arguments import IMAGENET_MEAN, IMAGENET_STD
 
 #: scikit-image sample photos in RGB (name -> loader attribute of ``skimage.data``).
 SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field",
@@ -18,7 +17,7 @@ def sample_images(count: int = 8, size: int = 224) -> np.ndarray:
     The photos are scikit-image's and scikit-learn's bundled samples, centre-cropped to a square
     and resized with Pillow's bilinear filter.
     """
-    from PIL import Image  # pylint: disable=import-outside-toplevel
+    from PIL import Image
 
     if count < 1 or size < 1:
         raise ValueError(f"count and size must be positive; got count={count}, size={size}")
@@ -40,7 +39,7 @@ def photo_list() -> list[np.ndarray]:
 
 
 def _photos() -> list[np.ndarray]:
-    import skimage.data  # pylint: disable=import-outside-toplevel
+    import skimage.data
 
     photos = []
     for name in SKIMAGE_PHOTOS:
@@ -51,7 +50,7 @@ def _photos() -> list[np.ndarray]:
         if image.ndim == 3 and image.shape[2] >= 3:
             photos.append(np.ascontiguousarray(image[:, :, :3]).astype(np.uint8))
     try:
-        from sklearn.datasets import load_sample_images  # pylint: disable=import-outside-toplevel
+        from sklearn.datasets import load_sample_images
 
         photos.extend(load_sample_images().images)
     except ImportError:
@@ -109,7 +108,7 @@ class ImageBatches:
         return -(-len(self.images) // self.batch_size)
 
     def _load(self, image) -> np.ndarray:
-        from PIL import Image  # pylint: disable=import-outside-toplevel
+        from PIL import Image
 
         if isinstance(image, (str, bytes)) or hasattr(image, "__fspath__"):
             picture = Image.open(image).convert("RGB")

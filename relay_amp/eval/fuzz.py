@@ -27,7 +27,7 @@ class Case:
 
 
 @st.composite
-def cases(draw, max_ops: int = 8, allow_if: bool = True) -> Case:
+def cases(draw, max_ops: int = 8, allow_if: bool = True) -> Case:  # noqa: C901 - one op table
     """A random function over (batch, channels) float32 tensors, with int and float16 extras.
 
     ``allow_if=False`` leaves out ``If``: TVM 0.27's VM crashes (in
@@ -153,7 +153,7 @@ def _dtypes(ty):
 def check_invariants(case: Case, dtype: str, target=None) -> tuple:
     """Convert ``case`` (with ``target``'s defaults) and assert what every conversion must
     keep. Returns (module, report)."""
-    import relay_amp  # pylint: disable=import-outside-toplevel
+    import relay_amp
 
     mod = case.mod
     before = tvm_ffi.structural_hash(mod)
@@ -169,7 +169,7 @@ def check_invariants(case: Case, dtype: str, target=None) -> tuple:
     original = set()
     relax.analysis.post_order_visit(old_func, lambda e: original.add(e.name)
                                     if isinstance(e, relax.Var) else None)
-    from .stats import all_bindings  # pylint: disable=import-outside-toplevel
+    from .stats import all_bindings
 
     for binding in all_bindings(new_func.body):
         value = binding.value
@@ -186,7 +186,7 @@ def check_invariants(case: Case, dtype: str, target=None) -> tuple:
 
 def check_numerics(case: Case, converted: tvm.IRModule, dtype: str) -> float:
     """Relative L2 error of ``converted`` against the float32 module on bounded inputs."""
-    from ..execution import agreement, compile_module, run  # pylint: disable=import-outside-toplevel
+    from ..execution import agreement, compile_module, run
 
     reference = run(compile_module(case.mod), case.inputs)
     outputs = run(compile_module(converted), case.inputs)

@@ -19,7 +19,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..pipeline import CUDA_GRAPH_OPTION, cuda_pipeline
+from ..pipeline import build as compile_module
 from .bundle_runner import make_weights
 
 VARIANTS = ("fp32", "relay_amp:float16", "relay_amp:bfloat16", "tvm:float16")
@@ -110,12 +110,12 @@ TORCHVISION = {"resnet18_v1": "resnet18", "resnet34_v1": "resnet34", "resnet50_v
 
 def gluon_model(name="resnet50_v1", workdir=None, batch: int = 1) -> BenchModel:
     """A GluonCV model (the sweep's loader) through ONNX, its weights lifted to parameters."""
-    import tempfile  # pylint: disable=import-outside-toplevel
+    import tempfile
 
-    import onnx  # pylint: disable=import-outside-toplevel
-    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
 
-    from .models import load  # pylint: disable=import-outside-toplevel
+    from .models import load
 
     loaded = load(name, workdir or tempfile.mkdtemp(prefix="relay_amp_"), batch_size=batch)
     mod = from_onnx(drop_initializer_inputs(onnx.load(loaded.extra["onnx_path"])),
@@ -138,8 +138,8 @@ def weight_shapes(model: BenchModel) -> dict:
 def check_tensorize() -> None:
     """Raise RuntimeError unless ``Schedule.tensorize`` works in this TVM (run in a child
     process, since the broken case is a segfault)."""
-    import subprocess  # pylint: disable=import-outside-toplevel
-    import sys  # pylint: disable=import-outside-toplevel
+    import subprocess
+    import sys
 
     code = ("import tvm\nfrom tvm import te\n"
             "from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization\n"
@@ -153,7 +153,7 @@ def check_tensorize() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=False)
     if result.returncode:
-        from importlib.metadata import version  # pylint: disable=import-outside-toplevel
+        from importlib.metadata import version
 
         raise RuntimeError(
             f"Schedule.tensorize fails in apache-tvm {version('apache-tvm')} with "
@@ -161,24 +161,10 @@ def check_tensorize() -> None:
             "apache-tvm-ffi 0.1.14.post1 works: pip install apache-tvm-ffi==0.1.14.post1")
 
 
-def compile_module(mod: tvm.IRModule, target, cuda_graph: bool | None = None,
-                   tensor_cores: bool = True, relay_amp_schedules: bool = True):
-    """``tvm.compile`` for ``target``; for CUDA through :func:`relay_amp.cuda_pipeline`
-    (``relay_amp_schedules=False``: TVM's own pipeline), with the VM's CUDA graph mode as
-    ``cuda_graph`` says (None: the pipeline's default)."""
-    target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    config = {} if cuda_graph is None else {CUDA_GRAPH_OPTION: cuda_graph}
-    with tvm.transform.PassContext(opt_level=3, config=config):
-        if target.kind.name == "cuda":
-            return tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(
-                target, tensor_cores, relay_amp_schedules, cuda_graph=cuda_graph))
-        return tvm.compile(mod, target=target)
-
-
 # ------------------------------------------------------------------------------ variants
 def variant_module(model: BenchModel, variant: str, target) -> tvm.IRModule:
     """The module of one variant; weights come in as parameters of the variant's dtype."""
-    import relay_amp  # pylint: disable=import-outside-toplevel
+    import relay_amp
 
     if variant == "fp32":
         return model.mod
@@ -201,10 +187,10 @@ def build(model: BenchModel, arch: str = "sm_90", out_dir: str | None = None,
     With ``check_with_nvcc``, the CUDA source TVM generates is compiled to a cubin with nvcc, the
     proof that it builds on a GPU host. Runs on any machine with nvcc (no GPU needed).
     """
-    import os  # pylint: disable=import-outside-toplevel
-    import subprocess  # pylint: disable=import-outside-toplevel
-    import tempfile  # pylint: disable=import-outside-toplevel
-    from concurrent.futures import ThreadPoolExecutor  # pylint: disable=import-outside-toplevel
+    import os
+    import subprocess
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
 
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     facts, pending = {}, {}
@@ -240,7 +226,7 @@ def build(model: BenchModel, arch: str = "sm_90", out_dir: str | None = None,
 
 def run(model: BenchModel, arch: str | None = None, repeats: int = 50, seed: int = 0) -> dict:
     """Compile, run and time every variant on the first CUDA GPU (needs a CUDA-enabled TVM)."""
-    from ..execution import agreement  # pylint: disable=import-outside-toplevel
+    from ..execution import agreement
 
     device = tvm.cuda(0)
     if not device.exist:
@@ -273,7 +259,7 @@ def run(model: BenchModel, arch: str | None = None, repeats: int = 50, seed: int
 
 
 def _cast(value: np.ndarray, dtype: str) -> np.ndarray:
-    from ..dtypes import numpy_dtype  # pylint: disable=import-outside-toplevel
+    from ..dtypes import numpy_dtype
 
     return np.ascontiguousarray(value.astype(numpy_dtype(dtype)))
 

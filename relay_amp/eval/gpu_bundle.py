@@ -33,6 +33,7 @@ import time
 import numpy as np
 import tvm
 
+from ..cli.progress import progress_bar
 from . import bundle_runner, gpu_bench
 
 #: The models of the GPU bundle, by the name :func:`bundle_model` takes.
@@ -51,8 +52,8 @@ def bundle_model(name: str, batch: int = 1) -> gpu_bench.BenchModel:
     """A model of the bundle at ``batch``: GluonCV models by name, ``bert_base``, ``vit_b16``,
     ``llama_decoder`` (realistic sizes; weights as parameters). A batch other than 1 is in the
     model's name (``bert_base_b8``)."""
-    from . import transformer_graphs  # pylint: disable=import-outside-toplevel
-    from .models import REGISTRY  # pylint: disable=import-outside-toplevel
+    from . import transformer_graphs
+    from .models import REGISTRY
 
     builders = {"bert_base": gpu_bench.bert_encoder, "vit_b16": transformer_graphs.vit_encoder,
                 "llama_decoder": transformer_graphs.llama_decoder}
@@ -72,7 +73,7 @@ def _target(kind: str, arch: str):
     if kind == "cuda":
         return tvm.target.Target({"kind": "cuda", "arch": arch})
     if kind == "llvm":
-        from tvm.target.codegen import llvm_get_system_cpu  # pylint: disable=C0415
+        from tvm.target.codegen import llvm_get_system_cpu
 
         return tvm.target.Target({"kind": "llvm", "mcpu": llvm_get_system_cpu()})
     raise ValueError(f"bundle target kind {kind!r}: use 'cuda' or 'llvm'")
@@ -92,8 +93,8 @@ def runtime_packages(out_dir: str, python: str | None = None) -> dict:
     tvm_ffi holds an extension built per Python version: for this Python it is copied, for
     another (``"3.12"``) its wheel of the installed version is fetched with ``pip download``.
     """
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
-    import typing_extensions  # pylint: disable=import-outside-toplevel
+    import tvm_ffi
+    import typing_extensions
 
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     python = python or here
@@ -102,8 +103,8 @@ def runtime_packages(out_dir: str, python: str | None = None) -> dict:
     if python == here:
         _copy_package(tvm_ffi, os.path.join(out_dir, "tvm_ffi"), _FFI_SKIP)
         return {"python": python, "tvm_ffi": "copied from this Python"}
-    import zipfile  # pylint: disable=import-outside-toplevel
-    from importlib.metadata import version  # pylint: disable=import-outside-toplevel
+    import zipfile
+    from importlib.metadata import version
 
     release = version("apache-tvm-ffi")
     with tempfile.TemporaryDirectory(prefix="relay_amp_ffi_") as folder:
@@ -189,8 +190,6 @@ def build_bundle(out_dir: str, models=BUNDLE_MODELS, kind: str = "cuda", arch: s
 
 def _build(out_dir, models, target, kind, python, weight_seed, cuda_graph, progress,
            tvm_pipeline, variants) -> dict:
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-
     manifest = {"device": "cuda" if kind == "cuda" else "cpu", "target": str(target.export()),
                 "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "models": {},
                 "runtime": runtime_packages(out_dir, python if kind == "cuda" else None)}
@@ -201,7 +200,7 @@ def _build(out_dir, models, target, kind, python, weight_seed, cuda_graph, progr
         return modes + extra
 
     steps = [(m, v, b) for m in models for v in variants for b in builds(v)]
-    bar = tqdm(total=len(steps), desc="bundle", unit="library", disable=not progress)
+    bar = progress_bar(total=len(steps), desc="bundle", unit="library", disable=not progress)
     for model in models:
         folder = os.path.join(out_dir, model.name)
         os.makedirs(folder, exist_ok=True)

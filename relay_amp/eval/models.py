@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..cli.frontends import import_onnx
 from .data import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -134,7 +135,7 @@ REGISTRY.update({name: ModelSpec(name, "transformers", task, size, TRANSFORMER_W
 
 def get_spec(name: str) -> ModelSpec:
     if name not in REGISTRY:
-        import difflib  # pylint: disable=import-outside-toplevel
+        import difflib
 
         close = difflib.get_close_matches(name, REGISTRY, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -158,35 +159,6 @@ def load(name: str, workdir: str | None = None, batch_size: int | None = None) -
 
 
 # ------------------------------------------------------------------------------ ONNX import
-def import_onnx(model, input_shapes: dict, notes: list, simplify: bool = False):
-    """``from_onnx`` with pinned input shapes; if that fails (or ``simplify``), fold shapes and
-    constants with onnxsim first."""
-    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
-
-    def simplified():
-        import onnx  # pylint: disable=import-outside-toplevel
-        import onnxsim  # pylint: disable=import-outside-toplevel
-
-        if model.ir_version > onnx.IR_VERSION:  # newer exporters stamp a version onnx 1.15
-            model.ir_version = onnx.IR_VERSION  # cannot check; the ops themselves are older
-            notes.append(f"ir_version lowered to {onnx.IR_VERSION} for onnx {onnx.__version__}")
-        result, ok = onnxsim.simplify(model, overwrite_input_shapes=input_shapes)
-        if not ok:
-            raise RuntimeError("onnxsim could not verify the simplified model")
-        notes.append("shapes folded with onnxsim before import")
-        return from_onnx(result, shape_dict=input_shapes)
-
-    if simplify:
-        return simplified()
-    try:
-        return from_onnx(model, shape_dict=input_shapes)
-    except Exception as first:  # the importer raises many types; retry after simplification
-        try:
-            return simplified()
-        except ImportError:
-            raise first from None
-
-
 # ------------------------------------------------------------------------------ GluonCV
 def import_gluoncv():
     """``import gluoncv``, with torch hidden while it imports.
@@ -195,7 +167,7 @@ def import_gluoncv():
     finds torch 2.x, so once torch is installed (the ``.pt2`` and transformer paths need it) the
     MXNet half that the sweep uses would not import either.
     """
-    import sys  # pylint: disable=import-outside-toplevel
+    import sys
 
     if "gluoncv" in sys.modules:
         return sys.modules["gluoncv"]
@@ -203,7 +175,7 @@ def import_gluoncv():
     saved = sys.modules.get("torch", missing)
     sys.modules["torch"] = None  # makes `import torch` raise ImportError inside gluoncv's check
     try:
-        import gluoncv  # pylint: disable=import-outside-toplevel
+        import gluoncv
     finally:
         if saved is missing:
             del sys.modules["torch"]
@@ -238,7 +210,7 @@ def _xavier_or_constant(mx):
 
 def _blocks(block):
     yield block
-    for child in block._children.values():  # pylint: disable=protected-access
+    for child in block._children.values():  # noqa: SLF001 - GluonCV keeps a block's children and attributes private
         yield from _blocks(child)
 
 
@@ -248,13 +220,13 @@ def reestimate_batchnorm(net, batch) -> int:
     One inference pass: a pre-hook on each BatchNorm measures its input (which already reflects
     the re-estimated layers before it) before the layer runs. Returns the number of layers set.
     """
-    from mxnet.gluon import nn  # pylint: disable=import-outside-toplevel
+    from mxnet.gluon import nn
 
     norms = [b for b in _blocks(net) if isinstance(b, nn.BatchNorm)]
 
     def measure(block, inputs):
         data = inputs[0]
-        axis = block._kwargs.get("axis", 1) % data.ndim  # pylint: disable=protected-access
+        axis = block._kwargs.get("axis", 1) % data.ndim  # noqa: SLF001 - GluonCV keeps a block's children and attributes private
         axes = tuple(i for i in range(data.ndim) if i != axis)
         mean = data.mean(axis=axes)
         shape = [1] * data.ndim
@@ -278,9 +250,9 @@ ADAPTIVE_POOL = "_contrib_AdaptiveAvgPooling2D"
 def adaptive_pool_input_sizes(symbol_json: str, input_shape) -> dict:
     """``{node name: (height, width)}`` of the input of every ``AdaptiveAvgPooling2D`` in an
     exported MXNet symbol, by MXNet's shape inference at ``input_shape``."""
-    import json  # pylint: disable=import-outside-toplevel
+    import json
 
-    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    import mxnet as mx
 
     with open(symbol_json, encoding="utf-8") as handle:
         nodes = json.load(handle)["nodes"]
@@ -311,11 +283,11 @@ def adaptive_pool_export(input_sizes: dict):
     output's, adaptive pooling's bins are equal and do not overlap, so an ``AveragePool`` with
     kernel = stride = input / output is the same operation; other sizes raise.
     """
-    from mxnet.onnx.mx2onnx import _export_onnx  # pylint: disable=import-outside-toplevel
-    from mxnet.onnx.mx2onnx._op_translations import (  # pylint: disable=import-outside-toplevel
+    from mxnet.onnx.mx2onnx import _export_onnx
+    from mxnet.onnx.mx2onnx._op_translations import (
         _op_translations_opset12 as opset12,
     )
-    from onnx import helper  # pylint: disable=import-outside-toplevel
+    from onnx import helper
 
     table = _export_onnx.MXNetGraph.registry_.setdefault(12, {})
     original = table.get(ADAPTIVE_POOL)
@@ -345,7 +317,7 @@ def adaptive_pool_export(input_sizes: dict):
 def gluon_to_onnx(net, batch: np.ndarray, workdir: str, name: str = "model") -> str:
     """Hybridize ``net`` and export it with ``mx.onnx.export_model`` to ``workdir/NAME.onnx``
     (``AdaptiveAvgPooling2D`` as :func:`adaptive_pool_export` writes it); returns that path."""
-    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    import mxnet as mx
 
     net.hybridize()
     net(mx.nd.array(batch))
@@ -364,8 +336,8 @@ def gluon_to_relax(net, batch: np.ndarray, workdir: str, name: str = "model"):
 
     Returns ``(IRModule, onnx_path)``.
     """
-    import onnx  # pylint: disable=import-outside-toplevel
-    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
 
     onnx_path = gluon_to_onnx(net, batch, workdir, name)
     return from_onnx(onnx.load(onnx_path)), onnx_path
@@ -378,9 +350,9 @@ REPAIRED_TASKS = ("detection", "segmentation")
 def import_repaired(onnx_path: str, batch_shape, notes: list):
     """Load an exported ONNX file, apply the named repairs of :mod:`.onnx_repairs` at the input
     shape ``batch_shape`` (each repair that changed something adds a note) and import it."""
-    import onnx  # pylint: disable=import-outside-toplevel
+    import onnx
 
-    from . import onnx_repairs  # pylint: disable=import-outside-toplevel
+    from . import onnx_repairs
 
     model = onnx.load(onnx_path)
     initializers = {i.name for i in model.graph.initializer}
@@ -403,10 +375,10 @@ def expose_nms_inputs(mod) -> tuple:
     reads (every anchor's decoded box and score, in anchor order) is the numeric result. The
     outputs are added to the module as converted, so the conversion is the one the model gets.
     """
-    import tvm  # pylint: disable=import-outside-toplevel
-    from tvm import relax  # pylint: disable=import-outside-toplevel
+    import tvm
+    from tvm import relax
 
-    from ..instrument import instrument  # pylint: disable=import-outside-toplevel
+    from ..instrument import instrument
 
     func = mod["main"]
 
@@ -443,7 +415,7 @@ def detection_output_order(onnx_path: str) -> list[int]:
     Most detectors export them in that order; CenterNet's exported graph lists the scores (a
     ``TopK`` output) before the class ids (a ``Cast``).
     """
-    import onnx  # pylint: disable=import-outside-toplevel
+    import onnx
 
     graph = onnx.load(onnx_path, load_external_data=False).graph
     producers = {out: node.op_type for node in graph.node for out in node.output}
@@ -461,8 +433,8 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
     the re-estimated statistics; comparisons made with these models measure low-precision
     agreement with float32, not ImageNet accuracy.
     """
-    import mxnet as mx  # pylint: disable=import-outside-toplevel
-    import onnx  # pylint: disable=import-outside-toplevel
+    import mxnet as mx
+    import onnx
     model_zoo = import_gluoncv().model_zoo
     mx.random.seed(0)
     np.random.seed(0)
@@ -523,7 +495,7 @@ def _package_file(package: str, filename: str) -> str:
 
 def _load_onnx_model(path: str, shape: list, spec: ModelSpec, batches, extra=None,
                      simplify: bool = False):
-    import onnx  # pylint: disable=import-outside-toplevel
+    import onnx
 
     model = onnx.load(path)
     notes: list = []
@@ -532,7 +504,7 @@ def _load_onnx_model(path: str, shape: list, spec: ModelSpec, batches, extra=Non
 
 
 def _load_paddleocr(spec: ModelSpec, workdir: str) -> LoadedModel:
-    from . import ocr  # pylint: disable=import-outside-toplevel
+    from . import ocr
 
     height, width = spec.input_size
     if spec.task == "ocr-det":
@@ -541,7 +513,7 @@ def _load_paddleocr(spec: ModelSpec, workdir: str) -> LoadedModel:
         batches = [[ocr.det_preprocess(page)] for page in pages]
         return _load_onnx_model(path, [1, 3, height, width], spec, batches)
     if spec.task == "ocr-rec":
-        import onnx  # pylint: disable=import-outside-toplevel
+        import onnx
 
         path = _package_file("rapidocr_onnxruntime", "ch_PP-OCRv4_rec_infer.onnx")
         samples = ocr.render_lines(count=24, height=height, width=width)
@@ -567,8 +539,8 @@ def _load_yolov8(spec: ModelSpec, workdir: str) -> LoadedModel:
 
 
 def _load_mediapipe(spec: ModelSpec, workdir: str) -> LoadedModel:
-    import tflite  # pylint: disable=import-outside-toplevel
-    from tvm.relax.frontend.tflite import from_tflite  # pylint: disable=import-outside-toplevel
+    import tflite
+    from tvm.relax.frontend.tflite import from_tflite
 
     relative = MEDIAPIPE_FILES[spec.name]
     path = _package_file("mediapipe", os.path.basename(relative))
@@ -589,7 +561,7 @@ def _load_mediapipe(spec: ModelSpec, workdir: str) -> LoadedModel:
 def _load_transformer(spec: ModelSpec, workdir: str) -> LoadedModel:
     """A ``transformers`` model from its config with seeded weights (see
     :mod:`.transformers_zoo`), exported with ``torch.export`` and imported into Relax."""
-    from . import transformers_zoo  # pylint: disable=import-outside-toplevel
+    from . import transformers_zoo
 
     built = transformers_zoo.build(spec.name)
     mod = transformers_zoo.to_relax(built)

@@ -24,7 +24,7 @@ class TextSample:
 
 def font_paths() -> list[str]:
     """The TrueType fonts bundled with matplotlib that the renderer uses."""
-    import matplotlib  # pylint: disable=import-outside-toplevel
+    import matplotlib
 
     directory = os.path.join(matplotlib.get_data_path(), "fonts", "ttf")
     paths = [os.path.join(directory, name) for name in _FONTS]
@@ -37,7 +37,7 @@ def render_lines(count: int, height: int = 48, width: int = 320, seed: int = 0,
 
     With ``flips``, every other line is rotated 180 degrees (the text-direction classifier's job).
     """
-    from PIL import Image, ImageDraw, ImageFont  # pylint: disable=import-outside-toplevel
+    from PIL import Image, ImageDraw, ImageFont
 
     rng = np.random.default_rng(seed)
     fonts = font_paths()
@@ -61,7 +61,7 @@ def render_lines(count: int, height: int = 48, width: int = 320, seed: int = 0,
 
 def render_pages(count: int, size: int = 320, seed: int = 1) -> list[np.ndarray]:
     """Square pages with a few lines of text each, for the detector."""
-    from PIL import Image  # pylint: disable=import-outside-toplevel
+    from PIL import Image
 
     pages = []
     for index in range(count):
@@ -83,7 +83,7 @@ def render_pages(count: int, size: int = 320, seed: int = 1) -> list[np.ndarray]
 def rec_preprocess(image: np.ndarray, height: int, width: int) -> np.ndarray:
     """PP-OCR recognition input: resize to ``height`` keeping the aspect, pad right to ``width``,
     scale to [-1, 1], NCHW float32."""
-    from PIL import Image  # pylint: disable=import-outside-toplevel
+    from PIL import Image
 
     h, w = image.shape[:2]
     new_width = min(width, max(1, int(round(w * height / h))))

@@ -38,7 +38,7 @@ def _opset(model) -> int:
 def _constant_values(model) -> dict:
     """Every tensor whose value is known without running the graph: initializers and the
     outputs of ``Constant`` nodes, as numpy arrays."""
-    from onnx import numpy_helper  # pylint: disable=import-outside-toplevel
+    from onnx import numpy_helper
 
     values = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     for node in model.graph.node:
@@ -68,7 +68,7 @@ def _unique_name(model, base: str) -> str:
 
 
 def _add_initializer(model, base: str, value: np.ndarray) -> str:
-    from onnx import numpy_helper  # pylint: disable=import-outside-toplevel
+    from onnx import numpy_helper
 
     name = _unique_name(model, base)
     model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
@@ -145,7 +145,7 @@ def decompose_lp_normalization(model) -> int:
     TVM's importer has no ``LpNormalization``. Written out, the sum of squares is an ordinary
     reduction, which a mixed-precision pass can keep in float32.
     """
-    from onnx import helper  # pylint: disable=import-outside-toplevel
+    from onnx import helper
 
     opset = _opset(model)
     nodes = []
@@ -192,7 +192,7 @@ def set_split_num_outputs(model) -> int:
     From opset 18 the attribute is required when ``split`` is absent; MXNet's exporter omits
     it, and onnxruntime (so onnxsim, and :func:`fold_runtime_pads`) refuses the model.
     """
-    from onnx import helper  # pylint: disable=import-outside-toplevel
+    from onnx import helper
 
     if _opset(model) < 18:
         return 0
@@ -210,9 +210,9 @@ def set_split_num_outputs(model) -> int:
 def _evaluate(model, names: list, input_shapes: dict) -> list:
     """Values of the tensors ``names`` with onnxruntime, on zeros of ``input_shapes``: only
     the part of the graph they are computed from runs."""
-    import onnx  # pylint: disable=import-outside-toplevel
-    import onnxruntime  # pylint: disable=import-outside-toplevel
-    from onnx import helper  # pylint: disable=import-outside-toplevel
+    import onnx
+    import onnxruntime
+    from onnx import helper
 
     needed = _ancestors(model, names)
     graph = model.graph
@@ -341,7 +341,7 @@ def static_nms_gather(model) -> int:
     MXNet's single score row and a batch of one the table is the original one (boxes of equal
     score may swap places).
     """
-    from onnx import TensorProto, helper  # pylint: disable=import-outside-toplevel
+    from onnx import TensorProto, helper
 
     producers = _producers(model)
     constants = _constant_values(model)
@@ -367,10 +367,10 @@ def static_nms_gather(model) -> int:
         table, selected = gathered.input[0], nms.output[0]
         prefix = _unique_name(model, (gather.name or gather.output[0]) + "_static")
 
-        def const(suffix, value, dtype=np.int64):
+        def const(suffix, value, dtype=np.int64, prefix=prefix):
             return _add_initializer(model, f"{prefix}_{suffix}_value", np.array(value, dtype))
 
-        def name(suffix):
+        def name(suffix, prefix=prefix):
             return f"{prefix}_{suffix}"
 
         scores = nms.input[1]

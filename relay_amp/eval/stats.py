@@ -30,7 +30,7 @@ def module_stats(mod: tvm.IRModule, low: str = "float16") -> dict:
     A round trip is ``astype(astype(x, low), float32)`` with ``x`` float32: the value comes back
     with its low-precision rounding and nothing gained.
     """
-    from ..report import estimate_macs  # pylint: disable=import-outside-toplevel
+    from ..report import estimate_macs
 
     casts = round_trips = ops = low_ops = 0
     macs = low_macs = 0
@@ -95,7 +95,7 @@ def latency_ms(vm, inputs, func: str = "main", budget_s: float = 2.0, max_runs: 
     """Median wall time of ``func`` on ``inputs``: one warm-up, then as many runs as fit in
     ``budget_s`` (at least one, at most ``max_runs``). A model whose earlier run
     (``previous_run_s``) already took more than half the budget is timed by that run alone."""
-    import time  # pylint: disable=import-outside-toplevel
+    import time
 
     if previous_run_s is not None and previous_run_s > budget_s / 2:
         return float(previous_run_s * 1e3)

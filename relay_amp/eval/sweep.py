@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+from ..cli.progress import progress_bar
 from .models import DEFAULT_MODELS, REGISTRY, get_spec
 
 VARIANTS = ("relay_amp:float16", "relay_amp:bfloat16", "tvm:float16")
@@ -54,7 +55,7 @@ def _error(status: str, err: BaseException) -> dict:
 
 def _run_all(vm, batches):
     """Outputs of every batch, and the wall time of the first run."""
-    from ..execution import run  # pylint: disable=import-outside-toplevel
+    from ..execution import run
 
     start = time.perf_counter()
     outputs = [run(vm, batches[0])]
@@ -69,7 +70,7 @@ GLUON_REFERENCE_BOXES = 20
 
 def task_metrics(spec, reference: list, outputs: list, extra: dict) -> dict:
     """Task agreement of ``outputs`` with ``reference`` (lists of per-batch output lists)."""
-    from . import metrics, ocr  # pylint: disable=import-outside-toplevel
+    from . import metrics, ocr
 
     task = spec.task
     if task == "classification":
@@ -136,7 +137,7 @@ def output_agreement(reference: list, outputs: list, extra: dict) -> dict:
     is the row's, so the larger values cannot hide the error of the smaller; the measures over
     the model's own outputs (the others) together are kept as ``output_*``. ``nonfinite``
     counts every output."""
-    from ..execution import agreement  # pylint: disable=import-outside-toplevel
+    from ..execution import agreement
 
     chosen = extra.get("error_outputs")
     if not chosen:
@@ -166,11 +167,11 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
     With ``calibrated``, relay_amp converts with ranges from :func:`relay_amp.calibrate` run on
     the model's own input batches (TVM's built-in pass has no such input). ``target`` sets
     relay_amp's defaults (None: the defaults without a target)."""
-    import relay_amp  # pylint: disable=import-outside-toplevel
+    import relay_amp
 
-    from .. import execution  # pylint: disable=import-outside-toplevel
-    from . import models  # pylint: disable=import-outside-toplevel
-    from .stats import builtin_convert, latency_ms, module_stats  # pylint: disable=C0415
+    from .. import execution
+    from . import models
+    from .stats import builtin_convert, latency_ms, module_stats
 
     spec = get_spec(name)
     result = {"model": name, "family": spec.family, "task": spec.task, "weights": spec.weights,
@@ -229,6 +230,8 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
             result["notes"].append(f"calibration failed: {_error('run error', err)['message']}")
     result["calibrated"] = calibration is not None
     report(result)
+    gpu_cost_rows(result, loaded, calibration, target, dtypes)
+    report(result)
     for variant in variant_names(dtypes):
         tool, dtype = variant.split(":")
         row: dict = {}
@@ -276,6 +279,95 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
         result["variants"][variant] = row
         report(result)
     return result
+
+
+#: The target of the sweep's GPU cost columns when the sweep's own target is not CUDA.
+GPU_COST_TARGET = {"kind": "cuda", "arch": "sm_90"}
+#: The GPU cost entry of relay_amp float16 converted with the sweep's calibration.
+CALIBRATED_COST = "relay_amp:float16 calibrated"
+
+
+def gpu_cost_rows(result: dict, loaded, calibration, target, dtypes) -> None:
+    """Kernels, bytes at kernel boundaries and standalone casts (:func:`relay_amp.gpu_cost`)
+    of float32, of relay_amp's conversion for each dtype (the sweep's target's defaults,
+    float32 inputs and outputs, uncalibrated: what a user gets by default; and float16 with the
+    sweep's calibration, which keeps out-of-range values float32) and of TVM's built-in float16
+    pass, into the result's ``gpu_cost`` entries; symbolic extents take the sizes of the
+    model's first input batch. A variant that fails is an ``error`` there."""
+    import relay_amp
+
+    from ..gpu_cost import gpu_cost, symbolic_sizes
+    from .stats import builtin_convert
+
+    cuda = target if target and target.get("kind") == "cuda" else GPU_COST_TARGET
+    sizes = symbolic_sizes(loaded.mod, loaded.batches[0])
+    start = time.perf_counter()
+    try:
+        base = gpu_cost(loaded.mod, cuda, sizes)
+    except Exception as err:  # the table says why this model has no GPU cost
+        result["gpu_cost"] = _error("convert error", err)
+        return
+    costs = {"target": cuda, "symbolic": sizes, "fp32": base.as_dict()}
+    builds = {f"relay_amp:{d}": (lambda d=d: relay_amp.convert(loaded.mod, d, target=target)[0])
+              for d in dtypes}
+    if "float16" in dtypes and calibration is not None:
+        builds[CALIBRATED_COST] = lambda: relay_amp.convert(loaded.mod, "float16", target=target,
+                                                            calibration=calibration)[0]
+    if "float16" in dtypes:
+        builds["tvm:float16"] = lambda: builtin_convert(loaded.mod)
+    for variant, build in builds.items():
+        try:
+            cost = gpu_cost(build(), cuda, sizes)
+        except Exception as err:
+            costs[variant] = _error("convert error", err)
+            continue
+        costs[variant] = {**cost.as_dict(), "bytes_ratio": cost.bytes / base.bytes
+                          if base.bytes else None}
+    costs["seconds"] = time.perf_counter() - start
+    result["gpu_cost"] = costs
+
+
+def gpu_cost_meets_goal(cost: dict, base: dict) -> bool:
+    """Bytes at most 0.55 of float32's, no more kernels than float32, no standalone cast."""
+    return (cost.get("bytes_ratio") is not None and cost["bytes_ratio"] <= 0.55
+            and cost["kernels"] <= base["kernels"] and cost["casts"] == 0)
+
+
+def gpu_cost_markdown(results: dict, order=None) -> str:
+    """The GPU cost table: per model, float32's kernels, and per variant bytes ÷ float32,
+    kernels and standalone casts; ✓ where relay_amp meets the goal."""
+    names = [n for n in (order or []) if n in results["models"]]
+    names += [n for n in results["models"] if n not in names]
+    variants = ["relay_amp:float16", "relay_amp:bfloat16", CALIBRATED_COST, "tvm:float16"]
+    lines = ["| model | float32 kernels | " + " | ".join(variants) + " |",
+             "|---|---:|" + "---|" * len(variants)]
+    for name in names:
+        costs = results["models"][name].get("gpu_cost")
+        if not costs:
+            continue
+        if "fp32" not in costs:
+            lines.append(f"| {name} | {costs.get('status')}: {_fmt(costs.get('message'))[:80]} |"
+                         + " |" * len(variants))
+            continue
+        base, cells = costs["fp32"], []
+        for variant in variants:
+            cost = costs.get(variant)
+            if cost is None:
+                cells.append("")
+            elif "status" in cost:
+                cells.append(f"fails: {_fmt(cost.get('message'))[:60]}")
+            else:
+                mark = " ✓" if variant in variants[:2] and gpu_cost_meets_goal(
+                    cost, base) else ""
+                ratio = "-" if cost["bytes_ratio"] is None else f"{cost['bytes_ratio']:.3f}"
+                cells.append(f"{ratio}, {cost['kernels']}, {cost['casts']}{mark}")
+        lines.append(f"| {name} | {base['kernels']} | " + " | ".join(cells) + " |")
+    lines += ["", "Each cell: bytes at kernel boundaries ÷ float32's, kernels, standalone float "
+              "casts; ✓: at most 0.55 of float32's bytes, no more kernels, no standalone cast "
+              "(the goal, for the default conversion: uncalibrated, float32 I/O). The "
+              "calibrated column keeps what calibration found out of float16's range in "
+              "float32 (the conversion the accuracy columns measure)."]
+    return "\n".join(lines)
 
 
 def _worker(name, dtypes, path, workdir, calibrated, target):  # runs in a child process
@@ -331,8 +423,6 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
               force=False, progress=True, calibrated: bool = True,
               target=DEFAULT_TARGET) -> dict:
     """Measure ``names`` and write results.json/.csv/.md and error.png into ``out_dir``."""
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-
     for name in names:
         get_spec(name)
     os.makedirs(out_dir, exist_ok=True)
@@ -351,7 +441,7 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
                        "relay_amp_target": target}
     todo = [n for n in names
             if force or not _finished(results["models"].get(n), dtypes, target)]
-    bar = tqdm(todo, desc="sweep", unit="model", disable=not progress)
+    bar = progress_bar(todo, desc="sweep", unit="model", disable=not progress)
     for name in bar:
         bar.set_postfix_str(name)
         results["models"][name] = measure_isolated(name, dtypes, timeout_s, calibrated, target)
@@ -372,7 +462,7 @@ def _finished(result, dtypes, target=DEFAULT_TARGET) -> bool:
 
 
 def machine_description() -> str:
-    import tvm  # pylint: disable=import-outside-toplevel
+    import tvm
 
     return (f"{platform.machine()} {tvm.target.codegen.llvm_get_system_cpu()}, "
             f"{os.cpu_count()} cores, Python {platform.python_version()}, TVM {tvm.__version__}")
@@ -460,6 +550,14 @@ def summary_lines(results: dict) -> list[str]:
     lines.append(f"TVM built-in float16: {builtin_failed} failed, {builtin_nonfinite} with NaN/Inf")
     lines.append(f"relay_amp float16 error <= built-in on {better}/{len(both)} models where "
                  "both ran")
+    costs = [m["gpu_cost"] for m in models if "fp32" in m.get("gpu_cost", {})]
+    for dtype in ("float16", "bfloat16"):
+        measured = [c for c in costs if "kernels" in c.get(f"relay_amp:{dtype}", {})]
+        if measured:
+            met = sum(gpu_cost_meets_goal(c[f"relay_amp:{dtype}"], c["fp32"]) for c in measured)
+            lines.append(f"GPU cost, relay_amp {dtype}: the goal (bytes <= 0.55 x float32, "
+                         f"kernels <= float32, no standalone cast) met on {met}/{len(measured)} "
+                         "models")
     return lines
 
 
@@ -492,7 +590,8 @@ def write_outputs(results: dict, out_dir: str, order=None) -> None:
     text = [f"# relay_amp sweep ({meta.get('date', '')})", "",
             f"Machine: {meta.get('machine', '')}",
             "", meta.get("note", ""), "", *[f"- {line}" for line in summary_lines(results)], "",
-            markdown_table(results, order), ""]
+            markdown_table(results, order), "", "## GPU cost (CUDA, float32 I/O)", "",
+            gpu_cost_markdown(results, order), ""]
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as handle:
         handle.write("\n".join(text))
     plot_errors(results, os.path.join(out_dir, "error.png"), order)
@@ -501,10 +600,10 @@ def write_outputs(results: dict, out_dir: str, order=None) -> None:
 def plot_errors(results: dict, path: str, order=None) -> None:
     """Relative L2 error per model, relay_amp vs TVM's built-in pass, log scale; NaN/Inf and
     failures drawn as marked points at the top."""
-    import matplotlib  # pylint: disable=import-outside-toplevel
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    import matplotlib.pyplot as plt
 
     names = [n for n in (order or []) if n in results["models"]]
     names += [n for n in results["models"] if n not in names]
@@ -584,7 +683,7 @@ def accuracy_markdown(results: dict, command: str, fallback_rows=None, plot_name
              *[f"- {line}" for line in summary_lines(results)], "",
              f"![error per model]({plot_name})", "", markdown_table(results, order), ""]
     if fallback_rows:
-        from .bench_fallback import table  # pylint: disable=import-outside-toplevel
+        from .bench_fallback import table
 
         lines += ["## Accuracy-driven fallback: relay_amp's search vs segment bisection", "",
                   "`python scripts/bench_fallback.py` — each model is searched at a tolerance of "

@@ -115,7 +115,7 @@ def synthetic_module(kind: str, bindings: int, seed: int = 0):
 
 def count_bindings(mod) -> int:
     """Bindings in the Relax functions of ``mod``."""
-    from .stats import all_bindings  # pylint: disable=import-outside-toplevel
+    from .stats import all_bindings
 
     return sum(sum(1 for _ in all_bindings(func.body)) for _, func in mod.functions_items()
                if isinstance(func, relax.Function))

@@ -101,7 +101,7 @@ def synthetic_speech(seconds: float, rate: int = 16000) -> np.ndarray:
 
 def log_mel(audio: np.ndarray, seconds: float, mels: int) -> np.ndarray:
     """Whisper's log-mel input features ``(1, mels, 100 * seconds)`` for ``audio``."""
-    from transformers import WhisperFeatureExtractor  # pylint: disable=import-outside-toplevel
+    from transformers import WhisperFeatureExtractor
 
     extractor = WhisperFeatureExtractor(feature_size=mels, sampling_rate=16000, hop_length=160,
                                         chunk_length=int(seconds), n_fft=400)
@@ -112,14 +112,14 @@ def log_mel(audio: np.ndarray, seconds: float, mels: int) -> np.ndarray:
 def vit_pixels(count: int, size: int) -> np.ndarray:
     """The sweep's photos as ViT input: ``(count, 3, size, size)`` scaled to [-1, 1] (the
     mean and std of 0.5 that ViT's image processor uses)."""
-    from .data import normalize, sample_images  # pylint: disable=import-outside-toplevel
+    from .data import normalize, sample_images
 
     return normalize(sample_images(count, size), mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 
 
 # ------------------------------------------------------------------------------ wrappers
 def _torch():
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
 
     return torch
 
@@ -204,7 +204,7 @@ def _ids_and_masks(ids: list) -> list:
 
 
 def _bert(tiny: bool) -> Built:
-    import transformers  # pylint: disable=import-outside-toplevel
+    import transformers
 
     torch = _torch()
     config = (transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -222,7 +222,7 @@ def _bert(tiny: bool) -> Built:
 
 
 def _distilbert(tiny: bool) -> Built:
-    import transformers  # pylint: disable=import-outside-toplevel
+    import transformers
 
     config = (transformers.DistilBertConfig(dim=64, n_layers=2, n_heads=2, hidden_dim=128)
               if tiny else transformers.DistilBertConfig())  # the defaults are DistilBERT-base
@@ -232,7 +232,7 @@ def _distilbert(tiny: bool) -> Built:
 
 
 def _vit(tiny: bool) -> Built:
-    import transformers  # pylint: disable=import-outside-toplevel
+    import transformers
 
     if tiny:
         config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2,
@@ -250,7 +250,7 @@ def _vit(tiny: bool) -> Built:
 
 
 def _whisper(tiny: bool) -> Built:
-    import transformers  # pylint: disable=import-outside-toplevel
+    import transformers
 
     seconds = 1 if tiny else 5
     positions = 50 * seconds  # 100 frames a second, halved by the second convolution
@@ -266,7 +266,7 @@ def _whisper(tiny: bool) -> Built:
                                             decoder_layers=6, decoder_attention_heads=8,
                                             decoder_ffn_dim=2048, num_mel_bins=80,
                                             max_source_positions=positions)
-    from transformers.models.whisper.modeling_whisper import (  # pylint: disable=C0415
+    from transformers.models.whisper.modeling_whisper import (
         WhisperEncoder,
     )
 
@@ -277,7 +277,7 @@ def _whisper(tiny: bool) -> Built:
 
 
 def _gpt2(tiny: bool) -> Built:
-    import transformers  # pylint: disable=import-outside-toplevel
+    import transformers
 
     config = (transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=1000,
                                       bos_token_id=999, eos_token_id=999)
@@ -290,7 +290,7 @@ def _gpt2(tiny: bool) -> Built:
 
 
 def _llama(tiny: bool) -> Built:
-    import transformers  # pylint: disable=import-outside-toplevel
+    import transformers
 
     if tiny:
         config = transformers.LlamaConfig(hidden_size=64, intermediate_size=172,
@@ -342,7 +342,7 @@ def reference_outputs(built: Built) -> list:
 def to_relax(built: Built):
     """``torch.export`` the wrapped module on its first batch (with its dynamic shapes, if any)
     and import it with ``from_exported_program``; weights become constants of the module."""
-    from tvm.relax.frontend.torch import (  # pylint: disable=import-outside-toplevel
+    from tvm.relax.frontend.torch import (
         from_exported_program,
     )
 

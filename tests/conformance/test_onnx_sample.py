@@ -9,6 +9,8 @@ import pytest
 
 from relay_amp.eval import conformance
 
+pytestmark = pytest.mark.zoo  # the model zoo: pip install -r requirements.txt
+
 #: Per mode, cases that exercise it. default: where TVM's pass breaks (tuple-valued ops,
 #: shape-valued arguments, call_tir, If) and dot products; the low-precision modes: a float op of
 #: each kind (dot products, reductions, norms, pools, activations, data movement, QDQ).
@@ -25,13 +27,17 @@ SAMPLE = {
                    "test_gather_0", "test_erf", "test_log",
                    "test_reduce_min_default_axes_keepdims_example"],
 }
-PATHS = {os.path.basename(p): p for p in conformance.case_dirs(["node"])}
+def _paths() -> dict:
+    """Case folders by name, in the installed onnx's own test data."""
+    return {os.path.basename(p): p for p in conformance.case_dirs(["node"])}
+
+
 CASES = [(mode, name) for mode, names in SAMPLE.items() for name in names]
 
 
 @pytest.mark.parametrize(("mode", "name"), CASES, ids=[f"{m}-{n}" for m, n in CASES])
 def test_sample_case_in_its_mode(mode, name):
-    row = conformance.run_case(PATHS[name], modes=(mode,))
+    row = conformance.run_case(_paths()[name], modes=(mode,))
     assert row["outcome"] == "ok", row  # TVM imports and runs every sampled case in float32
     outcome, results = conformance.mode_outcome(row, mode)
     assert outcome == "pass", results
@@ -44,7 +50,7 @@ def test_sample_case_in_its_mode(mode, name):
 
 def test_reduce_prod_keeps_its_float32_result_in_low_precision_io():
     """The issue's case: 12! = 4.79e8 is not stored as float16 inf, and the row says why."""
-    row = conformance.run_case(PATHS["test_reduce_prod_default_axes_keepdims_example"],
+    row = conformance.run_case(_paths()["test_reduce_prod_default_axes_keepdims_example"],
                                modes=("low_io",), dtypes=("float16",))
     result = row["units"]["low_io/float16"]
     assert result["outcome"] == "pass", result

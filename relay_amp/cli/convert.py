@@ -1,0 +1,571 @@
+"""``relay-amp convert``: a model file in, a compiled library and its report out.
+
+One call does what a user would otherwise script from the README: import an ONNX, TFLite or
+``torch.export`` (``.pt2``) file, convert it with :func:`relay_amp.convert` (optionally with
+calibrated ranges and :func:`relay_amp.auto_mixed_precision`), compile it for the target and write::
+
+    OUT/
+      model.so        the library (``export_library``); for CUDA it holds the CUDA source that
+                      TVM's CUDA loader compiles on the GPU host (this TVM has no CUDA compiler)
+      report.md       the conversion explained, for people
+      report.json     the same for tools (``relay-amp report OUT/report.json`` prints it)
+      policy.json     the effective policy: ``--policy OUT/policy.json`` converts the same way
+      accuracy.json   with calibration data: float32 vs the converted model on that data
+
+Every bad argument is a :class:`UsageError`: one line that says what to do (exit code 2). All files
+are written into a temporary folder next to OUT and renamed into place at the end, so a failed run
+leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from .arguments import (
+    NORMALIZE_HELP,
+    ConvertFailure,
+    UsageError,
+    _plain,
+    detect_format,
+    one_line,
+    parse_normalize,
+    parse_target,
+    split_list,
+)
+from .calibration_data import (
+    IMAGE_EXTENSIONS,
+    Calibration,
+    io_normalization,
+    list_images,
+    load_images,
+    load_npz,
+)
+from .frontends import Imported, import_model
+from .progress import progress_bar
+from .report import markdown_report
+
+#: The files a convert run writes; a folder holding only these (and report.json) is replaced.
+OUTPUT_FILES = ("model.so", "model.tar", "report.md", "report.json", "policy.json",
+                "accuracy.json")
+
+
+REPORT_FORMAT = 1
+
+
+@dataclass
+class Options:
+    """What ``relay-amp convert`` was asked to do (validated by :func:`check_options`)."""
+
+    model: str
+    out: str
+    dtype: str | None = None
+    target: str = "host"
+    calibrate: str | None = None
+    tolerance: float | None = None
+    metric: str = "relative_l2"
+    max_evaluations: int = 16
+    inputs: list = field(default_factory=list)  # InputSpec
+    normalize: str | None = None
+    policy: str | None = None
+    fp32_ops: list = field(default_factory=list)
+    exclude: list = field(default_factory=list)
+    max_samples: int | None = None
+    progress: bool = True
+    command: str = ""
+
+
+@dataclass
+class Checked:
+    """Options after validation, everything that needs no model import."""
+
+    fmt: str
+    specs: dict
+    target: dict
+    target_notes: list
+    policy: object  # relay_amp.Policy (dtype, fp32 ops, exclusions)
+    normalize: object
+    calibration_kind: str | None
+
+
+def check_out(out: str) -> None:
+    if not out:
+        raise UsageError("-o OUT is empty: name the folder to write")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"-o {out!r} is a file; name a folder (it will hold model.so and the "
+                         "reports)")
+    if os.path.isdir(out):
+        present = set(os.listdir(out))
+        foreign = sorted(present - set(OUTPUT_FILES))
+        if foreign or (present and "report.json" not in present):
+            raise UsageError(f"-o {out!r} already holds files that relay-amp convert did not "
+                             f"write ({', '.join(foreign or sorted(present))}); name a new or "
+                             "empty folder")
+
+
+def _exclusion_names(values: list) -> tuple[list, list]:
+    names, patterns = [], []
+    for value in values:
+        if value.startswith("re:"):
+            patterns.append(value[3:])
+        else:
+            names.append(value)
+    return names, patterns
+
+
+def check_options(options: Options) -> Checked:
+    """Every check that needs no model import; raises :class:`UsageError`."""
+    from ..policy import Policy
+
+    fmt = detect_format(options.model)
+    check_out(options.out)
+    specs = {}
+    for spec in options.inputs:
+        if spec.name in specs:
+            raise UsageError(f"--input {spec.name} is given twice; give each input once")
+        specs[spec.name] = spec
+    if options.dtype is not None and options.dtype not in ("float16", "bfloat16"):
+        close = difflib.get_close_matches(options.dtype, ["float16", "bfloat16"], n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UsageError(f"--dtype {options.dtype!r}: {hint}use float16 or bfloat16")
+    if options.dtype is None and options.policy is None:
+        raise UsageError("give --dtype float16 or --dtype bfloat16 (or a --policy file that "
+                         "names one)")
+    if options.tolerance is not None:
+        if not (math.isfinite(options.tolerance) and options.tolerance > 0):
+            raise UsageError(f"--tolerance {options.tolerance:g}: give a positive number, e.g. "
+                             "--tolerance 0.01 (relative L2 error against float32)")
+        if options.calibrate is None:
+            raise UsageError("--tolerance needs data to measure on: add --calibrate DIR (images) "
+                             "or --calibrate FILE.npz")
+    if options.max_evaluations < 1:
+        raise UsageError("--max-evaluations must be at least 1")
+    if options.max_samples is not None and options.max_samples < 1:
+        raise UsageError("--max-samples must be at least 1")
+    calibration_kind = None
+    if options.calibrate is not None:
+        if not os.path.exists(options.calibrate):
+            raise UsageError(f"--calibrate {options.calibrate!r} does not exist; give a folder of "
+                             "images or an .npz of arrays per input name")
+        if os.path.isdir(options.calibrate):
+            calibration_kind = "images"
+            if not list_images(options.calibrate):
+                raise UsageError(f"no images in {options.calibrate!r} (looked for "
+                                 f"{', '.join(IMAGE_EXTENSIONS)}); give a folder of images or "
+                                 "an .npz of arrays per input name")
+        elif options.calibrate.lower().endswith(".npz"):
+            calibration_kind = "npz"
+        else:
+            raise UsageError(f"--calibrate {options.calibrate!r} is neither a folder of images nor "
+                             "an .npz file")
+    normalize = parse_normalize(options.normalize)
+    if options.policy is not None:
+        policy = _read_policy(options.policy)
+    else:
+        policy = Policy(options.dtype)
+    if options.dtype is not None and options.dtype != policy.dtype:
+        policy = policy.with_dtype(options.dtype)
+    fp32_ops = split_list(options.fp32_ops)
+    try:
+        if fp32_ops:
+            policy.fp32(*fp32_ops)
+    except (ValueError, TypeError) as err:
+        raise UsageError(f"--fp32-ops: {one_line(err)}".replace(" in set_category(fp32)", "")) \
+            from None
+    names, patterns = _exclusion_names(split_list(options.exclude))
+    try:
+        policy.exclude(*names)
+        policy.exclude(*patterns, regex=True)
+    except (ValueError, TypeError) as err:
+        raise UsageError(f"--exclude: {one_line(err)}") from None
+    target, target_notes = parse_target(options.target)
+    return Checked(fmt, specs, target, target_notes, policy, normalize, calibration_kind)
+
+
+def _read_policy(path: str):
+    from ..policy import Policy
+
+    if not os.path.isfile(path):
+        raise UsageError(f"--policy {path!r} does not exist; give a policy.json (a convert run "
+                         "writes one to its OUT folder)")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UsageError(f"--policy {path!r} is not JSON ({one_line(err)})") from None
+    try:
+        return Policy.from_dict(data)
+    except (ValueError, TypeError, KeyError) as err:
+        raise UsageError(f"--policy {path}: {one_line(err)}") from None
+
+
+def _binding_names(mod) -> set:
+    from tvm import relax
+
+    names = set()
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            params = {param.name for param in func.params}
+            names |= {var.name for var in relax.analysis.all_vars(func)} - params
+    return names
+
+
+def _check_exclusions(mod, given: list) -> None:
+    """Names in ``--exclude`` must be bindings of the model (regexes are not checked)."""
+    names, _ = _exclusion_names(given)
+    known = _binding_names(mod)
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise UsageError(f"--exclude {name!r} is not a binding of the model; {hint}the "
+                             "binding names are the report's 'binding' column (run once without "
+                             "--exclude and see report.md)")
+
+
+def _io_settings(policy, checked: Checked, imported: Imported, dtype: str):
+    """The converted model's input dtypes: ``--input NAME:SHAPE:DTYPE`` and the policy's own."""
+    from ..policy import INTEGER_INPUT_DTYPES
+
+    data = policy.to_dict()
+    by_source = {i.source: i for i in imported.inputs}
+    for source, spec in checked.specs.items():
+        model_input = by_source[source]
+        if spec.dtype is None or spec.dtype == model_input.dtype:
+            continue
+        if spec.dtype in ("float16", "bfloat16"):
+            if spec.dtype != dtype:
+                raise UsageError(f"--input {source}: {spec.dtype} input with --dtype {dtype}; "
+                                 f"feed it as {dtype} or float32")
+            if model_input.name not in data["low_precision_inputs"]:
+                data["low_precision_inputs"].append(model_input.name)
+        elif spec.dtype in INTEGER_INPUT_DTYPES:
+            if checked.normalize is None:
+                raise UsageError(f"--input {source}: fed as {spec.dtype}, the model needs to know "
+                                 f"how to scale it: add --normalize {NORMALIZE_HELP}")
+            data["input_dtypes"][model_input.name] = spec.dtype
+            data["input_normalization"][model_input.name] = io_normalization(
+                model_input, checked.normalize)
+    io = dict(data["input_dtypes"])
+    io.update({name: dtype for name in data["low_precision_inputs"]})
+    params = {i.name for i in imported.inputs}
+    stray = sorted(set(io) - params)
+    if stray:
+        raise UsageError(f"the policy feeds {', '.join(stray)} in another dtype, but the model "
+                         f"has no such input (its inputs: {', '.join(sorted(params))})")
+    return data, io
+
+
+def _without_io(data: dict) -> dict:
+    return {**data, "input_dtypes": {}, "input_normalization": {}, "low_precision_inputs": []}
+
+
+@contextlib.contextmanager
+def _stage(desc: str, progress: bool):
+    """A one-step progress bar for a step whose progress TVM does not report."""
+    bar = progress_bar(total=1, desc=desc, disable=not progress,
+                       bar_format="{desc}: {bar} {elapsed}")
+    try:
+        yield bar
+        bar.update(1)
+    finally:
+        bar.close()
+
+
+def _cross_compiler(target: dict):
+    """``(fcompile or None, library file name, note)`` for exporting an llvm target."""
+    import tvm
+
+    triple = target.get("mtriple")
+    if target.get("kind") != "llvm" or not triple:
+        return None, "model.so", None
+    here = tvm.target.codegen.llvm_get_system_triple().split("-")[0]
+    arch = triple.split("-")[0]
+    if arch == here or (arch, here) in (("x86_64", "x86_64"),):
+        return None, "model.so", None
+    from tvm.support import cc
+
+    for compiler in (f"{triple}-g++", f"{triple}-gcc"):
+        if shutil.which(compiler):
+            return cc.cross_compiler(compiler), "model.so", f"linked with {compiler}"
+    return None, "model.tar", (f"no {triple}-g++ here to link the library: model.tar holds the "
+                               "object files, and tvm.runtime.load_module('model.tar') links them "
+                               f"on the {arch} machine (or install {triple}-g++ here and convert "
+                               "again for a model.so)")
+
+
+def _build(mod, target: dict, folder: str):
+    """Compile for ``target`` and export; returns ``(executable, library file name, note)``."""
+
+    from ..pipeline import build
+
+    executable = build(mod, target)
+    fcompile, library, note = _cross_compiler(target)
+    path = os.path.join(folder, library)
+    if fcompile is not None:
+        executable.export_library(path, fcompile=fcompile)
+    else:
+        executable.export_library(path)
+    return executable, library, note
+
+
+def _runs_here(target: dict) -> bool:
+    import tvm
+
+    if target.get("kind") != "llvm":
+        return False
+    triple = target.get("mtriple")
+    here = tvm.target.codegen.llvm_get_system_triple().split("-")[0]
+    if triple and triple.split("-")[0] != here:
+        return False
+    features = target.get("mattr") or []
+    cpu = target.get("mcpu")
+    return not features and (cpu is None or cpu == tvm.target.codegen.llvm_get_system_cpu())
+
+
+def measure_accuracy(mod, converted, executable, target: dict, data: Calibration,
+                     progress: bool) -> dict:
+    """float32 vs the converted model on the calibration data, both run on this CPU."""
+    from tvm import relax
+
+    from ..execution import agreement, compile_module, run
+
+    with _stage("accuracy: compile float32 for this CPU", progress):
+        reference_vm = compile_module(mod)
+    if executable is not None and _runs_here(target):
+        import tvm
+
+        converted_vm = relax.VirtualMachine(executable, tvm.cpu())
+        where = "the built library, on this CPU"
+    else:
+        with _stage("accuracy: compile the converted model for this CPU", progress):
+            converted_vm = compile_module(converted)
+        where = "this CPU (the converted module compiled for it; the library's target differs)"
+    references, outputs, per_batch = [], [], []
+    for ref_batch, conv_batch in progress_bar(list(zip(data.reference, data.converted)),
+                                      desc="accuracy", unit="batch", disable=not progress):
+        ref = run(reference_vm, ref_batch)
+        out = run(converted_vm, conv_batch)
+        references.extend(ref)
+        outputs.extend(out)
+        per_batch.append(agreement(ref, out).as_dict())
+    overall = agreement(references, outputs).as_dict()
+    count = len(data.reference)
+    outputs_per_batch = len(references) // max(count, 1)
+    per_output = []
+    for k in range(outputs_per_batch):
+        pick = slice(k, None, outputs_per_batch)
+        per_output.append({"output": k, "shape": list(references[k].shape),
+                           **agreement(references[pick], outputs[pick]).as_dict()})
+    return {"ran_on": where, "batches": count, "source": data.source, **overall,
+            "worst_batch_relative_l2": max(b["relative_l2"] for b in per_batch),
+            "outputs": per_output, "per_batch": per_batch}
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def convert_model(options: Options) -> dict:
+    """Do everything ``relay-amp convert`` does; returns the saved report's data.
+
+    Raises :class:`UsageError` for a bad argument (nothing is written) and
+    :class:`ConvertFailure` when a step fails; OUT is complete or untouched either way.
+    """
+    checked = check_options(options)
+    out = os.path.abspath(options.out)
+    parent = os.path.dirname(out)
+    created = None
+    probe = parent
+    while not os.path.exists(probe):
+        created, probe = probe, os.path.dirname(probe)
+    os.makedirs(parent, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(work, 0o777 & ~umask)  # mkdtemp's 0700 would become OUT's mode
+    try:
+        data = _convert_into(options, checked, work)
+        _replace(work, out)
+        return data
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _replace(work: str, out: str) -> None:
+    """Move the finished folder to ``out`` (replacing a previous convert output there)."""
+    if os.path.isdir(out):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
+        os.rmdir(old)
+        os.rename(out, old)
+        os.rename(work, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(work, out)
+
+
+def _convert_into(options: Options, checked: Checked, work: str) -> dict:
+    import relay_amp
+
+    from ..policy import Policy
+
+    progress, timings = options.progress, {}
+    advice: list = []  # what the user can do about a result: printed after the summary
+    notes = list(checked.target_notes)
+    for note in notes:
+        print(f"relay-amp convert: {note}", file=sys.stderr)
+    start = time.perf_counter()
+    with _stage(f"import {os.path.basename(options.model)}", progress):
+        imported = import_model(options.model, checked.fmt, checked.specs)
+    timings["import_s"] = time.perf_counter() - start
+    notes.extend(imported.notes)
+    mod = imported.mod
+    _check_exclusions(mod, split_list(options.exclude))
+    dtype = checked.policy.dtype
+    policy_data, io = _io_settings(checked.policy, checked, imported, dtype)
+    search_policy = Policy.from_dict(_without_io(policy_data))
+
+    data = None
+    if checked.calibration_kind == "images":
+        data = load_images(options.calibrate, imported.inputs, checked.normalize, io,
+                           options.max_samples, progress)
+    elif checked.calibration_kind == "npz":
+        data = load_npz(options.calibrate, imported.inputs, io, checked.normalize,
+                        options.max_samples)
+    calibration = None
+    if data is not None:
+        start = time.perf_counter()
+        with _stage(f"calibrate ({len(data.reference)} batches, float32 on this CPU)", progress):
+            try:
+                calibration = relay_amp.calibrate(mod, data.reference)
+            except ValueError as err:
+                raise UsageError(f"--calibrate: {one_line(err)}") from None
+        timings["calibrate_s"] = time.perf_counter() - start
+
+    search, search_reasons = None, {}
+    fp32_bindings: list = []
+    if options.tolerance is not None:
+        start = time.perf_counter()
+        bar = progress_bar(total=options.max_evaluations,
+                           desc=f"search (tolerance {options.tolerance:g})",
+                           unit="evaluation", disable=not progress)
+        def step(fp32, value):
+            bar.update(1)
+            bar.set_postfix_str(f"{len(fp32)} float32, error {value:.3g}")
+
+        try:
+            _, searched = relay_amp.auto_mixed_precision(
+                mod, data.reference, options.tolerance, metric=options.metric, dtype=dtype,
+                target=checked.target, max_evaluations=options.max_evaluations,
+                policy=search_policy, calibrated=calibration if calibration is not None else True,
+                on_evaluation=step)
+        except RuntimeError as err:
+            raise ConvertFailure(f"{one_line(err)}: raise --tolerance or --max-evaluations") \
+                from None
+        finally:
+            bar.close()
+        timings["search_s"] = time.perf_counter() - start
+        search = searched.search
+        fp32_bindings = list(search.fp32_bindings)
+        search_reasons = {row.name: row.reasons for row in searched.rows
+                          if row.function == "main" and row.name in fp32_bindings}
+
+    final_data = dict(policy_data)
+    final_data["exclude_names"] = list(policy_data["exclude_names"]) + [
+        name for name in fp32_bindings if name not in policy_data["exclude_names"]]
+    policy = Policy.from_dict(final_data)
+    start = time.perf_counter()
+    with _stage(f"convert to {dtype}", progress):
+        converted, report = relay_amp.convert(mod, policy=policy, target=checked.target,
+                                              calibration=calibration)
+    timings["convert_s"] = time.perf_counter() - start
+    storage = [row for row in report.ops if row.code == "target_storage_only"]
+    if storage:
+        x86, arm = ("avx512fp16", "fullfp16") if dtype == "float16" else ("avx512bf16", "bf16")
+        target_name = storage[0].reason("target_storage_only").values["target"]
+        note = (f"compute stays float32 in {len(storage)} ops: target {target_name} has no fast "
+                f"{dtype} arithmetic, so {dtype} only stores them; for {dtype} compute give a "
+                f"target that has it, e.g. --target 'llvm -mattr=+{x86}' (x86) or "
+                f"'llvm -mtriple=aarch64-linux-gnu -mattr=+{arm}' (ARM)")
+        notes.append(note)
+        advice.append(note)
+    if search_reasons:
+        import dataclasses
+
+        report.rows = [dataclasses.replace(row, reasons=search_reasons[row.name])
+                       if row.function == "main" and row.name in search_reasons else row
+                       for row in report.rows]
+    report.search = search
+
+    start = time.perf_counter()
+    with _stage(f"build for {checked.target.get('kind')}", progress):
+        try:
+            executable, library, build_note = _build(converted, checked.target, work)
+        except (UsageError, ConvertFailure):
+            raise
+        except Exception as err:  # noqa: BLE001 - TVM raises many types
+            raise ConvertFailure(f"compiling for {options.target} failed: {one_line(err)}") \
+                from None
+    timings["build_s"] = time.perf_counter() - start
+    if build_note:
+        notes.append(build_note)
+
+    accuracy = None
+    if data is not None:
+        start = time.perf_counter()
+        accuracy = measure_accuracy(mod, converted, executable, checked.target, data, progress)
+        if options.tolerance is not None:
+            accuracy["tolerance"] = options.tolerance
+            accuracy["metric"] = options.metric
+        timings["accuracy_s"] = time.perf_counter() - start
+        with open(os.path.join(work, "accuracy.json"), "w", encoding="utf-8") as handle:
+            json.dump(_json_safe(accuracy), handle, indent=2)
+
+    with open(os.path.join(work, "policy.json"), "w", encoding="utf-8") as handle:
+        handle.write(policy.to_json() + "\n")
+
+    saved = {
+        "report_format": REPORT_FORMAT,
+        "relay_amp_version": relay_amp.__version__,
+        "command": options.command,
+        "model": {"path": os.path.abspath(options.model), "format": checked.fmt,
+                  "inputs": [{"name": i.source, "parameter": i.name, "shape": list(i.shape),
+                              "dtype": i.dtype, "fed_as": io.get(i.name, i.dtype)}
+                             for i in imported.inputs]},
+        "dtype": dtype,
+        "target": _plain(checked.target),  # as chosen: TVM would add its default mtriple
+        "target_given": options.target,
+        "library": library,
+        "policy": "policy.json",
+        "calibration": data.source if data is not None else None,
+        "tolerance": options.tolerance,
+        "accuracy": ({k: v for k, v in accuracy.items() if k not in ("per_batch", "outputs")}
+                     if accuracy else None),
+        "timings_s": timings,
+        "notes": notes,
+        "advice": advice,
+        "conversion": report.to_dict(),
+    }
+    saved = _json_safe(saved)
+    with open(os.path.join(work, "report.json"), "w", encoding="utf-8") as handle:
+        json.dump(saved, handle, indent=2)
+    with open(os.path.join(work, "report.md"), "w", encoding="utf-8") as handle:
+        handle.write(markdown_report(saved))
+    return saved

@@ -1,0 +1,262 @@
+"""Model files in: ONNX, TFLite and ``torch.export`` (``.pt2``) imported into Relax with the
+data inputs named and shaped. The evaluation harness imports its ONNX models through here too."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import warnings
+from dataclasses import dataclass, field
+
+from .arguments import FORMATS_TEXT, ConvertFailure, UsageError, one_line
+
+
+def import_onnx(model, input_shapes: dict, notes: list, simplify: bool = False):
+    """``from_onnx`` with pinned input shapes; if that fails (or ``simplify``), fold shapes and
+    constants with onnxsim first."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    def simplified():
+        import onnx
+        import onnxsim
+
+        if model.ir_version > onnx.IR_VERSION:  # newer exporters stamp a version onnx 1.15
+            model.ir_version = onnx.IR_VERSION  # cannot check; the ops themselves are older
+            notes.append(f"ir_version lowered to {onnx.IR_VERSION} for onnx {onnx.__version__}")
+        result, ok = onnxsim.simplify(model, overwrite_input_shapes=input_shapes)
+        if not ok:
+            raise RuntimeError("onnxsim could not verify the simplified model")
+        notes.append("shapes folded with onnxsim before import")
+        return from_onnx(result, shape_dict=input_shapes)
+
+    if simplify:
+        return simplified()
+    try:
+        return from_onnx(model, shape_dict=input_shapes)
+    except Exception as first:  # noqa: BLE001 - the importer raises many types; retry after simplification
+        try:
+            return simplified()
+        except ImportError:
+            raise first from None
+
+
+@dataclass
+class ModelInput:
+    """One data input of the imported model."""
+
+    name: str  # the Relax parameter's name
+    source: str  # the name in the model file
+    shape: tuple
+    dtype: str
+
+
+@dataclass
+class Imported:
+    mod: object
+    inputs: list
+    notes: list = field(default_factory=list)
+
+
+def _resolve_specs(specs: dict, declared: list, path: str) -> dict:
+    """``--input`` specs by file input name; unknown names are an error."""
+    names = [name for name, _, _ in declared]
+    resolved = {}
+    for name, spec in specs.items():
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(f"--input names {name!r}, which is not an input of {path}; {hint}"
+                             f"its inputs are {', '.join(names)}")
+        resolved[name] = spec
+    return resolved
+
+
+def _input_shapes(declared: list, specs: dict, path: str) -> dict:
+    """Concrete shapes per input: the declared ones, with ``--input`` filling symbolic dims."""
+    shapes = {}
+    for name, dims, _ in declared:
+        spec = specs.get(name)
+        if spec is None:
+            if any(not isinstance(d, int) or d < 1 for d in dims):
+                shown = ",".join(str(d) if isinstance(d, int) and d > 0 else "?" for d in dims)
+                raise UsageError(f"input {name!r} of {os.path.basename(path)} has a symbolic "
+                                 f"shape [{shown}]: give it with --input {name}:"
+                                 + ",".join(str(d) if isinstance(d, int) and d > 0 else "N"
+                                            for d in dims))
+            shapes[name] = tuple(dims)
+            continue
+        if len(spec.shape) != len(dims):
+            raise UsageError(f"--input {name}: shape {list(spec.shape)} has {len(spec.shape)} "
+                             f"dimensions but the model's input has {len(dims)} "
+                             f"({[d if isinstance(d, int) and d > 0 else '?' for d in dims]})")
+        for given, declared_dim in zip(spec.shape, dims):
+            if isinstance(declared_dim, int) and declared_dim > 0 and given != declared_dim:
+                raise UsageError(f"--input {name}: shape {list(spec.shape)} does not match the "
+                                 f"model's fixed shape {list(dims)}")
+        shapes[name] = tuple(spec.shape)
+    return shapes
+
+
+def _check_dtype(spec, declared_dtype: str, name: str) -> None:
+    if spec is None or spec.dtype is None or spec.dtype == declared_dtype:
+        return
+    from ..policy import INTEGER_INPUT_DTYPES
+
+    if declared_dtype == "float32" and spec.dtype in INTEGER_INPUT_DTYPES + ("float16",
+                                                                            "bfloat16"):
+        return  # the converted model takes it in that dtype (checked against --dtype later)
+    raise UsageError(f"--input {name}: the model takes {declared_dtype}, not {spec.dtype}; a "
+                     f"float32 input can be fed as uint8/int8 images or in the low-precision "
+                     "dtype, other inputs keep the dtype the model declares")
+
+
+def _import_onnx(path: str, specs: dict, notes: list) -> Imported:
+    import onnx
+    from tvm import relax
+
+
+
+    try:
+        model = onnx.load(path)
+    except Exception as err:  # noqa: BLE001 - protobuf errors vary
+        raise UsageError(f"cannot read {path!r} as ONNX ({one_line(err)}); give "
+                         f"{FORMATS_TEXT}") from None
+    if not model.graph.node:
+        raise UsageError(f"{path!r} holds no ONNX graph; give {FORMATS_TEXT}")
+    initializers = {i.name for i in model.graph.initializer}
+    declared = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?"
+                for d in tensor.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+        declared.append((value.name, dims, dtype))
+    specs = _resolve_specs(specs, declared, path)
+    shapes = _input_shapes(declared, specs, path)
+    for name, _, dtype in declared:
+        _check_dtype(specs.get(name), dtype, name)
+    shape_dict = {name: list(shape) for name, shape in shapes.items()}
+    mod = import_onnx(model, shape_dict, notes)
+    func = mod["main"]
+    if relax.analysis.defined_symbolic_vars(func) or _has_unknown_shape(func.ret_ty):
+        mod = import_onnx(model, shape_dict, notes, simplify=True)  # fold data-dependent shapes
+    params = list(mod["main"].params)
+    inputs = [ModelInput(p.name, name, shapes[name], dtype)
+              for p, (name, _, dtype) in zip(params, declared)]
+    return Imported(mod, inputs, notes)
+
+
+def _has_unknown_shape(ty) -> bool:
+    from tvm import relax
+
+    if isinstance(ty, relax.TensorType):
+        return ty.shape is None
+    if isinstance(ty, relax.TupleType):
+        return any(_has_unknown_shape(field) for field in ty.fields)
+    return False
+
+
+_TFLITE_TYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool",
+                 7: "int16", 9: "int8", 10: "float64"}
+
+
+def _import_tflite(path: str, specs: dict, notes: list) -> Imported:
+    import tflite
+    from tvm.relax.frontend.tflite import from_tflite
+
+    with open(path, "rb") as handle:
+        model = tflite.Model.GetRootAsModel(handle.read(), 0)
+    try:
+        graph = model.Subgraphs(0)
+        declared = []
+        for i in range(graph.InputsLength()):
+            tensor = graph.Tensors(graph.Inputs(i))
+            shape = [int(d) for d in tensor.ShapeAsNumpy()] if tensor.ShapeLength() else []
+            signature = ([int(d) for d in tensor.ShapeSignatureAsNumpy()]
+                         if tensor.ShapeSignatureLength() else shape)
+            dims = [d if s >= 0 else "?" for d, s in zip(shape, signature)]
+            declared.append((tensor.Name().decode(), dims,
+                             _TFLITE_TYPES.get(tensor.Type(), "float32")))
+    except Exception as err:  # noqa: BLE001 - a corrupt flatbuffer
+        raise UsageError(f"cannot read {path!r} as TFLite ({one_line(err)})") from None
+    specs = _resolve_specs(specs, declared, path)
+    shapes = _input_shapes(declared, specs, path)
+    for name, _, dtype in declared:
+        _check_dtype(specs.get(name), dtype, name)
+    try:
+        imported = from_tflite(model, {n: shapes[n] for n, _, _ in declared},
+                               {n: d for n, _, d in declared})
+    except Exception as err:  # noqa: BLE001 - the importer raises many types
+        raise ConvertFailure(f"TVM cannot import {path}: {one_line(err)}") from None
+    mod = imported[0] if isinstance(imported, tuple) else imported
+    params = list(mod["main"].params)
+    inputs = [ModelInput(p.name, name, shapes[name], dtype)
+              for p, (name, _, dtype) in zip(params, declared)]
+    return Imported(mod, inputs, notes)
+
+
+def _import_pt2(path: str, specs: dict, notes: list) -> Imported:
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("reading .pt2 files needs torch: pip install -r requirements.txt") \
+            from None
+    import tvm
+    from tvm.relax.frontend.torch import (
+        from_exported_program,
+    )
+
+    from ..execution import with_function
+
+    try:
+        program = torch.export.load(path)
+    except Exception as err:  # noqa: BLE001 - torch raises many types
+        raise UsageError(f"cannot read {path!r} as a torch.export program ({one_line(err)}); "
+                         "save one with torch.export.save") from None
+    try:
+        mod = from_exported_program(program, unwrap_unit_return_tuple=True)
+    except Exception as err:  # noqa: BLE001 - the importer raises many types
+        raise ConvertFailure(f"TVM cannot import {path}: {one_line(err)}") from None
+    func = mod["main"]
+    declared = []
+    for param in func.params:
+        dims = [int(d) if isinstance(d, tvm.tirx.IntImm) else str(d)
+                for d in param.ty.shape.values]
+        declared.append((param.name, dims, str(param.ty.dtype)))
+    specs = _resolve_specs(specs, declared, path)
+    shapes = _input_shapes(declared, specs, path)
+    bindings = {}
+    for param, (name, _, dtype) in zip(func.params, declared):
+        _check_dtype(specs.get(name), dtype, name)
+        for dim, value in zip(param.ty.shape.values, shapes[name]):
+            if not isinstance(dim, tvm.tirx.IntImm):
+                bindings[dim] = value
+    if bindings:
+        func = func.bind_symbolic_vars(bindings)
+        mod = with_function(mod, "main", func)
+        notes.append("symbolic dimensions bound to the --input shapes: "
+                     + ", ".join(f"{var}={value}" for var, value in bindings.items()))
+    inputs = [ModelInput(name, name, shapes[name], dtype) for name, _, dtype in declared]
+    return Imported(mod, inputs, notes)
+
+
+def import_model(path: str, fmt: str, specs: dict) -> Imported:
+    """Import ``path`` (format ``fmt``) as a Relax module with concrete input shapes."""
+    importer = {"onnx": _import_onnx, "tflite": _import_tflite, "pt2": _import_pt2}[fmt]
+    notes: list = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            imported = importer(path, specs, notes)
+        except (UsageError, ConvertFailure):
+            raise
+        except Exception as err:  # noqa: BLE001 - frontends raise many types
+            raise ConvertFailure(f"TVM cannot import {path}: {one_line(err)}") from None
+    for message in dict.fromkeys(str(w.message).strip() for w in caught):
+        if message:  # the frontends' warnings (renamed inputs, ...) go to the report, not stderr
+            imported.notes.append(f"import: {message}")
+    if not imported.inputs:
+        raise ConvertFailure(f"{path} has no data inputs to feed")
+    return imported

@@ -1,0 +1,161 @@
+"""Saved convert reports: ``report.md`` for people, ``relay-amp report`` to filter
+``report.json``."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+
+from .arguments import UsageError, one_line
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def _md_cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def loading_snippet(saved: dict) -> list:
+    library = saved["library"]
+    if saved["target"].get("kind") == "cuda":
+        return [
+            "```python",
+            "import tvm",
+            "from relay_amp.eval.bundle_runner import enable_cuda  # NVRTC compiles the CUDA "
+            "source at load",
+            "enable_cuda(tvm, 'nvrtc')",
+            f"vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module('{library}'), "
+            "tvm.cuda())",
+            "outputs = vm['main'](*[tvm.runtime.tensor(x, tvm.cuda()) for x in inputs])",
+            "```",
+        ]
+    return [
+        "```python",
+        "import tvm",
+        f"vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module('{library}'), tvm.cpu())",
+        "outputs = vm['main'](*[tvm.runtime.tensor(x) for x in inputs])",
+        "```",
+    ]
+
+
+def markdown_report(saved: dict) -> str:
+    """report.md: what was converted, how, how well, and how to load it."""
+    conversion = saved["conversion"]
+    target = saved["target"]
+    target_text = ", ".join(f"{k}={v}" for k, v in target.items()
+                            if k in ("kind", "arch", "mcpu", "mtriple", "mattr"))
+    lines = [f"# relay-amp convert: {os.path.basename(saved['model']['path'])}", "",
+             f"`{saved['command']}`" if saved.get("command") else "", "",
+             "| | |", "|---|---|",
+             f"| model | `{saved['model']['path']}` ({saved['model']['format']}) |",
+             "| inputs | " + "; ".join(
+                 f"`{i['name']}` {'x'.join(map(str, i['shape']))} {i['dtype']}"
+                 + (f" (fed as {i['fed_as']})" if i["fed_as"] != i["dtype"] else "")
+                 for i in saved["model"]["inputs"]) + " |",
+             f"| dtype | {saved['dtype']} |",
+             f"| target | {target_text} |",
+             f"| library | `{saved['library']}` |",
+             f"| policy | `{saved['policy']}` (re-use with `--policy`) |", "",
+             "## Summary", "", conversion["summary"], ""]
+    if saved.get("accuracy"):
+        acc = saved["accuracy"]
+        lines += ["## Accuracy on the calibration data", "",
+                  f"float32 vs converted over {acc['batches']} batches, run on {acc['ran_on']}:",
+                  "", "| relative L2 | max abs | cosine | NaN/Inf | worst batch rel. L2 |",
+                  "|---|---|---|---|---|",
+                  f"| {_fmt(acc['relative_l2'])} | {_fmt(acc['max_abs'])} | "
+                  f"{_fmt(acc['cosine'])} | {acc['nonfinite']} | "
+                  f"{_fmt(acc['worst_batch_relative_l2'])} |", ""]
+    search = conversion.get("search")
+    if search:
+        lines += ["## Accuracy-driven fallback", "",
+                  f"Tolerance {search['tolerance']:g} ({'met' if search['met'] else 'not met'}: "
+                  f"{search['metric_value']:.3g}) with {len(search['fp32_bindings'])} binding(s) "
+                  f"kept in float32 ({', '.join(search['fp32_bindings']) or 'none'}), "
+                  f"{search['evaluations']} evaluations, {search['seconds']:.1f} s.", ""]
+    if conversion.get("notes") or saved.get("notes"):
+        lines += ["## Notes", ""]
+        lines += [f"- {_md_cell(n)}" for n in saved.get("notes", []) + conversion["notes"]]
+        lines.append("")
+    lines += ["## Load it", ""] + loading_snippet(saved) + [""]
+    lines += ["## Every binding", "",
+              "| function | binding | op | inputs | compute | acc | output | casts | rule |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for row in conversion["rows"]:
+        lines.append("| " + " | ".join(_md_cell(v) for v in (
+            row["function"], row["name"], row["op"], ",".join(row["input_dtypes"]),
+            row["compute_dtype"], row["accumulation_dtype"], row["output_dtype"],
+            row["casts_added"], row["rule"])) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def read_report(path: str) -> dict:
+    if os.path.isdir(path):
+        path = os.path.join(path, "report.json")
+    if not os.path.isfile(path):
+        raise UsageError(f"{path!r} does not exist; give the report.json a convert run wrote")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            saved = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UsageError(f"{path!r} is not JSON ({one_line(err)})") from None
+    if not isinstance(saved, dict) or "conversion" not in saved or "rows" not in saved.get(
+            "conversion", {}):
+        raise UsageError(f"{path!r} is not a report.json from relay-amp convert")
+    return saved
+
+
+def format_report(saved: dict, rules=(), ops=(), compute=None, limit=None) -> str:
+    """The text ``relay-amp report`` prints: summary, notes, accuracy, then the (filtered) rows."""
+    from ..report import BindingRecord, Report
+
+    conversion = saved["conversion"]
+    rows = conversion["rows"]
+    known_ops = sorted({row["op"] for row in rows})
+    for op in ops:
+        if op not in known_ops:
+            close = difflib.get_close_matches(op, known_ops, n=3)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise UsageError(f"--op {op!r}: no row of this report has that op; {hint}its ops "
+                             f"are {', '.join(known_ops)}")
+    picked = [row for row in rows
+              if (not ops or row["op"] in ops)
+              and (not rules or any(r.lower() in row["rule"].lower() for r in rules))
+              and (compute is None or row["compute_dtype"] == compute)]
+    report = Report(conversion["dtype"],
+                    rows=[BindingRecord.from_dict(row)
+                          for row in picked])
+    target = saved.get("target", {})
+    lines = [f"model   {saved['model']['path']} ({saved['model']['format']})",
+             "target  " + ", ".join(f"{k}={v}" for k, v in target.items()
+                                     if k in ("kind", "arch", "mcpu", "mtriple", "mattr")),
+             f"library {saved.get('library')}",
+             conversion["summary"]]
+    lines += list(saved.get("notes", [])) + list(conversion.get("notes", []))
+    search = conversion.get("search")
+    if search:
+        lines.append(f"search: tolerance {search['tolerance']:g} "
+                     f"{'met' if search['met'] else 'NOT met'} ({search['metric_value']:.3g}) "
+                     f"with {len(search['fp32_bindings'])} float32 binding(s) in "
+                     f"{search['evaluations']} evaluations")
+    accuracy = saved.get("accuracy")
+    if accuracy:
+        lines.append(f"accuracy on {accuracy['batches']} calibration batches: relative L2 "
+                     f"{_fmt(accuracy['relative_l2'])}, max abs {_fmt(accuracy['max_abs'])}, "
+                     f"cosine {_fmt(accuracy['cosine'])}, NaN/Inf {accuracy['nonfinite']}")
+    filters = [f"rule contains {' or '.join(map(repr, rules))}" if rules else "",
+               f"op in {', '.join(ops)}" if ops else "",
+               f"compute {compute}" if compute else ""]
+    filters = [f for f in filters if f]
+    lines.append("")
+    lines.append(f"{len(picked)} of {len(rows)} rows" + (f" ({'; '.join(filters)})"
+                                                        if filters else ""))
+    if picked:
+        lines.append(report.table(max_rows=limit))
+    return "\n".join(lines)
+
