@@ -194,7 +194,8 @@ def _prepare(mod, inputs, tolerance, metric, dtype, target, max_evaluations, pol
 def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="relative_l2",
                          dtype: str = "float16", target=None, max_evaluations: int = 16,
                          policy: Policy | None = None, calibrated: bool | Calibration = True,
-                         run_target=None, on_evaluation=None) -> tuple[tvm.IRModule, Report]:
+                         run_target=None, on_evaluation=None,
+                         output_policy: Policy | None = None) -> tuple[tvm.IRModule, Report]:
     """Convert ``mod`` so that it meets ``tolerance`` on ``inputs`` with few float32 ops.
 
     Parameters
@@ -218,6 +219,10 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
         Where the evaluations run (default: this machine's CPU).
     on_evaluation : callable, optional
         Called as ``on_evaluation(fp32_bindings, value)`` after each evaluation (progress).
+    output_policy : Policy, optional
+        The policy the returned module is converted with, the bindings the search keeps in
+        float32 excluded on top: the search's own policy plus what its inputs cannot exercise
+        (``input_dtypes`` a model is fed in production, say). Default: ``policy``.
 
     Returns
     -------
@@ -237,7 +242,12 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
                                             on_evaluation)
 
     def finish(fp32, value):
-        converted, report = harness.convert(fp32)
+        if output_policy is None:
+            converted, report = harness.convert(fp32)
+        else:
+            final = output_policy.with_dtype(dtype).exclude(*fp32)
+            converted, report = convert(mod, dtype, policy=final, target=harness.target,
+                                        calibration=harness.calibration)
         errors = locals_by_name
         rows = []
         for row in report.rows:

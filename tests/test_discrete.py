@@ -11,6 +11,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from relay_amp.dtypes import numpy_dtype
+from relay_amp.execution import compile_module, run
 
 
 @I.ir_module
@@ -63,12 +64,13 @@ def test_dynamic_quantization_gives_float32_codes_on_the_same_inputs(dtype):
     converted, report = convert_checked(DynamicQuantize, dtype, keep_io_dtypes=False)
     assert str(converted["main"].params[0].ty.dtype) == dtype
     rng = np.random.default_rng(0)
+    reference, low = compile_module(DynamicQuantize), compile_module(converted)
     for trial in range(40):
         x = rng.normal(scale=rng.uniform(0.01, 10), size=12).astype(numpy_dtype(dtype))
         if trial % 3 == 0:
             x = np.abs(x)  # min clamped to 0: the zero point is 0
-        want = run_module(DynamicQuantize, [np.asarray(x, "float32")])
-        got = run_module(converted, [x])
+        want = run(reference, [np.asarray(x, "float32")])
+        got = run(low, [x])
         np.testing.assert_array_equal(got[0], want[0])  # the codes
         np.testing.assert_array_equal(got[2], want[2])  # the zero point
     for name in ("lv4", "lv5", "lv6", "lv9"):  # the scale's and zero point's arithmetic
@@ -98,10 +100,11 @@ def test_a_threshold_that_selects_is_computed_in_float32(dtype):
     assert row.code == "decides_discrete" and row.compute_dtype == "float32", row
     rng = np.random.default_rng(1)
     w = np.full(64, 0.5, "float32")
+    reference, low = compile_module(Threshold), compile_module(converted)
     for _ in range(10):
         x = (0.5 + rng.uniform(-1e-2, 1e-2, 64)).astype(numpy_dtype(dtype))  # near the mean
-        want = run_module(Threshold, [np.asarray(x, "float32"), w])[0]
-        got = run_module(converted, [x, np.asarray(w, numpy_dtype(dtype))])[0]
+        want = run(reference, [np.asarray(x, "float32"), w])[0]
+        got = run(low, [x, np.asarray(w, numpy_dtype(dtype))])[0]
         np.testing.assert_array_equal(np.asarray(got, "float32") != 0, want != 0)
 
 

@@ -69,6 +69,20 @@ def test_auto_fallback_keeps_only_the_planted_op_in_float32():
     assert baseline.evaluations > search.evaluations
 
 
+def test_the_returned_module_takes_the_output_policy_with_the_search_on_top():
+    """The search evaluates with ``policy``; the module it returns is converted with
+    ``output_policy`` (here float16 input and output, which its float32 batches cannot feed),
+    the bindings it found excluded, and the report carries the search's reasons."""
+    output = relay_amp.Policy("float16", keep_io_dtypes=False)
+    new, report = fallback.auto_mixed_precision(Planted, _batches(), tolerance=1e-2,
+                                                output_policy=output)
+    assert report.search.fp32_bindings == ["a"] and report.find("a").code == "search_fallback"
+    assert [str(p.ty.dtype) for p in new["main"].params] == ["float16"] * 4
+    assert str(new["main"].ret_ty.dtype) == "float16"
+    plain, _ = fallback.auto_mixed_precision(Planted, _batches(), tolerance=1e-2)
+    assert [str(p.ty.dtype) for p in plain["main"].params] == ["float32"] * 4
+
+
 def test_tolerance_met_without_fallback_costs_one_evaluation():
     _, report = fallback.auto_mixed_precision(Planted, _batches(), tolerance=10.0)
     assert report.search.evaluations == 1 and report.search.fp32_bindings == []

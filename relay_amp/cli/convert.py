@@ -459,8 +459,8 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
                 raise UsageError(f"--calibrate: {one_line(err)}") from None
         timings["calibrate_s"] = time.perf_counter() - start
 
-    search, search_reasons = None, {}
     fp32_bindings: list = []
+    io_policy = Policy.from_dict(policy_data)
     if options.tolerance is not None:
         start = time.perf_counter()
         bar = progress_bar(total=options.max_evaluations,
@@ -471,31 +471,26 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
             bar.set_postfix_str(f"{len(fp32)} float32, error {value:.3g}")
 
         try:
-            _, searched = relay_amp.auto_mixed_precision(
+            converted, report = relay_amp.auto_mixed_precision(
                 mod, data.reference, options.tolerance, metric=options.metric, dtype=dtype,
                 target=checked.target, max_evaluations=options.max_evaluations,
                 policy=search_policy, calibrated=calibration if calibration is not None else True,
-                on_evaluation=step)
+                on_evaluation=step, output_policy=io_policy)
         except RuntimeError as err:
             raise ConvertFailure(f"{one_line(err)}: raise --tolerance or --max-evaluations") \
                 from None
         finally:
             bar.close()
         timings["search_s"] = time.perf_counter() - start
-        search = searched.search
-        fp32_bindings = list(search.fp32_bindings)
-        search_reasons = {row.name: row.reasons for row in searched.rows
-                          if row.function == "main" and row.name in fp32_bindings}
-
-    final_data = dict(policy_data)
-    final_data["exclude_names"] = list(policy_data["exclude_names"]) + [
-        name for name in fp32_bindings if name not in policy_data["exclude_names"]]
-    policy = Policy.from_dict(final_data)
-    start = time.perf_counter()
-    with _stage(f"convert to {dtype}", progress):
-        converted, report = relay_amp.convert(mod, policy=policy, target=checked.target,
-                                              calibration=calibration)
-    timings["convert_s"] = time.perf_counter() - start
+        fp32_bindings = list(report.search.fp32_bindings)
+    else:
+        start = time.perf_counter()
+        with _stage(f"convert to {dtype}", progress):
+            converted, report = relay_amp.convert(mod, policy=io_policy, target=checked.target,
+                                                  calibration=calibration)
+        timings["convert_s"] = time.perf_counter() - start
+    policy = Policy.from_dict(policy_data).exclude(  # what policy.json holds
+        *[name for name in fp32_bindings if name not in policy_data["exclude_names"]])
     storage = [row for row in report.ops if row.code == "target_storage_only"]
     if storage:
         x86, arm = ("avx512fp16", "fullfp16") if dtype == "float16" else ("avx512bf16", "bf16")
@@ -506,13 +501,6 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
                 f"'llvm -mtriple=aarch64-linux-gnu -mattr=+{arm}' (ARM)")
         notes.append(note)
         advice.append(note)
-    if search_reasons:
-        import dataclasses
-
-        report.rows = [dataclasses.replace(row, reasons=search_reasons[row.name])
-                       if row.function == "main" and row.name in search_reasons else row
-                       for row in report.rows]
-    report.search = search
 
     start = time.perf_counter()
     with _stage(f"build for {checked.target.get('kind')}", progress):
