@@ -49,9 +49,9 @@ TEXT = {
     "result_kept_float32": (None, "result kept float32: {why}"),
     "scalar_out_of_range": ("fp32", "scalar argument {value:.4g} {bound}"),
     "foreign_out_dtype": ("kept", "out_dtype {dtype} is not float32"),
-    "decides_discrete": ("fp32", "it decides {consumer}'s integers ({op}'s scale or zero "
-                                 "point): computed in float32 from its inputs as they are, "
-                                 "since one rounding flips an integer"),
+    "decides_discrete": ("fp32", "it decides {consumer}'s discrete result ({op}'s scale, zero "
+                                 "point or threshold): computed in float32 from its inputs as "
+                                 "they are, since one rounding flips an integer or a selection"),
     "fp32_boundary": (None, "stays float32 as the function's {where} [fp32_boundary]: {why}"),
     # where values live between kernels (planner, low_precision_boundaries)
     "residual_added": (None, "stored float32 between kernels: {consumer} adds to it in float32, "

@@ -1,43 +1,15 @@
-"""The rewriter behind :class:`relay_amp.ToMixedPrecision`, and the algorithm it carries out.
+"""Step 3 of the algorithm (stated in :mod:`relay_amp.transform`): the rewrite.
 
-The algorithm, per Relax function (If branches and nested functions are scopes of their own):
-
-1. Decide. Forward over the bindings, the policy gives each call a category and a rule; operand
-   checks (constants or scalars the low-precision dtype cannot hold, dtypes other than float32,
-   calibrated ranges that would overflow) can overrule it, and quantize(x) of values that are
-   already those integers becomes the identity. From the categories follows `can_low`: whether
-   a value can exist in low precision without losing what float32 protected (dot products,
-   accumulate ops, and follow ops whose float activation inputs can all be low; constants and
-   parameters adapt).
-1b. Kernel boundaries (low_precision_boundaries and mixed_kernels, on for GPUs). Which values
-   FuseOps keeps in one kernel's registers and which cross a kernel boundary; a crossing value
-   is stored in low precision and widened in the kernel that reads it, unless it is a residual
-   stream (an elementwise op in another kernel adds to it, or a centring normalization reads
-   it), which keeps float32 (low_precision_residuals off), or a ranking op (NMS, top-k, sort,
-   argmax) reads it, directly or through exact ops: rounding would swap nearly-equal values.
-   An accumulate op is one kernel that reads what arrives, computes in float32 registers and
-   writes what its consumers want; a centring normalization also forms the residual add that
-   feeds it, so the sum is never stored.
-2. Demand. Backward over the bindings, each binding records the dtypes its operands must have:
-   low-precision ops want low precision; float32, unknown and accumulate ops want each operand's
-   original dtype; a follow op runs in low precision only if it can and one of its consumers
-   wants low precision. The function result wants its original dtypes (keep_io_dtypes).
-   Where the signature is made low precision (keep_io_dtypes=False, low_precision_inputs), a
-   parameter or result leaf that holds a value the low dtype cannot (calibrated range, or a
-   constant) keeps float32 there, with a note and the reason code fp32_boundary, or the
-   conversion raises (strict_io_dtypes).
-3. Rewrite. Forward again with a PyExprMutator: every operand is cast to the dtype its consumer
-   computes in through one cast cache per scope. The cache stores both directions, so a cast
-   back to the original dtype returns the original value (never a fp32 -> fp16 -> fp32 round
-   trip); float32 constants are converted once, at conversion time; dot products accumulate in
-   float32 through out_dtype and emit the low-precision copy of their result only if some
-   consumer demanded it; a binding whose operands and attributes come out unchanged is kept
-   as it is. Each binding's decision lands in the report with its rule.
-
-Step 1 is :mod:`relay_amp.planner`, 1b :mod:`relay_amp.boundaries`, 2 :mod:`relay_amp.demand`;
-step 3 is this module, with its casts and constants in :mod:`relay_amp.casts`, the kernels it
-emits itself in :mod:`relay_amp.kernels` and the signature in :mod:`relay_amp.signature`.
-Op-specific behaviour is in the per-op table of :mod:`relay_amp.op_hooks`.
+Forward over each function with a PyExprMutator: every operand is cast to the dtype its consumer
+computes in through one cast cache per scope. The cache stores both directions, so a cast back
+to the original dtype returns the original value (never a fp32 -> fp16 -> fp32 round trip);
+float32 constants are converted once, at conversion time; dot products accumulate in float32
+through out_dtype and emit the low-precision copy of their result only if some consumer demanded
+it; a binding whose operands and attributes come out unchanged is kept as it is. Each binding's
+decision lands in the report with its rule. Its casts and constants are in
+:mod:`relay_amp.casts`, the kernels it emits itself in :mod:`relay_amp.kernels`, the signature
+in :mod:`relay_amp.signature`; op-specific behaviour is in the per-op table of
+:mod:`relay_amp.op_hooks`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,51 @@
-"""The public entry points: :func:`convert` and the :class:`ToMixedPrecision` module pass."""
+"""The public entry points, :func:`convert` and the :class:`ToMixedPrecision` module pass, and
+the algorithm they run, in the order :func:`convert` runs it.
+
+0. Resolve. The policy (argument, else the active :func:`relay_amp.amp_config`, else the
+   default) and, per Relax function, the target (argument, else ``Target.current()``, else the
+   function's ``target`` attribute) and its kernel settings (:func:`relay_amp.targets.
+   kernel_settings`: ``decompose_batch_norm``, ``mixed_kernels``, ``low_precision_boundaries``,
+   ``low_precision_residuals``). Where ``decompose_batch_norm`` holds, inference batch_norm
+   becomes elementwise ops first (``DecomposeOpsForInference``).
+
+Then per Relax function (If branches and nested functions are scopes of their own), steps 1-3:
+
+1. Decide (:mod:`relay_amp.planner`). Forward over the bindings, the policy gives each call a
+   category and a rule; operand checks (constants or scalars the low-precision dtype cannot
+   hold, dtypes other than float32, calibrated ranges that would overflow) can overrule it, and
+   quantize(x) of values that are already those integers becomes the identity. A value that
+   decides a discrete result (a quantization's scale or zero point, a scalar or broadcast
+   operand of a comparison or of a cast to integers) and the calls computing it stay float32
+   (reason ``decides_discrete``). From the categories follows ``can_low``: whether a value can
+   exist in low precision without losing what float32 protected.
+1b. Kernel boundaries (:mod:`relay_amp.boundaries`, with ``low_precision_boundaries``). Which
+   values FuseOps keeps in one kernel's registers and which cross a kernel boundary; a crossing
+   value is stored in low precision and widened in the kernel that reads it, unless a ranking
+   op (NMS, top-k, sort, argmax) reads it, directly or through exact ops, or it is a residual
+   stream whose sum a normalization centres (``low_precision_residuals``: other streams are
+   stored low, each add computed in float32 registers inside the kernel that reads them). An
+   accumulate op (``mixed_kernels``) is one kernel that reads what arrives, computes in float32
+   registers and writes what its consumers want; a centring normalization also forms the
+   residual add that feeds it, so the sum is never stored.
+2. Demand (:mod:`relay_amp.demand`). Backward over the bindings, each binding records the dtypes
+   its operands must have: low-precision ops want low precision; float32, unknown and
+   accumulate ops want each operand's original dtype; a follow op runs in low precision only if
+   it can and one of its consumers wants low precision. The function result wants its original
+   dtypes (``keep_io_dtypes``); where the signature is made low precision, a parameter or result
+   leaf that holds a value the low dtype cannot keeps float32 (reason ``fp32_boundary``) or the
+   conversion raises (``strict_io_dtypes``).
+3. Rewrite (:mod:`relay_amp.rewriter`). Forward again: every operand is cast to the dtype its
+   consumer computes in, through one cast cache per scope; an integer input (``input_dtypes``)
+   becomes the compute dtype, normalized, inside the first dataflow block; each binding's
+   decision lands in the report with its rule.
+
+4. Finish. Where ``low_precision_boundaries`` holds, dataflow outputs that no other block and
+   not the result reads become internal (so FuseOps fuses the signature's cast into the kernel
+   that computes the value) and casts nothing reads are dropped; with ``verify``, the output
+   is checked with ``well_formed``; with ``debug_guard``, a NaN/Inf check follows every
+   low-precision result (:mod:`relay_amp.instrument`); the report gets its rows, notes and
+   cast count.
+"""
 
 from __future__ import annotations
 
