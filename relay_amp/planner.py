@@ -220,12 +220,13 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
                     continue
                 operand = self.canonical(value.args[index])
                 limit = _elements(operand)
-                stack = [operand]
+                stack = [operand] if limit is not None else []
                 while stack:
                     item = stack.pop()
                     producer = producers.get(item)
-                    if (item in self.deciding or producer is None or limit is None
-                            or (_elements(item) or limit + 1) > limit):
+                    elements = _elements(item)
+                    if (item in self.deciding or producer is None or elements is None
+                            or elements > limit):  # the measured tensor is read, not rounded
                         continue
                     self.deciding[item] = (var, op)
                     stack.extend(self.canonical(leaf) for arg in producer.args
