@@ -14,7 +14,7 @@ from .calibrate import Calibration, calibrate
 from .execution import Agreement, agreement, compile_module, host_target, run
 from .fallback import auto_mixed_precision, bisect_fallback
 from .gpu_cost import GpuCost, gpu_cost
-from .op_tables import Category
+from .op_registry import Category
 from .pipeline import DecomposeAttention, cuda_pipeline
 from .policy import Policy, amp_config, current_policy
 from .report import BindingRecord, Report
@@ -23,14 +23,14 @@ from .transform import ToMixedPrecision, convert
 
 __version__ = "0.1.0"
 
-# Converted modules use half/bfloat16 in CUDA kernels: make TVM's CUDA sources compile even where
-# they do arithmetic on volatile half values (see relay_amp.codegen.cuda).
-codegen.cuda.enable()
+# Importing relay_amp registers no TVM callback: relay_amp's CUDA builds (cuda_pipeline,
+# pipeline.build) turn on relay_amp.codegen.cuda's source hook; tvm.compile users call
+# relay_amp.codegen.cuda.enable().
 
 __all__ = [
     "ToMixedPrecision", "convert", "Report", "BindingRecord", "Policy", "Category",
     "amp_config", "current_policy", "TargetCaps", "target_caps", "UnsupportedDtypeError",
     "Calibration", "calibrate", "auto_mixed_precision", "bisect_fallback", "GpuCost", "gpu_cost",
     "Agreement", "agreement", "compile_module", "host_target", "run", "cuda_pipeline",
-    "DecomposeAttention",
+    "DecomposeAttention", "codegen",
 ]

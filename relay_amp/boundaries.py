@@ -12,19 +12,9 @@ from tvm.relax import (
     TupleGetItem,
 )
 
-from .op_hooks import hooks_of
-from .op_tables import (
-    CENTRING_OPS,
-    EXACT_OPS,
-    FUSION_KINDS,
-    RANKING_OPS,
-    RESIDUAL_ADD_OPS,
-    Category,
-    FusionKind,
-    fuses,
-    fusion_kind,
-)
-from .plan import STORING_KINDS, Mode, Plan
+from .kinds import STORING_KINDS, Category, FusionKind, Mode
+from .op_registry import fuses, fusion_kind, op_info
+from .plan import Plan
 from .reasons import Reason
 from .relax_utils import (
     is_var,
@@ -75,7 +65,7 @@ class BoundaryPlanner:
             if plan is None or var in self.folded or var in self.absorbed:
                 continue
             if (plan.category == Category.FOLLOW and plan.mode == Mode.ORIGINAL
-                    and not hooks_of(plan.op).integer_side and plan.float_output
+                    and not op_info(plan.op).integer_side and plan.float_output
                     and not plan.constant_inputs):
                 self._boundary_follow_mode(var, plan)
             if (self.dtype_of(var) == "float32" and self.can_low.get(var, False)
@@ -94,7 +84,7 @@ class BoundaryPlanner:
 
     def _keeps_residual(self, var, plan: Plan) -> bool:
         """A residual stream keeps float32 between kernels: a value computed in float32
-        registers that a normalization in another kernel centres (:data:`CENTRING_OPS`), or that
+        registers that a normalization in another kernel centres (:attr:`OpInfo.centring`), or that
         an elementwise op in another kernel adds to in float32 where a normalization centres the
         sum (``low_precision_residuals`` :data:`~relay_amp.targets.UNCENTRED`, the GPU default;
         with it False every stream an op adds to keeps float32, with True none does). Rounded,
@@ -111,13 +101,14 @@ class BoundaryPlanner:
                 continue
             if consumer in self.absorbed and self._is_branch_of(var, consumer):
                 continue  # stored low; the sum is formed in float32 in the normalization
-            if (other.category == Category.FOLLOW and other.op not in EXACT_OPS
-                    and FUSION_KINDS.get(other.op) == FusionKind.ELEMWISE):
+            record = op_info(other.op)
+            if (other.category == Category.FOLLOW and not record.exact
+                    and record.fusion == FusionKind.ELEMWISE):
                 if mode == UNCENTRED and not self._centred(consumer):
                     self.uncentred_streams.setdefault(var, consumer)
                     continue
                 plan.reasons.append(Reason.of("residual_added", consumer=consumer.name))
-            elif other.mixed and other.op in CENTRING_OPS and not plan.mixed:
+            elif other.mixed and record.centring and not plan.mixed:
                 plan.reasons.append(Reason.of("residual_centred", consumer=consumer.name,
                                               op=other.op))
             else:
@@ -131,22 +122,22 @@ class BoundaryPlanner:
         by it)?"""
         if value in self.absorbed:
             return True
-        return any(c is not None and getattr(self.plans.get(c), "op", None) in CENTRING_OPS
+        return any(c is not None and c in self.plans and op_info(self.plans[c].op).centring
                    for c in self.uses.get(value, ()))
 
     def _ranked(self, var, plan: Plan) -> bool:
-        """A value a ranking op (:data:`RANKING_OPS`) reads, directly or through exact follow ops,
-        keeps float32 between kernels."""
+        """A value a ranking op (:attr:`OpInfo.ranking`) reads, directly or through exact
+        follow ops, keeps float32 between kernels."""
         seen, stack = {var}, [var]
         while stack:
             for consumer in self.uses.get(stack.pop(), ()):
                 other = self.plans.get(consumer)
                 if other is None or consumer in seen:
                     continue
-                if other.op in RANKING_OPS:
+                if op_info(other.op).ranking:
                     plan.reasons.append(Reason.of("ranked", consumer=consumer.name, op=other.op))
                     return True
-                if other.category == Category.FOLLOW and other.op in EXACT_OPS:
+                if other.category == Category.FOLLOW and op_info(other.op).exact:
                     seen.add(consumer)
                     stack.append(consumer)
         return False
@@ -176,11 +167,11 @@ class BoundaryPlanner:
             return
         for _, var, _ in items:
             plan = self.plans.get(var)
-            if plan is None or not plan.mixed or plan.op not in CENTRING_OPS:
+            if plan is None or not plan.mixed or not op_info(plan.op).centring:
                 continue
             source = self.call_args[var][0][0]
             producer = self.plans.get(source)
-            if (producer is not None and producer.op in RESIDUAL_ADD_OPS
+            if (producer is not None and op_info(producer.op).residual_add
                     and producer.category == Category.FOLLOW and producer.mode == Mode.ORIGINAL
                     and type(source) is DataflowVar and self.uses.get(source) == [var]
                     and self.dtype_of(source) == "float32"
@@ -256,8 +247,8 @@ class BoundaryPlanner:
         plan = self.plans.get(consumer)
         if plan is None or plan.category in (None, Category.FP32):
             return False
-        return not (plan.op in EXACT_OPS and all(
-            u is None or hooks_of(getattr(self.plans.get(u), "op", None)).is_cast
+        return not (op_info(plan.op).exact and all(
+            u is None or op_info(getattr(self.plans.get(u), "op", None)).is_cast
             for u in self._readers(consumer)))
 
     def _all_read_stored(self, var) -> bool:
@@ -326,7 +317,7 @@ class BoundaryPlanner:
         plan.mode_fixed = True
         activations = [leaf for leaf, _ in self._float_leaves(var)
                        if is_var(leaf) and leaf not in self.folded]
-        if plan.op in EXACT_OPS:
+        if op_info(plan.op).exact:
             if activations and self.can_low.get(var, False) and all(
                     self.arrives_low(leaf, var) for leaf in activations):
                 plan.mode = Mode.LOW
@@ -376,7 +367,7 @@ class BoundaryPlanner:
         for var in set(uses):
             plan = self.plans.get(var)
             if (plan is None or plan.category is None or plan.mode != Mode.ORIGINAL
-                    or plan.mixed or hooks_of(plan.op).integer_side
+                    or plan.mixed or op_info(plan.op).integer_side
                     or self.dtype_of(var) != "float32"):
                 return False
         return True

@@ -20,13 +20,9 @@ from .dtypes import (
     max_finite,
     smallest_subnormal,
 )
-from .op_hooks import hooks_of
-from .op_tables import (
-    EXACT_OPS,
-    LOW_CATEGORIES,
-    Category,
-)
-from .plan import ALL_VALUES_OPS, Mode, Plan, range_words
+from .kinds import LOW_CATEGORIES, Category, Mode
+from .op_registry import ALL, op_info
+from .plan import Plan, range_words
 from .reasons import Reason
 from .relax_utils import (
     GenericConst,
@@ -86,7 +82,7 @@ class DemandPlanner:
             if plan.mode == Mode.IDENTITY:
                 return
             low_operands = {self.low}
-            lowered = hooks_of(plan.op).low_operands
+            lowered = op_info(plan.op).low_operands
             for index, (_, arg_leaves) in enumerate(self.call_args[var]):
                 if lowered is not None and (plan.mode != Mode.LOW or index not in lowered):
                     continue  # integers, scales and zero points keep their dtypes
@@ -169,7 +165,7 @@ class DemandPlanner:
                     + self._values(value.false_branch.body, path, depth + 1))
         if value_type is Call:
             plan = self.plans.get(var)
-            if not path and plan is not None and plan.op in ALL_VALUES_OPS:
+            if not path and plan is not None and op_info(plan.op).values == ALL:
                 leaves = self._float_leaves(var)
                 if len(leaves) == 1:
                     found += self._values(leaves[0][0], (), depth + 1)
@@ -236,8 +232,10 @@ class DemandPlanner:
         category = plan.category
         if plan.mode == Mode.IDENTITY or plan.mode_fixed:
             return
-        choose = hooks_of(plan.op).choose_mode
-        if choose is not None and choose(self, plan, var, demand):
+        choose = op_info(plan.op).choose_mode
+        if choose is not None and category == Category.FOLLOW:
+            plan.mode, reason = choose(self.site(var, self.bound[var], demand))
+            plan.reasons.append(reason)
             return
         if category in LOW_CATEGORIES:
             plan.mode = Mode.LOW
@@ -247,7 +245,7 @@ class DemandPlanner:
         elif category == Category.FOLLOW:
             can_low = self.can_low.get(var, False)
             f32_ready = self.f32_ready.get(var, False)
-            exact = plan.op in EXACT_OPS
+            exact = op_info(plan.op).exact
             if not plan.float_output:
                 if can_low and not f32_ready:
                     plan.mode = Mode.LOW

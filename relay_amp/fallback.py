@@ -24,7 +24,7 @@ from .calibrate import Calibration, calibrate
 from .dtypes import numpy_dtype
 from .execution import agreement, as_batches, check_batch, compile_module, contiguous, with_function
 from .instrument import instrument, returning_stats
-from .op_hooks import hooks_of
+from .op_registry import op_info
 from .policy import Policy
 from .reasons import Reason
 from .relax_utils import op_name
@@ -148,7 +148,7 @@ def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None)
                 args.append(arg)
         attrs = value.attrs
         if (attrs is not None and hasattr(attrs, "out_dtype")
-                and not hooks_of(op_name(value)).keeps_out_dtype):
+                and not op_info(op_name(value)).keeps_out_dtype):
             attrs = replace_attrs(attrs, out_dtype="float32")
         try:
             shadow = bind(tvm.ir.Call(value.op, args, attrs, value.ty_args), "pair_low")

@@ -21,16 +21,10 @@ from .demand import DemandPlanner
 from .dtypes import (
     out_of_range_value,
 )
-from .op_hooks import hooks_of
-from .op_tables import (
-    EXACT_OPS,
-    FUSION_KINDS,
-    LOW_CATEGORIES,
-    TVM_LIMITATIONS,
-    Category,
-    FusionKind,
-)
-from .plan import Mode, Plan, range_words
+from .kinds import LOW_CATEGORIES, Category, FusionKind, Mode
+from .op_hooks import OpSite
+from .op_registry import op_info
+from .plan import Plan, range_words
 from .policy import Decision, Policy
 from .reasons import Reason
 from .relax_utils import (
@@ -185,6 +179,15 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
                     found.append((leaf, dtype))
         return found
 
+    def site(self, var, call, demand=frozenset()) -> OpSite:
+        """The view of ``var``'s call that an op hook gets."""
+        plan = self.plans.get(var)
+        return OpSite(call, self.low, plan.mode if plan is not None else Mode.ORIGINAL,
+                      frozenset(demand), self.can_low.get(var, False),
+                      self.f32_ready.get(var, False),
+                      lambda expr: self.bound.get(self.canonical(expr)),
+                      lambda expr: self.int_inputs.get(self.canonical(expr)))
+
     # ------------------------------------------------------------------ step 1
     def forward(self, seq: SeqExpr, params=()):
         for param in params:
@@ -208,9 +211,9 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
         producers = {var: value for _, var, value in items if type(value) is Call}
         for _, var, value in reversed(items):
             op = op_name(value) if type(value) is Call else None
-            hooks = hooks_of(op)
-            operands = hooks.decision_operands
-            if (op and not operands and not hooks.integer_side and self._discrete(var)
+            record = op_info(op)
+            operands = record.decision_operands
+            if (op and not operands and not record.integer_side and self._discrete(var)
                     and not _tests_infinity(value)):
                 operands = tuple(i for i, arg in enumerate(value.args)
                                  if (tensor_dtype(arg) or "").startswith(("float", "bfloat"))
@@ -260,7 +263,7 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
             plan.constant_inputs = bool(float_leaves) and all(
                 self._is_constant(leaf) for leaf, _ in float_leaves)
             plan.mixed = (self.settings.mixed_kernels and plan.category == Category.ACCUMULATE
-                          and FUSION_KINDS.get(op) == FusionKind.ANCHOR
+                          and op_info(op).fusion == FusionKind.ANCHOR
                           and self.dtype_of(var) == "float32")
             self.plans[var] = plan
             self.can_low[var] = var not in self.hot and (
@@ -314,13 +317,14 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
             consumer, consumer_op = self.deciding[var]
             return self._keep(plan, Reason.of("decides_discrete", consumer=consumer.name,
                                               op=consumer_op))
-        identify = hooks_of(op).identity
-        if identify is not None:
-            identity = identify(self, call)
+        record = op_info(op)
+        if record.identity is not None:
+            identity = record.identity(self.site(var, call))
             if identity is not None:
-                plan.mode, plan.reasons = Mode.IDENTITY, [identity]
+                plan.mode, (reason, plan.source) = Mode.IDENTITY, identity
+                plan.reasons = [reason]
                 return plan
-        limitation = TVM_LIMITATIONS.get(self.low, {}).get(op)
+        limitation = record.limitations.get(self.low)
         if limitation and category in LOW_CATEGORIES + (Category.FOLLOW,):
             return self._keep(plan, Reason.of("tvm_limitation", limitation=limitation))
         foreign = sorted({d for _, d in float_leaves} - {"float32", self.low})
@@ -366,7 +370,7 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
         category = plan.category
         if self.hot and any(leaf in self.hot for leaf, _ in float_leaves):
             return False
-        if category == Category.FOLLOW and hooks_of(plan.op).writes_low:
+        if category == Category.FOLLOW and op_info(plan.op).writes_low:
             return True
         if category in LOW_CATEGORIES:
             return True
@@ -377,7 +381,7 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
             activations = [x for x in leaves if is_var(x) and x not in self.params
                            and x not in self.folded]
             if not activations:  # constants and parameters: an exact op on them is exact
-                return plan.op in EXACT_OPS and (plan.constant_inputs or all(
+                return op_info(plan.op).exact and (plan.constant_inputs or all(
                     self._is_constant(leaf) or self._orig_dtype(leaf) == self.low
                     for leaf in leaves))
             return all(self._is_lowish(x) for x in leaves) and any(

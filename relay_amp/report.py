@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-import tvm
-from tvm.relax import TensorType
-
+from .op_registry import estimate_macs
 from .reasons import Reason, render
 
 
@@ -227,56 +225,3 @@ class Report:
 def short_dtype(dtype: str) -> str:
     """``f16``, ``bf16``, ``f32`` for the report's compact columns; other dtypes as they are."""
     return {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}.get(dtype, dtype)
-
-
-def _static_shape(expr) -> list[int] | None:
-    """The shape of a tensor expression, symbolic dimensions counted as 1."""
-    ty = expr.ty
-    if not isinstance(ty, TensorType) or ty.shape is None:
-        return None
-    values = ty.shape.values
-    try:
-        return [int(dim) for dim in values]
-    except (TypeError, ValueError):  # a symbolic dimension
-        return [int(dim.value) if isinstance(dim, tvm.tirx.IntImm) else 1 for dim in values]
-
-
-def _prod(values) -> int:
-    out = 1
-    for value in values:
-        out *= int(value)
-    return out
-
-
-MAC_OPS = frozenset((
-    "nn.conv1d", "nn.conv2d", "nn.conv3d", "nn.conv1d_transpose", "nn.conv2d_transpose",
-    "nn.conv3d_transpose", "matmul", "nn.attention", "nn.attention_bias", "outer"))
-
-
-def estimate_macs(op: str, call) -> int:
-    """Multiply-accumulates of a dot-product op (0 for other ops); symbolic dims count as 1."""
-    if op not in MAC_OPS:
-        return 0
-    try:
-        if op in ("nn.conv1d", "nn.conv2d", "nn.conv3d"):
-            out, weight = _static_shape(call), _static_shape(call.args[1])
-            # O, I/groups, spatial... in OIHW-like layouts; kernel_layout decides which is which
-            layout = str(call.attrs.kernel_layout)
-            spatial = _prod(d for d, c in zip(weight, layout) if c not in "OI")
-            per_output = weight[layout.index("I")] * spatial
-            return _prod(out) * per_output
-        if op in ("nn.conv1d_transpose", "nn.conv2d_transpose", "nn.conv3d_transpose"):
-            data, weight = _static_shape(call.args[0]), _static_shape(call.args[1])
-            return _prod(data) * _prod(weight[1:])
-        if op == "matmul":
-            out, lhs = _static_shape(call), _static_shape(call.args[0])
-            return _prod(out) * lhs[-1]
-        if op in ("nn.attention", "nn.attention_bias"):
-            q, k, v = (_static_shape(a) for a in call.args[:3])
-            batch, seq, heads, depth = q
-            return batch * heads * seq * k[1] * (depth + v[3])
-        if op == "outer":
-            return _prod(_static_shape(call))
-    except (TypeError, IndexError, ValueError, AttributeError):
-        return 0
-    return 0

@@ -14,6 +14,7 @@ in :mod:`relay_amp.signature`; op-specific behaviour is in the per-op table of
 
 from __future__ import annotations
 
+import numpy as np
 from tvm import relax
 from tvm.ir import Call
 from tvm.relax import (
@@ -32,13 +33,9 @@ from tvm.relax import (
 
 from .casts import CastEmitter
 from .kernels import KernelEmitter
-from .op_hooks import hooks_of
-from .op_tables import (
-    PASSTHROUGH_OPS,
-    Category,
-    callee_fusion_kinds,
-)
-from .plan import Mode, Plan
+from .kinds import Category, Mode
+from .op_registry import callee_fusion_kinds, op_info
+from .plan import Plan
 from .planner import FunctionPlanner
 from .policy import Policy
 from .reasons import Reason
@@ -54,7 +51,7 @@ from .relax_utils import (
     replace_attrs,
     tensor_dtype,
 )
-from .report import FP32_BOUNDARY, MAC_OPS, BindingRecord, BoundaryRecord
+from .report import FP32_BOUNDARY, BindingRecord, BoundaryRecord, short_dtype
 from .signature import SignatureRewriter
 from .targets import KernelSettings
 
@@ -282,11 +279,13 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
 
     def _rewrite_call(self, var, call: Call, plan: Plan, output: bool, binding=None):
         low = self.low
-        hooks = hooks_of(plan.op)
-        if hooks.before_rewrite is not None:
-            hooks.before_rewrite(self, var)
+        hooks = op_info(plan.op)
+        if hooks.float32_parameters:
+            self._count_float32_parameters(var)
         if plan.mode == Mode.IDENTITY:
-            source = hooks.identity_source(self, call)
+            source = self.int_params.get(plan.source)
+            if source is None:
+                source = self.visit_leaf(plan.source)
             new_var = self.emit_named(source, var.name, output)
             self._record(var, call, new_var, [a for a, _ in self.planner.call_args[var]], plan)
             return new_var
@@ -357,10 +356,26 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         if hooks.is_cast:
             self._adopt_cast(normalized.args[0], new_var)
         result = new_var
-        if hooks.after_emit is not None:
-            result = hooks.after_emit(self, plan, normalized, new_var, var.name, output)
+        pinned = hooks.pin_result and hooks.pin_result(self.planner.site(var, normalized))
+        if pinned:
+            plan.reasons.append(pinned)
+            result = self.count_cast(self.emit_named(relax.op.astype(new_var, low),
+                                                     f"{var.name}_{short_dtype(low)}", output))
         self._record(var, call, new_var, new_args, plan)
         return result
+
+    def _count_float32_parameters(self, var):
+        """The report's count of ops that keep float32 constant parameters (batch norms) and
+        the bytes of those parameters."""
+        parameters = [arg for arg, _ in self.planner.call_args[var][1:]
+                      if type(arg) is GenericConst and self.dtype_of(arg) == "float32"]
+        if parameters:
+            self.batch_norm_float32[0] += 1
+            for arg in parameters:
+                if arg.__chandle__() not in self.batch_norm_seen:  # dtype_of keeps arg alive
+                    self.batch_norm_seen.add(arg.__chandle__())
+                    self.batch_norm_float32[1] += 4 * int(np.prod(
+                        [int(d) for d in arg.value.shape]))
 
     def _operand(self, arg, visited, var, plan: Plan, lowered: bool):
         """One operand of ``var``'s call as the plan reads it: ``(expr, narrow)``, ``narrow``
@@ -420,10 +435,10 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         self.records.append(BindingRecord(
             function=self._function_name, name=plan.name, op=plan.op,
             category=plan.category.value if plan.category else (
-                "passthrough" if plan.op in PASSTHROUGH_OPS else "unknown"),
+                "passthrough" if op_info(plan.op).passthrough else "unknown"),
             input_dtypes=tuple(in_dtypes), compute_dtype=compute,
             accumulation_dtype=plan.accumulation or compute,
             output_dtype="+".join(stored) if stored else "-",
             casts_added=self._casts + max(0, len(stored) - 1),
             reasons=tuple(plan.reasons),
-            mac_source=call if plan.op in MAC_OPS else 0))
+            mac_source=call if op_info(plan.op).macs else 0))

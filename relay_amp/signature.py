@@ -16,7 +16,7 @@ from .calibrate import OutOfRange, out_of_range_reason
 from .dtypes import (
     max_finite,
 )
-from .plan import SOME_VALUES_OPS
+from .op_registry import op_info
 from .relax_utils import (
     leaves_of,
     op_name,
@@ -48,7 +48,7 @@ class SignatureRewriter:
             for binding in block.bindings:
                 value = binding.value
                 op = op_name(value) if type(value) is Call else None
-                if op not in SOME_VALUES_OPS or tensor_dtype(binding.var) != "float32":
+                if op_info(op).values is None or tensor_dtype(binding.var) != "float32":
                     continue
                 leaves = [leaf for arg in value.args for leaf in leaves_of(arg)
                           if (tensor_dtype(leaf) or "").startswith(("float", "bfloat"))]

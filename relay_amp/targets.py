@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import tvm
 
-from .op_tables import LOW_CATEGORIES, Category
+from .op_registry import LOW_CATEGORIES, Category
 from .policy import Decision
 from .reasons import Reason
 

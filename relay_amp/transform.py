@@ -56,7 +56,8 @@ from .calibrate import Calibration
 from .dtypes import check_low_precision_dtype
 from .execution import with_function
 from .instrument import instrument
-from .op_hooks import hooks_of
+from .op_hooks import OpSite
+from .op_registry import op_info
 from .policy import Policy, current_policy
 from .relax_utils import op_name
 from .report import Report
@@ -186,7 +187,7 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
             target = func.attrs["target"]
         targets[gvar.name_hint] = target
         settings[gvar.name_hint] = kernel_settings(policy, target)
-        if settings[gvar.name_hint].decompose_batch_norm and _has_inference_batch_norm(func):
+        if settings[gvar.name_hint].decompose_batch_norm and _decomposes(func, low):
             mod = relax.transform.DecomposeOpsForInference(gvar.name_hint)(mod)
             mod = relax.transform.CanonicalizeBindings()(mod)  # bn[0] of the new tuple: its field
             mod = with_function(mod, gvar.name_hint,
@@ -297,7 +298,7 @@ def internalize_dataflow_outputs(func: relax.Function) -> relax.Function:
             var, value = binding.var, binding.value
             read_by = readers.get(var.__chandle__(), set())
             if (not read_by and type(binding) is relax.VarBinding
-                    and isinstance(value, tvm.ir.Call) and hooks_of(op_name(value)).is_cast):
+                    and isinstance(value, tvm.ir.Call) and op_info(op_name(value)).is_cast):
                 dead.add(var.__chandle__())
             elif type(binding) is relax.VarBinding and type(var) is relax.Var and (
                     read_by <= {index}):
@@ -305,13 +306,16 @@ def internalize_dataflow_outputs(func: relax.Function) -> relax.Function:
     return _Internalize(internal, dead).visit_expr(func) if internal or dead else func
 
 
-def _has_inference_batch_norm(func) -> bool:
+def _decomposes(func, low: str) -> bool:
+    """Does ``func`` call an op that ``DecomposeOpsForInference`` decomposes
+    (:attr:`OpInfo.decomposes`: inference batch_norm)?"""
     found = []
 
     def visit(expr):
-        if (isinstance(expr, tvm.ir.Call) and isinstance(expr.op, tvm.ir.Op)
-                and expr.op.name == "relax.nn.batch_norm" and not bool(expr.attrs.training)):
-            found.append(expr)
+        if isinstance(expr, tvm.ir.Call) and isinstance(expr.op, tvm.ir.Op):
+            decomposes = op_info(op_name(expr)).decomposes
+            if decomposes is not None and decomposes(OpSite(expr, low)):
+                found.append(expr)
 
     relax.analysis.post_order_visit(func, visit)
     return bool(found)
@@ -335,7 +339,7 @@ def add_debug_guards(mod: tvm.IRModule, report: Report) -> tvm.IRModule:
             row = guarded.get((name, binding.var.name))
             ty = binding.var.ty
             value = binding.value
-            stored = (isinstance(value, tvm.ir.Call) and hooks_of(op_name(value)).is_cast
+            stored = (isinstance(value, tvm.ir.Call) and op_info(op_name(value)).is_cast
                       and isinstance(ty, relax.TensorType)
                       and str(ty.dtype) == report.dtype and isinstance(value.args[0], relax.Var))
             if not (row or stored) or not isinstance(ty, relax.TensorType) or not str(

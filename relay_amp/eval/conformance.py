@@ -258,8 +258,8 @@ def all_low_policy(dtype: str, **kwargs):
     """A policy that puts every op of the built-in tables into low precision (dot products keep
     float32 accumulation)."""
     from relay_amp import Policy
-    from relay_amp.op_tables import (
-        BUILTIN_GROUPS,
+    from relay_amp.op_registry import (
+        GROUP_OPS,
         LOW_CATEGORIES,
         Category,
     )
@@ -267,8 +267,8 @@ def all_low_policy(dtype: str, **kwargs):
 
     known = set(known_op_names())
     policy = Policy(dtype, **kwargs)
-    ops = sorted({op for group in BUILTIN_GROUPS if group.category not in LOW_CATEGORIES
-                  for op in group.ops if op in known})
+    ops = sorted({op for group, names in GROUP_OPS.items() if group.category not in LOW_CATEGORIES
+                  for op in names if op in known})
     return policy.set_category(ops, Category.LOW_PRECISION)
 
 
