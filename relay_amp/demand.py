@@ -1,9 +1,11 @@
-"""Step 2 of the algorithm (stated in :mod:`relay_amp.rewriter`): dtype demand. Backward over
-the bindings, each records the dtypes its operands must have; the function's signature keeps
-float32 where the low dtype cannot hold a parameter or result; each follow op's mode follows from
-what its consumers demand."""
+"""Step 2 of the algorithm (stated in :mod:`relay_amp.transform`): dtype demand. Backward over
+the bindings, each records the dtypes its operands must have (:class:`Demand`); each follow op's
+mode follows from what its consumers demand. Before it, :func:`result_signature` keeps float32
+the result leaves of a low-precision signature that the low dtype cannot hold."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tvm import relax
 from tvm.ir import Call
@@ -22,7 +24,7 @@ from .dtypes import (
 )
 from .kinds import LOW_CATEGORIES, Category, Mode
 from .op_registry import ALL, op_info
-from .plan import Plan, range_words
+from .plan import Plan, Scope, range_words
 from .reasons import Reason
 from .relax_utils import (
     GenericConst,
@@ -33,8 +35,59 @@ from .relax_utils import (
 )
 
 
+@dataclass(frozen=True)
+class Demand:
+    """What step 2 hands on.
+
+    Attributes
+    ----------
+    demand : dict
+        Var -> the dtypes its consumers want ("original": its own original dtype).
+    item_demand : dict
+        (tuple var, index) -> the dtypes wanted of that field.
+    """
+
+    demand: dict
+    item_demand: dict
+
+
 class DemandPlanner:
-    """Step 2 of :class:`relay_amp.planner.FunctionPlanner` (whose state it reads)."""
+    """Step 2 for one function: :meth:`plan` returns its :class:`Demand` and sets the mode
+    of every call binding that step 1b left open.
+
+    Parameters
+    ----------
+    scope : Scope
+        The function's bindings.
+    decisions : relay_amp.decide.Decisions
+        Step 1's output.
+    kernels : relay_amp.kernel_plan.KernelPlan, optional
+        Step 1b's output (None without ``low_precision_boundaries``).
+    """
+
+    def __init__(self, scope: Scope, decisions, kernels=None):
+        self.scope, self.decisions, self.kernels = scope, decisions, kernels
+        self.low = scope.low
+        self.canonical, self.leaves, self.bindings = scope.canonical, scope.leaves, scope.bindings
+        self.bound, self.call_args = scope.bound, scope.call_args
+        self._orig_dtype = scope.orig_dtype
+        self.plans, self.can_low, self.f32_ready = (decisions.plans, decisions.can_low,
+                                                    decisions.f32_ready)
+        self.demand: dict = {}
+        self.item_demand: dict = {}
+
+    def plan(self, seq: SeqExpr, result_dtypes_low: bool, result_type=None) -> Demand:
+        """Step 2 over the function body ``seq`` (see :meth:`backward`)."""
+        self.backward(seq, result_dtypes_low, result_type)
+        return Demand(self.demand, self.item_demand)
+
+    def _read_low_across(self, leaf, var) -> bool:
+        """Does ``var`` read ``leaf``'s low-precision copy stored between kernels (widening it
+        in its own kernel where it computes float32)?"""
+        kernels = self.kernels
+        return kernels is not None and (kernels.boundary_read(leaf, var) or (
+            leaf in kernels.low_values and (leaf, var) not in kernels.fused
+            and kernels.reads_stored(var)))
 
     def want(self, expr, dtypes):
         """Record that the var leaves of ``expr`` are wanted in ``dtypes``."""
@@ -89,10 +142,7 @@ class DemandPlanner:
                 for leaf in arg_leaves:
                     if not is_var(leaf):
                         continue
-                    if self.boundaries and (
-                            self.boundary_read(leaf, var) or (
-                                leaf in self.low_values and (leaf, var) not in self.fused
-                                and self._reads_stored(var))):
+                    if self._read_low_across(leaf, var):
                         self.want(leaf, low_operands)  # widened in this kernel if need be
                     elif plan.mode == Mode.LOW and self._orig_dtype(leaf) in ("float32", self.low):
                         self.want(leaf, low_operands)
@@ -138,7 +188,68 @@ class DemandPlanner:
             self.item_demand.setdefault((var, index), set()).update(
                 field_dtypes if len(field_dtypes) == 1 else {"original"})
 
-    # ------------------------------------------------------------------ the signature
+    def _want_field(self, field, wanted: set):
+        """Demand on one field of a tuple: "original" means the field's own original dtype."""
+        if type(field) is relax.Tuple:
+            for inner in field.fields:
+                self._want_field(inner, wanted)
+        elif is_var(field):
+            field = self.canonical(field)
+            original = self._orig_dtype(field)
+            resolved = {original if d == "original" and original else d for d in wanted}
+            self.demand.setdefault(field, set()).update(resolved)
+
+    def _choose_mode(self, plan: Plan, var, demand: set):
+        category = plan.category
+        if plan.mode == Mode.IDENTITY or plan.mode_fixed:
+            return
+        choose = op_info(plan.op).choose_mode
+        if choose is not None and category == Category.FOLLOW:
+            plan.mode, reason = choose(self.decisions.site(var, self.bound[var], demand))
+            plan.reasons.append(reason)
+            return
+        if category in LOW_CATEGORIES:
+            plan.mode = Mode.LOW
+            plan.accumulation = (
+                plan.decision.accumulation_dtype
+                if category == Category.LOW_PRECISION_FP32_ACCUMULATE else self.low)
+        elif category == Category.FOLLOW:
+            can_low = self.can_low.get(var, False)
+            f32_ready = self.f32_ready.get(var, False)
+            exact = op_info(plan.op).exact
+            if not plan.float_output:
+                if can_low and not f32_ready:
+                    plan.mode = Mode.LOW
+                    plan.reasons.append(Reason.of("inputs_only_low", dtype=self.low))
+                else:
+                    plan.reasons.append(Reason.of("inputs_float32"))
+            elif f32_ready and (not exact or "float32" in demand):
+                plan.reasons.append(Reason.of("float32_wanted" if exact else "rounds_once"))
+            elif can_low and self.low in demand and plan.constant_inputs:
+                plan.mode = Mode.LOW
+                plan.reasons.append(Reason.of("constant_copy", dtype=self.low))
+            elif can_low and self.low in demand:
+                plan.mode = Mode.LOW
+                plan.reasons.append(Reason.of("low_wanted", dtype=self.low))
+            elif self.low in demand:
+                plan.reasons.append(Reason.of("float32_activation"))
+            else:
+                plan.reasons.append(Reason.of("nothing_wants_low"))
+        elif category == Category.STORAGE:
+            plan.mode = Mode.STORAGE
+        elif category == Category.ACCUMULATE:
+            plan.accumulation = "float32"
+
+
+class _ResultValues:
+    """What the values of a function result may be, and whether the low dtype holds them."""
+
+    def __init__(self, scope: Scope, decisions, constant_check):
+        self.low, self.canonical, self.bound = scope.low, scope.canonical, scope.bound
+        self.dtype_of, self._float_leaves = scope.dtype_of, scope.float_leaves
+        self.plans, self.hot = decisions.plans, decisions.hot
+        self.constant_check = constant_check
+
     def _values(self, expr, path=(), depth=0) -> list:
         """The expressions whose value (field ``path`` of) ``expr`` may be: itself, and what it
         is bound to through vars, tuples, tuple items, If branches and ops that pass the values
@@ -209,62 +320,10 @@ class DemandPlanner:
 
         return walk(ret_ty, ()), kept
 
-    def tuple_want(self, var, value: relax.Tuple):
-        """The type a tuple binding is built in: a field in low precision where it is wanted so."""
-        fields = []
-        for index, field in enumerate(value.fields):
-            wanted = self.demand.get(var, set()) | self.item_demand.get((var, index), set())
-            fields.append(lowered_type(field.ty, self.low) if self.low in wanted else field.ty)
-        return TupleType(fields)
 
-    def _want_field(self, field, wanted: set):
-        """Demand on one field of a tuple: "original" means the field's own original dtype."""
-        if type(field) is relax.Tuple:
-            for inner in field.fields:
-                self._want_field(inner, wanted)
-        elif is_var(field):
-            field = self.canonical(field)
-            original = self._orig_dtype(field)
-            resolved = {original if d == "original" and original else d for d in wanted}
-            self.demand.setdefault(field, set()).update(resolved)
 
-    def _choose_mode(self, plan: Plan, var, demand: set):
-        category = plan.category
-        if plan.mode == Mode.IDENTITY or plan.mode_fixed:
-            return
-        choose = op_info(plan.op).choose_mode
-        if choose is not None and category == Category.FOLLOW:
-            plan.mode, reason = choose(self.site(var, self.bound[var], demand))
-            plan.reasons.append(reason)
-            return
-        if category in LOW_CATEGORIES:
-            plan.mode = Mode.LOW
-            plan.accumulation = (
-                plan.decision.accumulation_dtype
-                if category == Category.LOW_PRECISION_FP32_ACCUMULATE else self.low)
-        elif category == Category.FOLLOW:
-            can_low = self.can_low.get(var, False)
-            f32_ready = self.f32_ready.get(var, False)
-            exact = op_info(plan.op).exact
-            if not plan.float_output:
-                if can_low and not f32_ready:
-                    plan.mode = Mode.LOW
-                    plan.reasons.append(Reason.of("inputs_only_low", dtype=self.low))
-                else:
-                    plan.reasons.append(Reason.of("inputs_float32"))
-            elif f32_ready and (not exact or "float32" in demand):
-                plan.reasons.append(Reason.of("float32_wanted" if exact else "rounds_once"))
-            elif can_low and self.low in demand and plan.constant_inputs:
-                plan.mode = Mode.LOW
-                plan.reasons.append(Reason.of("constant_copy", dtype=self.low))
-            elif can_low and self.low in demand:
-                plan.mode = Mode.LOW
-                plan.reasons.append(Reason.of("low_wanted", dtype=self.low))
-            elif self.low in demand:
-                plan.reasons.append(Reason.of("float32_activation"))
-            else:
-                plan.reasons.append(Reason.of("nothing_wants_low"))
-        elif category == Category.STORAGE:
-            plan.mode = Mode.STORAGE
-        elif category == Category.ACCUMULATE:
-            plan.accumulation = "float32"
+def result_signature(scope: Scope, decisions, constant_check, result, ret_ty):
+    """The low-precision signature's result type: ``ret_ty`` with every float32 tensor leaf in
+    the low dtype, except the leaves whose value the low dtype cannot hold; and those leaves as
+    ``(path, expr, reason)``."""
+    return _ResultValues(scope, decisions, constant_check).boundary_result_type(result, ret_ty)

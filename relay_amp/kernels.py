@@ -31,10 +31,10 @@ class KernelEmitter:
     def _mixed_out_dtype(self, var, output: bool):
         """What a mixed kernel writes: the low dtype, float32, or both (a residual stream
         that dot products also read, as a post-norm transformer's layer_norm result)."""
-        low, demand = self.low, self.planner.demand.get(var, ())
-        if var in self.planner.low_values or (low in demand and "float32" not in demand):
+        low, demand = self.low, self.plan.demand.get(var, ())
+        if var in self.plan.low_values or (low in demand and "float32" not in demand):
             return low
-        if low in demand and not output and var in self.planner.residuals:
+        if low in demand and not output and var in self.plan.residuals:
             return ("float32", low)
         return "float32"
 
@@ -52,9 +52,9 @@ class KernelEmitter:
         """The operands of an absorbed residual add as its normalization's kernel reads them:
         a value stored in low precision between kernels as that copy, the rest as they are."""
         operands = []
-        for arg, _ in self.planner.call_args[add]:
+        for arg, _ in self.plan.call_args[add]:
             visited = self.visit_leaf(arg)
-            if self.planner.boundary_read(arg, add):
+            if self.plan.boundary_read(arg, add):
                 visited = self.cast(visited, self.low)
             operands.append(visited)
         return operands

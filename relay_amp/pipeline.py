@@ -35,6 +35,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .codegen import cuda as cuda_codegen
 from .tensor_cores import arch_number, tensor_core_matmul
 
 _LOW = ("float16", "bfloat16")
@@ -283,6 +284,9 @@ def _matmul_without_tensor_cores():
     return MatmulWithoutTensorCores()
 
 
+#: The name (``Pass.info.name``) of the dlight pass in TVM's CUDA legalize passes that
+#: :func:`cuda_pipeline` replaces with one carrying relay_amp's schedule rules.
+TVM_SCHEDULE_PASS = "ApplyDefaultSchedule"
 #: The PassContext option of TVM's ``RewriteCUDAGraph`` (in the pipeline's finalize passes).
 CUDA_GRAPH_OPTION = "relax.backend.use_cuda_graph"
 
@@ -323,6 +327,10 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
     the ``nvidia/nvidia-h100`` tag): :mod:`relay_amp.tensor_cores`. That needs
     ``Schedule.tensorize``, which segfaults when apache-tvm 0.27.0 runs with apache-tvm-ffi
     0.1.15 (an ABI mismatch; 0.1.14 works), hence the pin in pyproject.toml.
+
+    Running the pipeline turns on :mod:`relay_amp.codegen.cuda`'s hook (CUDA sources get the
+    operators for volatile half and bfloat16 values) unless it was switched off; importing
+    relay_amp does not.
     """
     from tvm.relax.backend.cuda import pipeline
     from tvm.s_tir import dlight as dl
@@ -336,8 +344,12 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
     if relay_amp_schedules:  # ahead of Reduction, which takes short outer-axis sums too
         rules.append(_small_reduction_rule())
     rules += [dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    # TVM's legalize passes end in dlight's ApplyDefaultSchedule with TVM's own rules; it is
+    # dropped (by name, wherever it sits) for one with the rules above, which would otherwise find
+    # every PrimFunc already scheduled (dlight skips those). The test
+    # test_tvms_default_schedule_pass_is_replaced_exactly_once fails if TVM renames or removes it.
     legalize = [p for p in pipeline.legalize_passes(target)
-                if not isinstance(p, dl.ApplyDefaultSchedule)] + [dl.ApplyDefaultSchedule(*rules)]
+                if p.info.name != TVM_SCHEDULE_PASS] + [dl.ApplyDefaultSchedule(*rules)]
     before = [DecomposeAttention] if relay_amp_schedules else []
     if relay_amp_schedules and split_k:
         before.append(SplitK(sm_count(target)))
@@ -348,6 +360,9 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.cuda_pipeline")
     def _pipeline(mod, context):
+        # CUDA code generation follows this pass in tvm.compile: the volatile half operators
+        # hook goes on here, not when relay_amp is imported (relay_amp.codegen.cuda).
+        cuda_codegen.enable_for_build()
         config = dict(context.config)
         if cuda_graph is not None:
             config[CUDA_GRAPH_OPTION] = cuda_graph
@@ -364,7 +379,8 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
 
 def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_cores: bool = True,
           relay_amp_schedules: bool = True):
-    """``tvm.compile`` for ``target`` at ``opt_level=3``; CUDA through :func:`cuda_pipeline`.
+    """``tvm.compile`` for ``target`` at ``opt_level=3``; CUDA through :func:`cuda_pipeline`
+    (which turns on the CUDA source hook of :mod:`relay_amp.codegen.cuda`).
 
     Parameters
     ----------

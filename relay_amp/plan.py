@@ -1,16 +1,105 @@
-"""The plan of one call binding (its :class:`Mode` and :class:`Plan`) and the op sets the
-planner reads: what steps 1, 1b and 2 of the algorithm (stated in :mod:`relay_amp.rewriter`)
-share."""
+"""What the stages of one function's conversion hand each other (the algorithm is stated in
+:mod:`relay_amp.transform`): the :class:`Scope` every stage reads, a binding's draft
+:class:`Plan` while steps 1-2 decide it, and the frozen :class:`FunctionPlan` that step 3, the
+rewrite, carries out without changing."""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from tvm.ir import Call
+from tvm.relax import If, SeqExpr
+
 from .dtypes import max_finite
-from .kinds import Mode
+from .kinds import Category, Mode
+from .op_hooks import OpSite
 from .policy import Decision
+from .reasons import Reason
+from .relax_utils import VAR_TYPES, TupleType, is_var, leaves_of, lowered_type, op_name
+
+
+class Scope:
+    """The bindings of one function as every stage reads them.
+
+    Each FFI access returns a new Python wrapper, and a dict lookup with a wrapper that is not
+    the stored key falls back to a Python ``__eq__``; every var is therefore looked up through
+    one canonical wrapper per object (:meth:`canonical`), so the lookups hit by identity.
+
+    Parameters
+    ----------
+    low : str
+        The low-precision dtype.
+    params_low : set
+        The parameters the signature makes low precision (or feeds as integers).
+    dtype_of : relay_amp.relax_utils.DtypeCache
+        The dtype of an expression, cached.
+    int_inputs : dict
+        Original float32 parameter -> the integer dtype it is fed in (``input_dtypes``).
+    """
+
+    def __init__(self, low: str, params_low, dtype_of, int_inputs=None):
+        self.low = low
+        self.params_low = params_low
+        self.dtype_of = dtype_of
+        self.int_inputs = int_inputs or {}
+        self.bound: dict = {}  # var -> the value bound to it
+        self.call_args: dict = {}  # op call binding var -> [(argument, its leaves)]
+        self._canonical: dict = {}
+        self._sequences: dict = {}
+
+    def read(self, seq: SeqExpr) -> Scope:
+        """Index the bindings of ``seq`` and of its If branches (values and call arguments)."""
+        for _, var, value in self.bindings(seq):
+            self.bound[var] = value
+            if type(value) is Call and op_name(value) is not None:
+                self.call_args[var] = [(self.canonical(arg), self.leaves(arg))
+                                       for arg in value.args]
+            elif type(value) is If:
+                self.read(value.true_branch)
+                self.read(value.false_branch)
+        return self
+
+    def canonical(self, var):
+        """The one wrapper the stages use for ``var`` (a Var; anything else is returned)."""
+        if type(var) not in VAR_TYPES:
+            return var
+        return self._canonical.setdefault(var.__chandle__(), var)
+
+    def leaves(self, arg) -> list:
+        """``leaves_of(arg)`` with canonical vars."""
+        return [self.canonical(leaf) for leaf in leaves_of(arg)]
+
+    def bindings(self, seq: SeqExpr) -> list:
+        """(binding, canonical var, value) of ``seq``, extracted once."""
+        key = seq.__chandle__()
+        entry = self._sequences.get(key)
+        if entry is None:
+            items = [(binding, self.canonical(binding.var), binding.value)
+                     for block in seq.blocks for binding in block.bindings]
+            entry = self._sequences[key] = (seq, items)
+        return entry[1]
+
+    def orig_dtype(self, var) -> str | None:
+        """The dtype ``var`` has in the function as the signature gives it."""
+        if var in self.params_low:
+            return self.low
+        return self.dtype_of(var)
+
+    def float_leaves(self, var) -> list:
+        """(leaf, dtype) of the float tensor leaves of the arguments of ``var``'s call."""
+        found = []
+        for _, arg_leaves in self.call_args[var]:
+            for leaf in arg_leaves:
+                dtype = self.dtype_of(leaf)
+                if dtype is not None and dtype.startswith(("float", "bfloat")):
+                    found.append((leaf, dtype))
+        return found
 
 
 class Plan:
-    """The decision for one call binding."""
+    """The draft decision for one call binding, while steps 1, 1b and 2 decide it."""
 
     __slots__ = ("op", "name", "decision", "category", "reasons", "mode", "accumulation",
                  "float_output", "constant_inputs", "mixed", "mode_fixed", "source")
@@ -29,9 +118,147 @@ class Plan:
         self.mode_fixed = False  # mode chosen by the kernel-boundary plan, not by demand
         self.source = None  # an identity binding's source (Mode.IDENTITY)
 
+    def frozen(self) -> BindingPlan:
+        return BindingPlan(self.op, self.name, self.decision, self.category, tuple(self.reasons),
+                           self.mode, self.accumulation, self.mixed, self.source)
+
+
+@dataclass(frozen=True)
+class BindingPlan:
+    """The decision for one call binding, as the rewrite carries it out.
+
+    Attributes
+    ----------
+    op, name : str
+        The op and the binding's name.
+    decision : relay_amp.policy.Decision
+        What the policy decided.
+    category : Category, optional
+        The category the binding computes in (float32 where an operand check overruled the
+        policy); None: unknown op.
+    reasons : tuple of Reason
+        Why, in the order the stages found them.
+    mode : Mode
+        What the rewrite does with the operands.
+    accumulation : str, optional
+        The dtype a dot product accumulates in.
+    mixed : bool
+        One kernel reads low precision and computes in float32 registers (``mixed_kernels``).
+    source : Expr, optional
+        What an identity binding becomes.
+    """
+
+    op: str
+    name: str
+    decision: Decision
+    category: Category | None
+    reasons: tuple
+    mode: Mode
+    accumulation: str | None
+    mixed: bool
+    source: object = None
+
+    def adding(self, reason: Reason, **changes) -> BindingPlan:
+        """This plan with one more reason (and ``changes``), for the report row."""
+        return dataclasses.replace(self, reasons=(*self.reasons, reason), **changes)
+
+
+@dataclass(frozen=True)
+class FunctionPlan:
+    """What steps 1-2 hand to the rewrite of one function; the rewrite reads it, never writes.
+
+    Attributes
+    ----------
+    scope : Scope
+        The bindings, their canonical vars and call arguments.
+    plans : Mapping
+        Call binding var -> its :class:`BindingPlan`.
+    demand : Mapping
+        Var -> the dtypes its consumers want (step 2).
+    item_demand : Mapping
+        (tuple var, index) -> the dtypes wanted of that field.
+    kernels : relay_amp.kernel_plan.KernelPlan, optional
+        The kernel boundaries (step 1b); None without ``low_precision_boundaries``.
+    can_low, f32_ready : Mapping
+        Step 1's view of each value (what an op hook reads).
+    """
+
+    scope: Scope
+    plans: MappingProxyType
+    demand: MappingProxyType
+    item_demand: MappingProxyType
+    kernels: object
+    can_low: MappingProxyType
+    f32_ready: MappingProxyType
+
+    @property
+    def canonical(self):
+        return self.scope.canonical
+
+    @property
+    def call_args(self) -> dict:
+        return self.scope.call_args
+
+    @property
+    def boundaries(self) -> bool:
+        return self.kernels is not None
+
+    @property
+    def absorbed(self) -> dict:
+        """Residual add -> the centring kernel that computes it."""
+        return self.kernels.absorbed if self.kernels is not None else {}
+
+    @property
+    def low_values(self):
+        """Float32 values the rewrite computes in low precision."""
+        return self.kernels.low_values if self.kernels is not None else frozenset()
+
+    @property
+    def residuals(self):
+        """Float32 values kept float32 between kernels."""
+        return self.kernels.residuals if self.kernels is not None else frozenset()
+
+    def boundary_read(self, value, consumer) -> bool:
+        return self.kernels is not None and self.kernels.boundary_read(value, consumer)
+
+    def rounds_in_reader(self, value, consumer) -> bool:
+        return self.kernels is not None and self.kernels.rounds_in_reader(value, consumer)
+
+    def read_in_float32(self, param) -> bool:
+        return self.kernels is not None and self.kernels.read_in_float32(param)
+
+    def tuple_want(self, var, value):
+        """The type a tuple binding is built in: a field in low precision where it is wanted
+        so."""
+        low, fields = self.scope.low, []
+        for index, field in enumerate(value.fields):
+            wanted = self.demand.get(var, set()) | self.item_demand.get((var, index), set())
+            fields.append(lowered_type(field.ty, low) if low in wanted else field.ty)
+        return TupleType(fields)
+
+    def site(self, var, call, mode: Mode) -> OpSite:
+        """The view of ``var``'s (emitted) call that an op hook gets in step 3."""
+        scope = self.scope
+        return OpSite(call, scope.low, mode, frozenset(self.demand.get(var, ())),
+                      self.can_low.get(var, False), self.f32_ready.get(var, False),
+                      lambda expr: scope.bound.get(scope.canonical(expr)),
+                      lambda expr: scope.int_inputs.get(scope.canonical(expr)))
+
+    @staticmethod
+    def freeze(scope: Scope, plans: dict, demand: dict, item_demand: dict, kernels, can_low,
+               f32_ready) -> FunctionPlan:
+        return FunctionPlan(
+            scope, MappingProxyType({var: plan.frozen() for var, plan in plans.items()}),
+            MappingProxyType({var: frozenset(d) for var, d in demand.items()}),
+            MappingProxyType({key: frozenset(d) for key, d in item_demand.items()}),
+            kernels, MappingProxyType(can_low), MappingProxyType(f32_ready))
+
 
 def range_words(value: float, low: str) -> str:
     """How ``value`` misses the range of ``low``, for a reason's text."""
     if abs(value) > max_finite(low):
         return f"exceeds {low} max {max_finite(low):.6g}"
     return f"underflows to zero in {low}"
+
+
+__all__ = ["Scope", "Plan", "BindingPlan", "FunctionPlan", "range_words", "is_var"]

@@ -2,7 +2,7 @@
 
 Precedence, lowest to highest (a higher layer overrides a lower one for the bindings it names):
 
-1. built-in defaults: :data:`relay_amp.op_tables.BUILTIN_GROUPS`, grouped by numeric reason;
+1. built-in defaults: :data:`relay_amp.op_registry.GROUP_OPS`, grouped by numeric reason;
 2. target defaults: what the hardware computes fast (:mod:`relay_amp.targets`);
 3. user op lists: :meth:`Policy.set_category` and its shorthands, MXNet's ``target_dtype_ops``,
    ``fp32_ops``, ``widest_dtype_ops``;
@@ -27,7 +27,7 @@ from typing import Iterable, Iterator, Sequence
 import tvm
 
 from .dtypes import LOW_PRECISION_DTYPES, check_low_precision_dtype
-from .op_tables import (
+from .op_registry import (
     BUILTIN_CONDITIONS,
     LOW_CATEGORIES,
     PASSTHROUGH_OPS,
@@ -629,6 +629,18 @@ def _check_names(names, regex: bool, where: str) -> list[str]:
 
 
 # --------------------------------------------------------------------- amp_config
+# Why a thread-local stack and not tvm.transform.PassContext (TVM 0.27): a PassContext accepts
+# only config keys registered in C++ (PassContext::RegisterConfigOption<T>, through
+# TVM_REGISTER_PASS_CONFIG_OPTION), and TVM 0.27 exposes no way to register one from Python:
+# the FFI registry has transform.PassContext, transform.ListConfigs, Enter/ExitPassContext and
+# GetCurrentPassContext, but no registration function, and tvm.ir.transform has none either.
+# ``PassContext(config={"relay_amp.policy": policy.to_json()})`` therefore raises
+# ``AttributeError: Invalid config option 'relay_amp.policy' candidates are: tirx.UnrollLoop,
+# ...`` (a JSON string or a dict alike), and a PassContext object takes no Python attributes
+# (``PassContext.current()`` is a fresh wrapper each call). So the stack lives here, in this one
+# place: amp_config pushes, current_policy reads (ToMixedPrecision when it is built, convert when
+# it is called). tests/test_policy.py::test_pass_context_cannot_carry_the_policy fails once TVM
+# lets a package register the key; then move amp_config onto PassContext.
 _CONFIG = threading.local()
 
 
@@ -641,6 +653,10 @@ def current_policy() -> Policy | None:
 @contextlib.contextmanager
 def amp_config(policy: Policy | None = None, **kwargs) -> Iterator[Policy]:
     """Make ``policy`` (or ``Policy(**kwargs)``) the default of ``ToMixedPrecision()`` inside.
+
+    The policy is kept per thread, beside ``tvm.transform.PassContext`` rather than in it: TVM
+    0.27 gives a package no way to register a PassContext config key (see the comment above
+    ``_CONFIG``). A PassContext entered inside the block leaves the policy in force.
 
     Examples
     --------

@@ -14,6 +14,8 @@ in :mod:`relay_amp.signature`; op-specific behaviour is in the per-op table of
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from tvm import relax
 from tvm.ir import Call
@@ -35,8 +37,8 @@ from .casts import CastEmitter
 from .kernels import KernelEmitter
 from .kinds import Category, Mode
 from .op_registry import callee_fusion_kinds, op_info
-from .plan import Plan
-from .planner import FunctionPlanner
+from .plan import BindingPlan, FunctionPlan, Scope
+from .planning import plan_function
 from .policy import Policy
 from .reasons import Reason
 from .relax_utils import (
@@ -51,7 +53,7 @@ from .relax_utils import (
     replace_attrs,
     tensor_dtype,
 )
-from .report import FP32_BOUNDARY, BindingRecord, BoundaryRecord, short_dtype
+from .report import BindingRecord, BoundaryRecord, short_dtype
 from .signature import SignatureRewriter
 from .targets import KernelSettings
 
@@ -72,7 +74,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         self._kernel_copies: set = set()  # handles of low-precision copies a kernel writes
         self._absorbed: dict = {}  # absorbed add -> (its call, plan, operands as rewritten)
         self._constants: dict = {}  # handle -> [constant, its numpy value, out of range, low copy]
-        self.planner: FunctionPlanner | None = None
+        self.plan: FunctionPlan | None = None  # of the function being rewritten
         self._function_name = ""
         self._casts = 0  # astype bindings emitted for the binding being rewritten
         self.total_casts = 0
@@ -95,7 +97,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         ``int_inputs`` maps parameter names to the integer dtype they are fed in; they are cast
         once, at the top of the function, straight to the low-precision dtype (with
         ``normalization`` folded in)."""
-        outer = (self.planner, self._function_name, self.int_params, self._prologue)
+        outer = (self.plan, self._function_name, self.int_params, self._prologue)
         int_inputs, normalization = int_inputs or {}, normalization or {}
         new_params, params_low = [], set()
         int_params, prologue = {}, []
@@ -132,35 +134,25 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
                 self.remap(param, new_param)
             else:
                 new_params.append(param)
-        planner = FunctionPlanner(self.policy, self.low, target_rule, self.constant_out_of_range,
-                                  params_low, observed, margin,
-                                  {p: int_inputs[p.name] for p in int_params}, self.dtype_of,
-                                  settings, param_problems, self.callee_kinds)
-        planner.forward(func.body, params)
+        scope = Scope(self.low, params_low, self.dtype_of,
+                      {p: int_inputs[p.name] for p in int_params})
+        plan, result_type, kept = plan_function(
+            func, scope, self.policy, target_rule, self.constant_out_of_range, signature_low,
+            observed, margin, settings, param_problems, self.callee_kinds)
+        for path, expr, problem in kept:
+            where = "result" + "".join(f"[{i}]" for i in path)
+            value = expr.name if is_var(expr) else "constant"
+            self._keep_at_boundary(name, "result", where, value, problem, False)
         want = lowered_type(func.ret_ty, self.low) if signature_low else func.ret_ty
-        result_type = None
-        if signature_low:
-            kept_type, kept = planner.boundary_result_type(func.body.body, func.ret_ty)
-            for path, expr, problem in kept:
-                where = "result" + "".join(f"[{i}]" for i in path)
-                value = expr.name if is_var(expr) else "constant"
-                self._keep_at_boundary(name, "result", where, value, problem, False)
-                plan = planner.plans.get(expr) if is_var(expr) else None
-                if plan is not None:
-                    plan.reasons.append(Reason.of(FP32_BOUNDARY, where=where, why=str(problem)))
-            if kept:
-                want = result_type = kept_type
-        if planner.boundaries:
-            planner.plan_boundaries(func.body, low_results=signature_low and not (
-                result_type is not None))
-        planner.backward(func.body, signature_low, result_type)
-        self.planner, self._function_name = planner, name
+        if result_type is not None:
+            want = result_type
+        self.plan, self._function_name = plan, name
         self.int_params = int_params
-        self._prologue = [entry for entry in prologue if planner.demand.get(entry[0])]
+        self._prologue = [entry for entry in prologue if plan.demand.get(entry[0])]
         self.builder_.begin_scope(new_params)
         body = self.rewrite_seq(func.body, want)
         self.builder_.end_scope()
-        self.planner, self._function_name, self.int_params, self._prologue = outer
+        self.plan, self._function_name, self.int_params, self._prologue = outer
         new_func = Function(new_params, body, want, func.is_pure, func.attrs, func.span)
         return self.builder_.normalize(new_func)
 
@@ -218,11 +210,11 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         self._casts = 0
         output = type(var) is not DataflowVar
         plan = None
-        if self.planner:
-            var = self.planner.canonical(var)
-            plan = self.planner.plans.get(var)
+        if self.plan:
+            var = self.plan.canonical(var)
+            plan = self.plan.plans.get(var)
         value_type = type(value)
-        if plan is not None and var in self.planner.absorbed:
+        if plan is not None and var in self.plan.absorbed:
             self._absorbed[var] = (value, plan, self._absorbed_operands(var))
             return  # emitted inside its normalization's kernel
         if plan is not None:
@@ -240,7 +232,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             new_var = self.emit_named(new_if, var.name, output)
         elif value_type is relax.Tuple:
             new_var = self.emit_named(self.cast_to_type(self.visit_expr(value),
-                                                   self.planner.tuple_want(var, value)),
+                                                   self.plan.tuple_want(var, value)),
                                  var.name, output)
         elif isinstance(value, Function):
             inner = self.rewrite_function(f"{self._function_name}.{var.name}", value,
@@ -273,11 +265,11 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         self.remap(binding.var, new_var)
 
     def _eager_casts(self, var, new_var, output: bool):
-        demand = self.planner.demand.get(var, ()) if self.planner else ()
+        demand = self.plan.demand.get(var, ()) if self.plan else ()
         for dtype in sorted(d for d in demand if d in ("float32", self.low)):
             self.cast(new_var, dtype, output)
 
-    def _rewrite_call(self, var, call: Call, plan: Plan, output: bool, binding=None):
+    def _rewrite_call(self, var, call: Call, plan: BindingPlan, output: bool, binding=None):
         low = self.low
         hooks = op_info(plan.op)
         if hooks.float32_parameters:
@@ -287,10 +279,10 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             if source is None:
                 source = self.visit_leaf(plan.source)
             new_var = self.emit_named(source, var.name, output)
-            self._record(var, call, new_var, [a for a, _ in self.planner.call_args[var]], plan)
+            self._record(var, call, new_var, [a for a, _ in self.plan.call_args[var]], plan)
             return new_var
         new_args, narrowed = [], []
-        for index, (arg, _) in enumerate(self.planner.call_args[var]):
+        for index, (arg, _) in enumerate(self.plan.call_args[var]):
             lowered = plan.mode == Mode.LOW and (
                 hooks.low_operands is None or index in hooks.low_operands)
             operand, narrow = self._operand(arg, self.visit_leaf(arg), var, plan, lowered)
@@ -302,7 +294,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
                 and not hooks.keeps_out_dtype):
             attrs = replace_attrs(attrs, out_dtype=plan.accumulation or low)
         elif binding is not None and all(
-                new is old for new, (old, _) in zip(new_args, self.planner.call_args[var])):
+                new is old for new, (old, _) in zip(new_args, self.plan.call_args[var])):
             # nothing changed: the original binding (and its var) carries over as it is
             self.builder_.emit_normalized(binding)
             if hooks.is_cast:
@@ -313,19 +305,19 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             kernel = self._emit_narrowing_kernel(plan.op, call, attrs, new_args, narrowed,
                                                  var.name, output)
             if kernel is not None:
-                plan.reasons.append(Reason.of(
+                plan = plan.adding(Reason.of(
                     "narrowing_kernel", inputs=", ".join(new_args[i].name for i in narrowed),
                     dtype=low))
                 self._record(var, call, kernel, new_args, plan)
                 return kernel
             new_args = [self.cast(a, low) if i in narrowed else a for i, a in enumerate(new_args)]
-        if plan.mixed and self.planner.call_args[var][0][0] in self._absorbed:
-            absorbed = self.planner.call_args[var][0][0]
+        if plan.mixed and self.plan.call_args[var][0][0] in self._absorbed:
+            absorbed = self.plan.call_args[var][0][0]
             add_call, add_plan, operands = self._absorbed.pop(absorbed)
             out_dtype = self._mixed_out_dtype(var, output)
             kernel = self._emit_absorbing_kernel(plan.op, call, new_args, operands, out_dtype,
                                                  var.name, output)
-            plan.reasons.append(Reason.of(
+            plan = plan.adding(Reason.of(
                 "absorbing_kernel", operands=" + ".join(o.name for o in operands),
                 writes=" and ".join(as_tuple(out_dtype))))
             self._record(absorbed, add_call, kernel, operands, add_plan)
@@ -336,29 +328,29 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             mixed = self._emit_mixed_kernel(plan.op, call, new_args, out_dtype, var.name, output)
             if mixed is not None:
                 read = sorted({self.dtype_of(a) for a in new_args if self.dtype_of(a)})
-                plan.reasons.append(Reason.of("mixed_kernel", reads="/".join(read),
-                                              writes=" and ".join(as_tuple(out_dtype))))
+                plan = plan.adding(Reason.of("mixed_kernel", reads="/".join(read),
+                                             writes=" and ".join(as_tuple(out_dtype))))
                 self._record(var, call, mixed, new_args, plan)
                 return mixed
-            plan.mixed = False
+            plan = dataclasses.replace(plan, mixed=False)
             new_args = [self.cast(a, self.dtype_of(old)) if self.dtype_of(old) else a
-                        for a, (old, _) in zip(new_args, self.planner.call_args[var])]
+                        for a, (old, _) in zip(new_args, self.plan.call_args[var])]
         new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
         try:
             normalized = self.builder_.normalize(new_call)
         except Exception as err:  # noqa: BLE001 - TVM rejects the op in this dtype: keep it as it was
             message = str(err).strip().splitlines()[-1][:160]
-            plan.mode, plan.category = Mode.ORIGINAL, Category.FP32
-            plan.reasons = [Reason.of("rejected_by_tvm", op=plan.op, dtype=low, message=message)]
+            plan = dataclasses.replace(plan, mode=Mode.ORIGINAL, category=Category.FP32, reasons=(
+                Reason.of("rejected_by_tvm", op=plan.op, dtype=low, message=message),))
             new_args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in call.args]
             normalized = Call(call.op, new_args, call.attrs, call.ty_args, call.span)
         new_var = self.emit_named(normalized, var.name, output)
         if hooks.is_cast:
             self._adopt_cast(normalized.args[0], new_var)
         result = new_var
-        pinned = hooks.pin_result and hooks.pin_result(self.planner.site(var, normalized))
+        pinned = hooks.pin_result and hooks.pin_result(self.plan.site(var, normalized, plan.mode))
         if pinned:
-            plan.reasons.append(pinned)
+            plan = plan.adding(pinned)
             result = self.count_cast(self.emit_named(relax.op.astype(new_var, low),
                                                      f"{var.name}_{short_dtype(low)}", output))
         self._record(var, call, new_var, new_args, plan)
@@ -367,7 +359,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
     def _count_float32_parameters(self, var):
         """The report's count of ops that keep float32 constant parameters (batch norms) and
         the bytes of those parameters."""
-        parameters = [arg for arg, _ in self.planner.call_args[var][1:]
+        parameters = [arg for arg, _ in self.plan.call_args[var][1:]
                       if type(arg) is GenericConst and self.dtype_of(arg) == "float32"]
         if parameters:
             self.batch_norm_float32[0] += 1
@@ -377,7 +369,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
                     self.batch_norm_float32[1] += 4 * int(np.prod(
                         [int(d) for d in arg.value.shape]))
 
-    def _operand(self, arg, visited, var, plan: Plan, lowered: bool):
+    def _operand(self, arg, visited, var, plan: BindingPlan, lowered: bool):
         """One operand of ``var``'s call as the plan reads it: ``(expr, narrow)``, ``narrow``
         when the dot product rounds this float32 operand in its own kernel. The fields of a
         tuple operand (``concat``) are read as single operands are."""
@@ -392,17 +384,17 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         if dtype is None:  # shapes, scalars, ...: nothing to cast
             return visited, False
         if plan.mixed:  # the kernel widens its operands in registers
-            keep_low = self.low in self.planner.demand.get(arg, ())
+            keep_low = self.low in self.plan.demand.get(arg, ())
             return (self.cast(visited, low) if keep_low else visited), False
-        if self.planner.boundaries and is_var(arg) and self.planner.boundary_read(arg, var):
+        if self.plan.boundaries and is_var(arg) and self.plan.boundary_read(arg, var):
             stored = self.cast(visited, low)
             return (stored if lowered or dtype != "float32" else self._widen(stored)), False
-        if (self.planner.boundaries and not lowered and dtype == "float32"
+        if (self.plan.boundaries and not lowered and dtype == "float32"
                 and self.dtype_of(visited) == low and plan.category not in (None, Category.FP32)):
             return self._widen(visited), False
         if (lowered and plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE
                 and self.dtype_of(visited) == "float32" and is_var(arg)
-                and not self._written_low(visited) and self.planner.rounds_in_reader(arg, var)):
+                and not self._written_low(visited) and self.plan.rounds_in_reader(arg, var)):
             return visited, True
         if lowered:
             return self.cast(visited, low if dtype == "float32" else dtype), False
@@ -410,7 +402,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             return self.storage_constant(arg), False
         return self.cast(visited, dtype), False
 
-    def _record(self, var, call, new_var, new_args, plan: Plan):
+    def _record(self, var, call, new_var, new_args, plan: BindingPlan):
         in_dtypes = []
         for arg in new_args:
             for leaf in leaves_of(arg):
@@ -418,7 +410,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
                 if dtype is not None:
                     in_dtypes.append(dtype)
         out_dtype = self.dtype_of(new_var)
-        demand = self.planner.demand.get(var, set())
+        demand = self.plan.demand.get(var, set())
         stored = [out_dtype] if out_dtype else []
         if out_dtype in ("float32", self.low):
             stored += sorted(d for d in demand if d in ("float32", self.low) and d != out_dtype)

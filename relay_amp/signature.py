@@ -92,7 +92,7 @@ class SignatureRewriter:
         ndim = param.ty.ndim
         # Readers that all compute float32 (an inference batch_norm on the input, decomposed)
         # get float32: a low-precision copy would round the input twice.
-        low = "float32" if self.planner.read_in_float32(param) else self.low
+        low = "float32" if self.plan.read_in_float32(param) else self.low
         note = f"{param.name}: fed as {int_param.ty.dtype}, cast once to {low}"
         self.total_casts += 1
         name = f"{param.name}_{_short(low)}"

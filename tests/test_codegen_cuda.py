@@ -1,4 +1,5 @@
-"""CUDA codegen of converted modules, proven with nvcc (no GPU needed)."""
+"""CUDA codegen of converted modules, proven with nvcc (no GPU needed), and where relay_amp's
+CUDA source hook goes on (relay_amp's CUDA builds, never the import)."""
 
 import ctypes
 import ctypes.util
@@ -6,6 +7,9 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +20,9 @@ from tvm.script import relax as R
 import relay_amp
 from relay_amp.codegen import cuda
 
+ROOT = Path(__file__).resolve().parent.parent
 NVCC = shutil.which("nvcc")
-pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
 
 # The shape older TVM emitted for a warp reduction over volatile shared memory: the RFC's error.
 REDUCTION = r"""
@@ -78,6 +83,7 @@ def nvcc_compile(code: str, tmp_path, archs=("sm_80", "sm_90")):
     return result.returncode, result.stdout + result.stderr
 
 
+@needs_nvcc
 @pytest.mark.parametrize("idiom", sorted(IDIOMS))
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_volatile_reduction_fails_without_the_hook_and_compiles_with_it(dtype, idiom, tmp_path):
@@ -109,6 +115,7 @@ def _libnvrtc():
     return ctypes.util.find_library("nvrtc")
 
 
+@needs_nvcc
 @pytest.mark.parametrize("idiom", sorted(IDIOMS))
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_patched_source_also_compiles_under_nvrtc(dtype, idiom):
@@ -179,16 +186,93 @@ def test_hook_chains_to_a_previous_callback_and_switches():
     assert calls == ["target"] and "// previous ran" in out and cuda.MARKER in out
     hook.enabled = False
     assert cuda.MARKER not in hook(code, None)
-    # the registered global is relay_amp's, switched on by importing relay_amp
-    assert cuda.is_enabled()
-    with cuda.volatile_half_operators(False):
-        assert not cuda.is_enabled()
-        with cuda.volatile_half_operators():
-            assert cuda.is_enabled()
-        assert not cuda.is_enabled()
-    assert cuda.is_enabled()
-    registered = tvm.get_global_func(cuda.CALLBACK)
-    assert cuda.MARKER in registered(code, None)
+    # the registered global is relay_amp's once switched on (here explicitly; state restored)
+    with cuda.volatile_half_operators():
+        assert cuda.is_enabled()
+        with cuda.volatile_half_operators(False):
+            assert not cuda.is_enabled()
+            with cuda.volatile_half_operators():
+                assert cuda.is_enabled()
+            assert not cuda.is_enabled()
+        assert cuda.is_enabled()
+        registered = tvm.get_global_func(cuda.CALLBACK)
+        assert cuda.MARKER in registered(code, None)
+
+
+def _fresh_python(script: str, tmp_path) -> str:
+    path = tmp_path / "fresh.py"  # a file: TVMScript reads the source of what it parses
+    path.write_text(textwrap.dedent(script))
+    result = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, cwd=ROOT,
+                            check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+# A tiny CUDA build: tvm.compile generates the source (and calls tvm_callback_cuda_postproc)
+# without a GPU; a callback registered before relay_amp records that relay_amp's hook chained it.
+_TINY_BUILD = """
+    import tvm
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    calls = []
+    def earlier(code, target):
+        calls.append(str(code).count("__global__"))
+        return code
+
+    tvm.register_global_func("tvm_callback_cuda_postproc", earlier)
+
+    import relay_amp
+    from relay_amp.codegen import cuda
+
+    assert not cuda.is_enabled() and not cuda._HOOK.registered, "importing relay_amp enabled it"
+    assert tvm.get_global_func(cuda.CALLBACK)("// code", None) == "// code"
+    calls.clear()
+
+    @I.ir_module
+    class Add:
+        @R.function
+        def main(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
+            with R.dataflow():
+                gv = R.add(x, y)
+                R.output(gv)
+            return gv
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    BUILD
+    print(cuda.is_enabled(), cuda._HOOK.registered, bool(calls) and all(calls))
+    patched = tvm.get_global_func(cuda.CALLBACK)("volatile __shared__ half b[2];", None)
+    print(cuda.MARKER in patched)
+"""
+
+
+def test_importing_relay_amp_registers_no_cuda_callback(tmp_path):
+    out = _fresh_python("""
+        import tvm
+        import relay_amp
+        from relay_amp.codegen import cuda
+        print(tvm.get_global_func(cuda.CALLBACK, allow_missing=True), cuda.is_enabled())
+    """, tmp_path)
+    assert out.split() == ["None", "False"]
+
+
+@pytest.mark.parametrize("build", [
+    "relay_amp.pipeline.build(Add, target)",
+    "tvm.compile(Add, target=target, relax_pipeline=relay_amp.cuda_pipeline(target))",
+])
+def test_relay_amps_cuda_builds_turn_the_hook_on_and_chain(build, tmp_path):
+    out = _fresh_python(_TINY_BUILD.replace("BUILD", build), tmp_path)
+    assert out.split() == ["True", "True", "True", "True"]
+
+
+@pytest.mark.parametrize("build", [
+    "tvm.compile(Add, target=target)",  # TVM's own pipeline: the user calls cuda.enable()
+    "cuda.disable(); relay_amp.pipeline.build(Add, target)",  # switched off stays off
+])
+def test_other_builds_leave_the_hook_off(build, tmp_path):
+    out = _fresh_python(_TINY_BUILD.replace("BUILD", build), tmp_path)
+    enabled, registered, calls, patched = out.split()
+    assert (enabled, calls, patched) == ("False", "True", "False")
 
 
 # ----------------------------------------------------------------------------- converted models
@@ -257,6 +341,7 @@ def resnet_block(tmp_path_factory):
     return mod
 
 
+@needs_nvcc
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("name", ["matmul_softmax", "conv_reduction", "attention", "layer_norm",
                                   pytest.param("resnet_block", marks=pytest.mark.zoo)])
@@ -265,7 +350,8 @@ def test_converted_models_compile_to_cubin_for_sm80_and_sm90(name, dtype, reques
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     converted, report = relay_amp.convert(mod, dtype, target=target)
     assert report.converted
-    executable = tvm.compile(converted, target=target)
+    with cuda.volatile_half_operators():  # TVM's own pipeline: switched on explicitly
+        executable = tvm.compile(converted, target=target)
     (device_module,) = executable.mod.imports[0].imports
     source = device_module.inspect_source("cuda")
     assert "__global__" in source and CUDA_TYPES[dtype].strip("_") in source

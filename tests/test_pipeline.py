@@ -279,12 +279,14 @@ def test_cuda_graphs_are_on_by_default_unless_the_caller_says_otherwise(config, 
 
 
 def test_tvms_default_schedule_pass_is_replaced_exactly_once():
-    """relay_amp's pipeline swaps TVM's dlight ApplyDefaultSchedule for its own rules; if TVM's
-    legalize passes stop holding exactly one, this fails before a pipeline silently runs two
-    schedulers or none."""
-    from tvm.relax.backend.cuda import pipeline
+    """relay_amp's pipeline drops the pass named pipeline.TVM_SCHEDULE_PASS from TVM's legalize
+    passes (by name) and adds dlight's ApplyDefaultSchedule with its own rules; if TVM's legalize
+    passes stop holding exactly one pass of that name, or it is no longer dlight's scheduler, this
+    fails before the filter silently drops nothing and a pipeline runs TVM's rules first."""
+    from tvm.relax.backend.cuda import pipeline as tvm_pipeline
     from tvm.s_tir import dlight as dl
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    assert sum(isinstance(p, dl.ApplyDefaultSchedule)
-               for p in pipeline.legalize_passes(target)) == 1
+    named = [p for p in tvm_pipeline.legalize_passes(target)
+             if p.info.name == pipeline.TVM_SCHEDULE_PASS]
+    assert len(named) == 1 and isinstance(named[0], dl.ApplyDefaultSchedule)

@@ -256,6 +256,35 @@ def test_pass_built_inside_amp_config_keeps_that_policy():
     assert amp.last_report.dtype == "bfloat16"
 
 
+def test_pass_context_cannot_carry_the_policy():
+    """Why amp_config keeps its own thread-local stack (relay_amp/policy.py, above _CONFIG): a
+    PassContext takes only config keys registered in C++, and TVM 0.27 gives Python no way to
+    register one. If this fails, TVM has changed: carry the policy in the PassContext instead."""
+    import re
+
+    import tvm_ffi
+
+    key = "relay_amp.policy"
+    assert key not in tvm.transform.PassContext.list_configs()
+    for value in (Policy("bfloat16").to_json(), Policy("bfloat16").to_dict()):
+        with pytest.raises(AttributeError, match=f"Invalid config option '{key}'"):
+            tvm.transform.PassContext(config={key: value})
+    registration = re.compile(r"(?i)regist\w*(config|option)|(config|option)\w*regist")
+    assert not [name for name in tvm_ffi.registry.list_global_func_names()
+                if registration.search(name)]
+    assert not [name for name in dir(tvm.ir.transform) if registration.search(name)]
+    # and nothing to hang it on: a PassContext takes no Python attributes
+    with pytest.raises(AttributeError):
+        tvm.transform.PassContext.current().relay_amp_policy = Policy("bfloat16")
+
+
+def test_amp_config_survives_a_pass_context_entered_inside():
+    with amp_config(dtype="bfloat16") as policy:
+        with tvm.transform.PassContext(opt_level=3):
+            assert relay_amp.current_policy() is policy
+    assert relay_amp.current_policy() is None
+
+
 # ----------------------------------------------------------------------------- MXNet keywords
 def test_mxnet_keywords_in_constructor_and_convert():
     _, report = relay_amp.convert(Net, "float16", target_dtype_ops=["nn.softmax"],

@@ -159,7 +159,7 @@ def test_one_model_sweep_end_to_end(tmp_path):
 def test_force_measures_the_named_models_again_and_keeps_every_other_row(tmp_path, monkeypatch):
     measured = []
 
-    def fake_measure(name, dtypes, timeout_s, calibrated, target):
+    def fake_measure(name, dtypes, timeout_s, calibrated, target, batches=None):
         measured.append(name)
         return {"model": name,
                 "fp32": {"status": "import error", "message": f"run {len(measured)}"},
@@ -178,7 +178,7 @@ def test_force_measures_the_named_models_again_and_keeps_every_other_row(tmp_pat
 def test_rows_measured_for_another_target_are_measured_again(tmp_path, monkeypatch):
     measured = []
 
-    def fake_measure(name, dtypes, timeout_s, calibrated, target):
+    def fake_measure(name, dtypes, timeout_s, calibrated, target, batches=None):
         measured.append((name, None if target is None else target["kind"]))
         return {"model": name, "fp32": {"status": "import error", "message": "x"},
                 "variants": {}}
@@ -285,3 +285,227 @@ def test_error_measured_on_the_named_outputs_and_every_output_kept():
     assert sweep.output_agreement(reference, broken, {"error_outputs": [1]})["nonfinite"] == 1
     text = sweep._agreement_text({"detection_recall": 1.0, **named})
     assert text == "detection recall 1.000; relative L2 of the model's outputs 0.632"
+
+
+# ----------------------------------------------------------------------------- --batches
+def test_split_image_batches_gives_equal_batches_and_aligned_uint8():
+    from relay_amp.eval.data import IMAGENET_UINT8, normalize
+    from relay_amp.eval.models import split_image_batches
+
+    pixels = np.random.default_rng(0).integers(0, 256, (9, 6, 5, 3), dtype=np.uint8)
+    floats, uint8 = split_image_batches(pixels, size=2, count=4)
+    assert len(floats) == len(uint8) == 4
+    assert all(len(b) == 1 for b in floats + uint8)  # one input each
+    assert {b[0].shape for b in floats} == {b[0].shape for b in uint8} == {(2, 3, 6, 5)}
+    assert {b[0].dtype for b in floats} == {np.dtype(np.float32)}
+    assert {b[0].dtype for b in uint8} == {np.dtype(np.uint8)}
+    for i, (f, u) in enumerate(zip(floats, uint8)):  # image for image, in order
+        assert np.array_equal(u[0], pixels[2 * i:2 * i + 2].transpose(0, 3, 1, 2))
+        assert np.array_equal(f[0], normalize(pixels[2 * i:2 * i + 2]))
+        # the uint8 batch with the normalization relay_amp folds in is the float32 batch
+        mean = np.array(IMAGENET_UINT8["mean"], np.float32)[:, None, None]
+        std = np.array(IMAGENET_UINT8["std"], np.float32)[:, None, None]
+        np.testing.assert_allclose((u[0].astype(np.float32) - mean) / std, f[0], atol=1e-5)
+    # one batch: today's loader's batch
+    (first,), (first_uint8,) = split_image_batches(pixels, size=2, count=1)
+    assert np.array_equal(first[0], floats[0][0]) and np.array_equal(first_uint8[0], uint8[0][0])
+    with pytest.raises(ValueError, match="5 batches of 2 need 10 images; got 9"):
+        split_image_batches(pixels, size=2, count=5)
+
+
+def test_mirror_repeats_keeps_the_first_pass_and_mirrors_the_second():
+    from relay_amp.eval.models import mirror_repeats
+
+    pixels = np.random.default_rng(1).integers(0, 256, (5, 4, 3, 3), dtype=np.uint8)
+    pixels[2:4] = pixels[0:2]  # drawn cycling through 2 photos
+    pixels[4] = pixels[0]
+    mirrored = mirror_repeats(pixels, distinct=2)
+    assert np.array_equal(mirrored[:2], pixels[:2])
+    assert np.array_equal(mirrored[2:4], pixels[0:2, :, ::-1])
+    assert np.array_equal(mirrored[4], pixels[0])  # a third pass repeats the first
+    assert len({m.tobytes() for m in mirrored[:4]}) == 4
+
+
+def test_photo_pixels_keep_the_default_draw_and_give_distinct_images():
+    from relay_amp.eval.data import photo_list, sample_images
+    from relay_amp.eval.models import photo_pixels
+
+    assert np.array_equal(photo_pixels(8, 32), sample_images(8, 32))  # the loaders' default
+    assert np.array_equal(photo_pixels(3, 24, 32), sample_images(3, 32)[:, :24, :32])
+    count = len(photo_list()) + 2  # past the photos: mirrored
+    for height, width in ((32, 32), (24, 32)):
+        pixels = photo_pixels(count, height, width, distinct=True)
+        assert pixels.shape == (count, height, width, 3) and pixels.dtype == np.uint8
+        assert np.array_equal(pixels[:7], photo_pixels(7, height, width))  # first batches kept
+        assert len({image.tobytes() for image in pixels}) == count
+
+
+def _tiny_loaded(count):
+    from helpers import MatmulReluMatmulSoftmax
+
+    from relay_amp.eval.models import LoadedModel
+
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(8, 8)).astype(np.float32)
+    batches = [[rng.normal(size=(2, 8)).astype(np.float32), weight] for _ in range(count)]
+    return LoadedModel(get_spec("resnet18_v1"), MatmulReluMatmulSoftmax, batches, ["tiny"])
+
+
+def test_measure_model_asks_the_loader_for_batches_and_records_the_count(monkeypatch):
+    from relay_amp.eval import models
+
+    asked = []
+
+    def fake_load(name, workdir=None, batch_size=None, batches=None):
+        asked.append((name, batches))
+        return _tiny_loaded(batches or 1)
+
+    monkeypatch.setattr(models, "load", fake_load)
+    result = sweep.measure_model("resnet18_v1", ("float16",), batches=3, target=None)
+    assert asked == [("resnet18_v1", 3)]
+    assert result["batches"] == 3 and result["batches_requested"] == 3
+    assert result["fp32"]["status"] == "ok"
+    for variant in ("relay_amp:float16", "tvm:float16"):
+        assert result["variants"][variant]["status"] == "ok", result["variants"][variant]
+    default = sweep.measure_model("resnet18_v1", ("float16",), target=None)
+    assert asked[-1] == ("resnet18_v1", None)
+    assert default["batches"] == 1 and default["batches_requested"] is None
+
+
+class _InProcess:
+    """A stand-in for a spawned process that runs its target at start (so monkeypatches hold)."""
+
+    exitcode = 0
+
+    def __init__(self, target, args):
+        self.target, self.args = target, args
+
+    def start(self):
+        self.target(*self.args)
+
+    def join(self, timeout=None):
+        pass
+
+    def is_alive(self):
+        return False
+
+
+def test_batches_reach_the_child_and_other_counts_are_measured_again(tmp_path, monkeypatch):
+    import multiprocessing
+
+    class Context:
+        Process = _InProcess
+
+    measured = []
+
+    def fake_measure_model(name, dtypes, workdir, on_row=None, calibrated=True, target=None,
+                           batches=None):
+        measured.append((name, batches))
+        given = max(batches or 0, 24) if name == "ppocrv4_rec" else batches or 1
+        result = {"model": name, "task": get_spec(name).task, "notes": [],
+                  "fp32": {"status": "ok"}, "batches": given, "batches_requested": batches,
+                  "variants": {"relay_amp:float16": {"status": "ok", "relative_l2": 1e-3},
+                               "tvm:float16": {"status": "ok", "relative_l2": 2e-3}}}
+        on_row(result)
+        return result
+
+    monkeypatch.setattr(multiprocessing, "get_context", lambda method: Context)
+    monkeypatch.setattr(sweep, "measure_model", fake_measure_model)
+    monkeypatch.setattr(sweep, "plot_errors", lambda *args, **kwargs: None)
+    out = str(tmp_path)
+    names = ["alexnet", "ppocrv4_rec"]
+    sweep.run_sweep(names, ("float16",), out, progress=False)
+    assert measured == [("alexnet", None), ("ppocrv4_rec", None)]
+    results = sweep.run_sweep(names, ("float16",), out, progress=False, batches=4)
+    # alexnet gave 1 batch: measured again; ppocrv4_rec already gave 24 >= 4: kept
+    assert measured[2:] == [("alexnet", 4)]
+    assert results["models"]["alexnet"]["batches"] == 4
+    assert results["models"]["alexnet"]["batches_requested"] == 4
+    assert results["meta"]["batches_requested"] == 4
+    sweep.run_sweep(names, ("float16",), out, progress=False, batches=4)  # nothing new
+    sweep.run_sweep(names, ("float16",), out, progress=False)  # the default keeps any count
+    assert measured[3:] == []
+    sweep.run_sweep(["alexnet"], ("float16",), out, progress=False, batches=8)
+    sweep.run_sweep(["alexnet"], ("float16",), out, progress=False, batches=8, force=True)
+    assert measured[3:] == [("alexnet", 8), ("alexnet", 8)]
+    text = open(os.path.join(out, "results.md"), encoding="utf-8").read()
+    assert "| latency_ms | batches |" in text
+    assert "input batches measured per model (the batches column): 8 on 1, 24 on 1" in text
+    with open(os.path.join(out, "results.csv"), encoding="utf-8") as handle:
+        rows = {(r["model"], r["variant"]): r["batches"] for r in csv.DictReader(handle)}
+    assert rows[("alexnet", "tvm:float16")] == "8" and rows[("ppocrv4_rec", "fp32")] == "24"
+    with pytest.raises(ValueError, match="at least 1"):
+        sweep.run_sweep(names, ("float16",), out, progress=False, batches=0)
+
+
+def test_rows_without_a_recorded_count_are_measured_again_for_batches():
+    row = {"fp32": {"status": "ok"}, "variants": {"relay_amp:float16": {}, "tvm:float16": {}},
+           "relay_amp_target": None}
+    assert sweep._finished(row, ("float16",), None)
+    assert not sweep._finished(row, ("float16",), None, batches=4)  # measured before counts
+    assert sweep._finished({**row, "batches": 4}, ("float16",), None, batches=4)
+    assert not sweep._finished({**row, "batches": 24, "batches_requested": 8}, ("float16",),
+                               None, batches=4)
+
+
+def test_sweep_command_threads_batches(monkeypatch, capsys):
+    from relay_amp.eval import commands
+
+    calls = []
+
+    def fake_run_sweep(names, dtypes, out, timeout, force, **options):
+        calls.append((names, force, options["batches"]))
+        return {"models": {}}
+
+    monkeypatch.setattr(sweep, "run_sweep", fake_run_sweep)
+    argv = ["sweep", "--models", "alexnet,resnet18_v1", "--dtypes", "float16", "--quiet"]
+    assert commands.main([*argv, "--batches", "4", "--force"]) == 0
+    assert commands.main(argv) == 0
+    assert calls == [(["alexnet", "resnet18_v1"], True, 4), (["alexnet", "resnet18_v1"], False,
+                                                              None)]
+    assert commands.main([*argv, "--batches", "0"]) == 2
+    assert "--batches must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.zoo
+def test_gluoncv_loader_gives_the_batches_asked_for(tmp_path):
+    """cifar_resnet20_v1 (32 px, batches of 2): 4 batches from 8 photos, float32 and uint8
+    aligned, the first the default loader's batch; the model runs every one."""
+    from relay_amp import execution
+    from relay_amp.eval import models
+    from relay_amp.eval.data import normalize
+
+    loaded = models.load("cifar_resnet20_v1", str(tmp_path), batches=4)
+    assert len(loaded.batches) == 4
+    assert {b[0].shape for b in loaded.batches} == {(2, 3, 32, 32)}
+    integer = loaded.extra["uint8"]["batches"]
+    assert len(integer) == 4 and {b[0].shape for b in integer} == {(2, 3, 32, 32)}
+    for floats, uint8 in zip(loaded.batches, integer):
+        assert np.array_equal(floats[0], normalize(uint8[0].transpose(0, 2, 3, 1)))
+    photos = models.photo_pixels(8, 32)
+    assert np.array_equal(loaded.batches[0][0], normalize(photos[:2]))  # the default batch
+    assert "4 input batches measured (--batches 4)" in loaded.notes
+    vm = execution.compile_module(loaded.mod)
+    outputs = [execution.run(vm, batch)[0] for batch in loaded.batches]
+    assert all(o.shape == (2, 10) for o in outputs)
+    assert not np.allclose(outputs[0], outputs[1])
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name,count,default", [("bert_base", 3, 2), ("gpt2_small", 3, 1),
+                                                ("whisper_base_encoder", 2, 1),
+                                                ("vit_small_224", 3, 2)])
+def test_transformer_builds_extend_their_batches(name, count, default):
+    from relay_amp.eval import transformers_zoo
+
+    own = transformers_zoo.build(name, tiny=True)
+    more = transformers_zoo.build(name, tiny=True, batches=count)
+    fewer = transformers_zoo.build(name, tiny=True, batches=1)
+    assert len(own.batches) == len(fewer.batches) == default
+    assert len(more.batches) == count
+    for first, again in zip(own.batches, more.batches):  # the own batches come first, unchanged
+        assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    shapes = {tuple(x.shape[1:] if name == "bert_base" else x.shape for x in b)
+              for b in more.batches}
+    assert len(shapes) == (2 if name == "bert_base" else 1)  # bert alternates two lengths
+    assert len({b[0].tobytes() for b in more.batches}) == count

@@ -12,8 +12,18 @@ assignment) plus explicit volatile load/store helpers, through TVM's
   pointers, casts), after TVM's own preamble and before the first kernel;
 * injection is idempotent (a marker and an include guard);
 * a callback registered before relay_amp keeps running first: relay_amp chains, never replaces;
-* :func:`enable`, :func:`disable`, :func:`is_enabled` and the :func:`volatile_half_operators`
-  context manager switch it; importing relay_amp enables it.
+* importing relay_amp registers nothing. relay_amp's CUDA builds turn the hook on:
+  :func:`relay_amp.cuda_pipeline` (so ``tvm.compile(mod, target,
+  relax_pipeline=relay_amp.cuda_pipeline(target))``) and :func:`relay_amp.pipeline.build` with a
+  CUDA target (the ``relay-amp convert`` command and the GPU bundle build through it), unless
+  :func:`disable` or ``volatile_half_operators(False)`` switched it off;
+* whoever compiles converted modules with ``tvm.compile(mod, target)`` and TVM's own pipeline
+  calls :func:`enable` first (or compiles inside ``with volatile_half_operators():``);
+  :func:`disable` and :func:`is_enabled` do the rest.
+
+Once registered, the hook stays TVM's ``tvm_callback_cuda_postproc`` for the process (the
+callback it chained to may be anyone's, so it is never unregistered); switched off, it only
+passes the source through that earlier callback, as if relay_amp had not registered.
 
 The declarations use only ``__device__`` functions and the CUDA math headers, so the patched
 source compiles under nvcc and NVRTC alike.
@@ -112,9 +122,10 @@ class _Hook:
 
     def __init__(self):
         self.enabled = False
+        self.switched_off = False  # by disable(): relay_amp's builds leave it off
         self.previous = None
         self.registered = False
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
 
     def __call__(self, code, target=None):
         if self.previous is not None:
@@ -124,25 +135,40 @@ class _Hook:
                 code = self.previous(code)
         return patch_source(str(code)) if self.enabled else code
 
+    def register(self) -> None:
+        """Register (once), chaining to the callback registered before."""
+        with self.lock:
+            if not self.registered:
+                current = tvm.get_global_func(CALLBACK, allow_missing=True)
+                if current is not None:
+                    self.previous = current
+                tvm.register_global_func(CALLBACK, self, override=True)
+                self.registered = True
+
 
 _HOOK = _Hook()
 
 
 def enable() -> None:
-    """Register (once) and switch on the post-processing hook."""
+    """Register (once) and switch on the post-processing hook, for every CUDA build after it
+    (``tvm.compile`` with TVM's own pipeline included)."""
     with _HOOK.lock:
-        if not _HOOK.registered:
-            current = tvm.get_global_func(CALLBACK, allow_missing=True)
-            if current is not None:
-                _HOOK.previous = current
-            tvm.register_global_func(CALLBACK, _HOOK, override=True)
-            _HOOK.registered = True
-        _HOOK.enabled = True
+        _HOOK.register()
+        _HOOK.enabled, _HOOK.switched_off = True, False
+
+
+def enable_for_build() -> None:
+    """What relay_amp's CUDA builds call: :func:`enable`, unless :func:`disable` (or
+    ``volatile_half_operators(False)``) switched the hook off. Idempotent."""
+    with _HOOK.lock:
+        if not _HOOK.switched_off:
+            enable()
 
 
 def disable() -> None:
-    """Switch the hook off; a callback it chains to keeps running."""
-    _HOOK.enabled = False
+    """Switch the hook off, for relay_amp's builds too; a callback it chains to keeps running."""
+    with _HOOK.lock:
+        _HOOK.enabled, _HOOK.switched_off = False, True
 
 
 def is_enabled() -> bool:
@@ -153,9 +179,11 @@ def is_enabled() -> bool:
 @contextlib.contextmanager
 def volatile_half_operators(enabled: bool = True):
     """Enable (or disable) the hook inside a ``with`` block, restoring the previous state."""
-    before = is_enabled()
-    (enable if enabled else disable)()
+    with _HOOK.lock:
+        before = (_HOOK.enabled, _HOOK.switched_off)
+        (enable if enabled else disable)()
     try:
         yield
     finally:
-        (enable if before else disable)()
+        with _HOOK.lock:
+            _HOOK.enabled, _HOOK.switched_off = before

@@ -33,10 +33,14 @@ def _sweep(args) -> int:
             return 2
         for note in notes:
             print(f"relay-amp sweep: {note}", file=sys.stderr)
+    if args.batches is not None and args.batches < 1:
+        print(f"relay-amp sweep: --batches must be at least 1; got {args.batches}",
+              file=sys.stderr)
+        return 2
     try:
         results = sweep.run_sweep(names, dtypes, args.out, args.timeout, args.force,
                                   progress=not args.quiet, calibrated=not args.no_calibration,
-                                  target=target)
+                                  target=target, batches=args.batches)
     except KeyError as err:
         print(f"relay-amp sweep: {err.args[0]}", file=sys.stderr)
         return 2
@@ -99,6 +103,13 @@ def main(argv=None) -> int:
                        help="the target whose defaults relay_amp converts for, as relay-amp "
                             "convert takes it ('cuda -arch=sm_90', a tag, a JSON dict) or 'none' "
                             "(default: %(default)s; the models run on this CPU)")
+    sweep.add_argument("--batches", type=int, default=None, metavar="N",
+                       help="measure each model on at least N input batches where its loader "
+                            "can give them (GluonCV: N batches of its batch size from more "
+                            "photos; others: more samples of their own source, or their own "
+                            "batches if already as many); each row records how many were "
+                            "measured. Finished rows measured on another count are measured "
+                            "again (default: each loader's own batches, one for GluonCV)")
     sweep.add_argument("--list", action="store_true", help="list the models and exit")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.set_defaults(run=_sweep)

@@ -23,7 +23,6 @@ from .data import (
     ImageBatches,
     normalize,
     photo_list,
-    sample_images,
 )
 
 
@@ -143,19 +142,85 @@ def get_spec(name: str) -> ModelSpec:
     return REGISTRY[name]
 
 
-def load(name: str, workdir: str | None = None, batch_size: int | None = None) -> LoadedModel:
+def load(name: str, workdir: str | None = None, batch_size: int | None = None,
+         batches: int | None = None) -> LoadedModel:
     """Load model ``name`` as a Relax module with its input batches.
 
     ``batch_size`` sets the batch of GluonCV models (default: 2, or 1 from 300 px up); the other
-    models take one input at a time.
+    models take one input at a time. ``batches`` asks for at least that many input batches
+    (None: the loader's own, one for GluonCV): every loader whose source can give more draws
+    them (more photos, rendered lines, seeded token rows...; the model itself does not change),
+    a loader that already gives as many keeps its own, and one that cannot says so in a note.
+    ``len(result.batches)`` is what was given.
     """
     spec = get_spec(name)
+    if batches is not None and batches < 1:
+        raise ValueError(f"batches must be at least 1; got {batches}")
     workdir = workdir or tempfile.mkdtemp(prefix="relay_amp_")
     if spec.family == "gluoncv":
-        return _load_gluon(spec, workdir, batch_size)
-    loader = {"paddleocr": _load_paddleocr, "yolov8": _load_yolov8,
-              "mediapipe": _load_mediapipe, "transformers": _load_transformer}[spec.family]
-    return loader(spec, workdir)
+        loaded = _load_gluon(spec, workdir, batch_size, batches)
+    else:
+        loader = {"paddleocr": _load_paddleocr, "yolov8": _load_yolov8,
+                  "mediapipe": _load_mediapipe, "transformers": _load_transformer}[spec.family]
+        loaded = loader(spec, workdir, batches)
+    if batches is not None:
+        given = len(loaded.batches)
+        loaded.notes.append(f"{given} input batches measured (--batches {batches}"
+                            + (": all this loader can give)" if given < batches else ")"))
+    return loaded
+
+
+def mirror_repeats(pixels: np.ndarray, distinct: int) -> np.ndarray:
+    """``pixels`` (uint8 ``(N, H, W, 3)``) drawn by cycling through ``distinct`` photos, with
+    the images of every second pass mirrored left to right, so that up to ``2 * distinct``
+    images are all different (a third pass repeats the first). The first ``distinct`` images
+    are unchanged."""
+    pixels = np.array(pixels, copy=True)
+    for i in range(distinct, len(pixels)):
+        if (i // distinct) % 2:
+            pixels[i] = pixels[i][:, ::-1]
+    return pixels
+
+
+def photo_pixels(count: int, height: int, width: int | None = None,
+                 distinct: bool = False) -> np.ndarray:
+    """``count`` of the bundled photos (:func:`.data.photo_list`, in order, cycling) as uint8
+    ``(count, height, width, 3)``: each centre-cropped to a square, resized to
+    ``max(height, width)`` with Pillow's bilinear filter (:class:`.data.ImageBatches`, the
+    same pixels as :func:`.data.sample_images`) and cut to its top-left ``height x width``;
+    past the photos, mirrored (:func:`mirror_repeats`). With ``distinct``, a photo that equals
+    an earlier one (scikit-image's ``cat`` is ``chelsea``) is skipped, so up to twice the
+    number of different photos are all different."""
+    width = width or height
+    photos = photo_list()
+    if distinct:
+        unique: dict = {}
+        for photo in photos:
+            unique.setdefault((photo.shape, photo.tobytes()), photo)
+        photos = list(unique.values())
+    chosen = [photos[i % len(photos)] for i in range(count)]
+    side = max(height, width)
+    pixels = next(iter(ImageBatches(chosen, side, batch_size=count, layout="NHWC")))
+    return mirror_repeats(pixels[:, :height, :width], len(photos))
+
+
+def split_image_batches(pixels: np.ndarray, size: int, count: int,
+                        mean=IMAGENET_MEAN, std=IMAGENET_STD) -> tuple[list, list]:
+    """``count`` batches of ``size`` images each from uint8 ``(N, H, W, 3)`` ``pixels`` (the
+    first ``count * size``, in order), as two aligned lists of one-input batches: float32 NCHW
+    normalized with ``mean`` and ``std`` (:func:`.data.normalize`), and the same images as uint8
+    NCHW (for a model given uint8 input with that normalization folded in). Every batch has the
+    shape ``(size, 3, H, W)``: a model exported at that batch runs each."""
+    if size < 1 or count < 1:
+        raise ValueError(f"size and count must be positive; got size={size}, count={count}")
+    if len(pixels) < size * count:
+        raise ValueError(f"{count} batches of {size} need {size * count} images; got "
+                         f"{len(pixels)}")
+    chosen = np.asarray(pixels[:size * count])
+    floats = normalize(chosen, mean, std)
+    uint8 = np.ascontiguousarray(chosen.transpose(0, 3, 1, 2))
+    return ([[np.ascontiguousarray(floats[i * size:(i + 1) * size])] for i in range(count)],
+            [[np.ascontiguousarray(uint8[i * size:(i + 1) * size])] for i in range(count)])
 
 
 # ------------------------------------------------------------------------------ ONNX import
@@ -425,13 +490,18 @@ def detection_output_order(onnx_path: str) -> list[int]:
     return [0, 1, 2]
 
 
-def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) -> LoadedModel:
+def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None,
+                batches: int | None = None) -> LoadedModel:
     """Build the GluonCV model, initialize it (seeded Xavier), re-estimate its BatchNorm
     statistics on real photos, export it through ONNX (``workdir/NAME.onnx``) and import it.
 
     No pretrained weights can be downloaded here, so activations get realistic magnitudes from
     the re-estimated statistics; comparisons made with these models measure low-precision
     agreement with float32, not ImageNet accuracy.
+
+    The inputs are ``batches`` (default 1) batches of ``batch_size`` photos, all of one shape
+    (the exported graph's); BatchNorm is re-estimated on the first 8 photos whatever
+    ``batches`` is, so the model and its first batch are the same for every count.
     """
     import mxnet as mx
     import onnx
@@ -442,11 +512,17 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
     # segmentation heads upsample to a size fixed at construction (crop_size, default 480)
     options = {"crop_size": height} if spec.task == "segmentation" else {}
     net = _gluon_net(model_zoo, spec.name, **options)
-    if height == width:  # uint8 batches from the loader; float32 normalized on the host
-        pixels = next(iter(ImageBatches(photo_list(), height, batch_size=8, layout="NHWC")))
-    else:
-        pixels = sample_images(8, max(height, width))[:, :height, :width]
-    calibration = normalize(pixels)
+    # one image for detection and segmentation: their untuned CPU runs take minutes each
+    size = batch_size or (1 if max(height, width) >= 300 or spec.task in REPAIRED_TASKS else 2)
+    count = batches or 1
+    # uint8 batches from the loader (square inputs); float32 normalized on the host.
+    # BatchNorm statistics come from the same 8 photos whatever the count: the same model
+    first = photo_pixels(8, height, width)
+    calibration = normalize(first)
+    # the measured images: the first of those, or count * size different ones (the first
+    # batch the same)
+    pixels = (first if count == 1 and size <= 8 else
+              photo_pixels(count * size, height, width, distinct=True))
     try:  # initialization is deferred to the first call, which therefore sits in the try
         net.initialize(mx.init.Xavier(magnitude=2.0))
         net(mx.nd.array(calibration[:1]))
@@ -456,9 +532,8 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
         net.initialize(_xavier_or_constant(mx)(magnitude=2.0))
         net(mx.nd.array(calibration[:1]))
     reestimate_batchnorm(net, mx.nd.array(calibration))
-    # one image for detection and segmentation: their untuned CPU runs take minutes each
-    size = batch_size or (1 if max(height, width) >= 300 or spec.task in REPAIRED_TASKS else 2)
-    batch = calibration[:size]
+    float_batches, uint8_batches = split_image_batches(pixels, size, count)
+    batch = float_batches[0][0]
     notes: list = []
     extra = {"onnx_path": os.path.join(workdir, spec.name + ".onnx")}
     if spec.task in REPAIRED_TASKS:
@@ -476,9 +551,8 @@ def _load_gluon(spec: ModelSpec, workdir: str, batch_size: int | None = None) ->
             mod = import_onnx(model, {model.graph.input[0].name: list(batch.shape)}, notes, True)
     if height == width:
         extra["uint8"] = {"input": mod["main"].params[0].name,
-                          "batches": [[np.ascontiguousarray(pixels[:size].transpose(0, 3, 1, 2))]],
-                          "normalization": IMAGENET_UINT8}
-    return LoadedModel(spec, mod, [[batch]], notes, extra)
+                          "batches": uint8_batches, "normalization": IMAGENET_UINT8}
+    return LoadedModel(spec, mod, float_batches, notes, extra)
 
 
 # ------------------------------------------------------------------------------ real weights
@@ -503,42 +577,43 @@ def _load_onnx_model(path: str, shape: list, spec: ModelSpec, batches, extra=Non
     return LoadedModel(spec, mod, batches, notes, extra or {})
 
 
-def _load_paddleocr(spec: ModelSpec, workdir: str) -> LoadedModel:
+def _load_paddleocr(spec: ModelSpec, workdir: str, batches: int | None = None) -> LoadedModel:
     from . import ocr
 
     height, width = spec.input_size
     if spec.task == "ocr-det":
         path = _package_file("rapidocr_onnxruntime", "ch_PP-OCRv4_det_infer.onnx")
-        pages = ocr.render_pages(count=3, size=height)
+        pages = ocr.render_pages(count=max(3, batches or 0), size=height)
         batches = [[ocr.det_preprocess(page)] for page in pages]
         return _load_onnx_model(path, [1, 3, height, width], spec, batches)
     if spec.task == "ocr-rec":
         import onnx
 
         path = _package_file("rapidocr_onnxruntime", "ch_PP-OCRv4_rec_infer.onnx")
-        samples = ocr.render_lines(count=24, height=height, width=width)
+        samples = ocr.render_lines(count=max(24, batches or 0), height=height, width=width)
         batches = [[ocr.rec_preprocess(s.image, height, width)] for s in samples]
         meta = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
         characters = meta["character"].splitlines()
         return _load_onnx_model(path, [1, 3, height, width], spec, batches,
                                 {"truth": [s.text for s in samples], "characters": characters})
     path = _package_file("rapidocr_onnxruntime", "ch_ppocr_mobile_v2.0_cls_infer.onnx")
-    samples = ocr.render_lines(count=8, height=height, width=width, flips=True)
+    samples = ocr.render_lines(count=max(8, batches or 0), height=height, width=width,
+                               flips=True)
     batches = [[ocr.rec_preprocess(s.image, height, width)] for s in samples]
     return _load_onnx_model(path, [1, 3, height, width], spec, batches)
 
 
-def _load_yolov8(spec: ModelSpec, workdir: str) -> LoadedModel:
+def _load_yolov8(spec: ModelSpec, workdir: str, batches: int | None = None) -> LoadedModel:
     path = _package_file("nudenet", "320n.onnx")
     height, width = spec.input_size
-    photos = sample_images(4, height)
+    photos = photo_pixels(max(4, batches or 0), height, distinct=True)
     batches = [[np.ascontiguousarray(p.transpose(2, 0, 1)[None].astype(np.float32) / 255.0)]
                for p in photos]
     # the exported graph keeps dynamic shapes that TVM cannot compile: fold them first
     return _load_onnx_model(path, [1, 3, height, width], spec, batches, simplify=True)
 
 
-def _load_mediapipe(spec: ModelSpec, workdir: str) -> LoadedModel:
+def _load_mediapipe(spec: ModelSpec, workdir: str, batches: int | None = None) -> LoadedModel:
     import tflite
     from tvm.relax.frontend.tflite import from_tflite
 
@@ -549,7 +624,8 @@ def _load_mediapipe(spec: ModelSpec, workdir: str) -> LoadedModel:
     imported = from_tflite(model)
     mod = imported[0] if isinstance(imported, tuple) else imported
     height, width = spec.input_size
-    photos = sample_images(3, max(height, width))[:, :height, :width]
+    photos = photo_pixels(max(3, batches or 0), height, width,
+                          distinct=True)
     # mediapipe models take RGB scaled to [-1, 1] (palm, face) or [0, 1] (landmarks)
     scale = (photos.astype(np.float32) / 127.5 - 1.0) if "detection" in spec.name else (
         photos.astype(np.float32) / 255.0)
@@ -558,12 +634,12 @@ def _load_mediapipe(spec: ModelSpec, workdir: str) -> LoadedModel:
 
 
 # ------------------------------------------------------------------------------ transformers
-def _load_transformer(spec: ModelSpec, workdir: str) -> LoadedModel:
+def _load_transformer(spec: ModelSpec, workdir: str, batches: int | None = None) -> LoadedModel:
     """A ``transformers`` model from its config with seeded weights (see
     :mod:`.transformers_zoo`), exported with ``torch.export`` and imported into Relax."""
     from . import transformers_zoo
 
-    built = transformers_zoo.build(spec.name)
+    built = transformers_zoo.build(spec.name, batches=batches)
     mod = transformers_zoo.to_relax(built)
     notes = [f"size: {transformers_zoo.MODELS[spec.name].size}", *built.notes]
     return LoadedModel(spec, mod, built.batches, notes)
@@ -571,5 +647,5 @@ def _load_transformer(spec: ModelSpec, workdir: str) -> LoadedModel:
 
 __all__ = ["ModelSpec", "LoadedModel", "REGISTRY", "DEFAULT_MODELS", "get_spec", "load",
            "import_onnx", "import_repaired", "gluon_to_onnx", "import_gluoncv",
-           "detection_output_order",
+           "detection_output_order", "split_image_batches", "photo_pixels", "mirror_repeats",
            "REPAIRED_TASKS", "IMAGENET_MEAN", "IMAGENET_STD"]

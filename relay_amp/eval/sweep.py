@@ -161,12 +161,15 @@ DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
 
 
 def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None = None,
-                  on_row=None, calibrated: bool = True, target=DEFAULT_TARGET) -> dict:
+                  on_row=None, calibrated: bool = True, target=DEFAULT_TARGET,
+                  batches: int | None = None) -> dict:
     """Measure one model: the float32 baseline and every variant. Never raises.
 
     With ``calibrated``, relay_amp converts with ranges from :func:`relay_amp.calibrate` run on
     the model's own input batches (TVM's built-in pass has no such input). ``target`` sets
-    relay_amp's defaults (None: the defaults without a target)."""
+    relay_amp's defaults (None: the defaults without a target). ``batches`` asks the loader for
+    at least that many input batches (:func:`relay_amp.eval.models.load`; None: its own); the
+    result's ``batches`` is how many were measured, ``batches_requested`` what was asked."""
     import relay_amp
 
     from .. import execution
@@ -175,13 +178,15 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
 
     spec = get_spec(name)
     result = {"model": name, "family": spec.family, "task": spec.task, "weights": spec.weights,
-              "input_size": list(spec.input_size), "notes": [], "fp32": {}, "variants": {}}
+              "input_size": list(spec.input_size), "notes": [], "fp32": {}, "variants": {},
+              "batches_requested": batches}
     report = on_row or (lambda result: None)
     try:
         start = time.perf_counter()
-        loaded = models.load(name, workdir)
+        loaded = models.load(name, workdir, batches=batches)
         result["load_s"] = time.perf_counter() - start
         result["notes"] = loaded.notes
+        result["batches"] = len(loaded.batches)
     except Exception as err:  # any import failure is a row with its reason
         result["fp32"] = _error("import error", err)
         report(result)
@@ -370,28 +375,29 @@ def gpu_cost_markdown(results: dict, order=None) -> str:
     return "\n".join(lines)
 
 
-def _worker(name, dtypes, path, workdir, calibrated, target):  # runs in a child process
+def _worker(name, dtypes, path, workdir, calibrated, target, batches=None):  # a child process
     def save(result):
         with open(path + ".tmp", "w", encoding="utf-8") as handle:
             json.dump(result, handle, default=float)
         os.replace(path + ".tmp", path)
 
     try:
-        measure_model(name, dtypes, workdir, on_row=save, calibrated=calibrated, target=target)
+        measure_model(name, dtypes, workdir, on_row=save, calibrated=calibrated, target=target,
+                      batches=batches)
     except BaseException:  # pragma: no cover - measure_model catches; this is a last resort
         traceback.print_exc()
         raise
 
 
 def measure_isolated(name: str, dtypes, timeout_s: float, calibrated: bool = True,
-                     target=DEFAULT_TARGET) -> dict:
+                     target=DEFAULT_TARGET, batches: int | None = None) -> dict:
     """:func:`measure_model` in a child process; a timeout or crash marks the missing rows."""
     context = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="relay_amp_sweep_") as workdir:
         path = os.path.join(workdir, "result.json")
         process = context.Process(target=_worker,
                                   args=(name, tuple(dtypes), path, workdir, calibrated,
-                                        target))
+                                        target, batches))
         process.start()
         process.join(timeout_s)
         status = None
@@ -421,8 +427,17 @@ def measure_isolated(name: str, dtypes, timeout_s: float, calibrated: bool = Tru
 # ------------------------------------------------------------------------------ the sweep
 def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_s=900.0,
               force=False, progress=True, calibrated: bool = True,
-              target=DEFAULT_TARGET) -> dict:
-    """Measure ``names`` and write results.json/.csv/.md and error.png into ``out_dir``."""
+              target=DEFAULT_TARGET, batches: int | None = None) -> dict:
+    """Measure ``names`` and write results.json/.csv/.md and error.png into ``out_dir``.
+
+    ``batches`` asks every loader for at least that many input batches (None: each loader's
+    own; GluonCV's is one). With it, a finished row of ``results.json`` is kept only if it was
+    measured with the same request, or without one on at least ``batches`` batches (what the
+    request would measure again); any other row of ``names`` is measured again. Without it,
+    finished rows are kept whatever their count (each row records ``batches``, which results.md
+    shows, and the summary says when the counts differ)."""
+    if batches is not None and batches < 1:
+        raise ValueError(f"batches must be at least 1; got {batches}")
     for name in names:
         get_spec(name)
     os.makedirs(out_dir, exist_ok=True)
@@ -438,22 +453,39 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
                                "re-estimated on real photos: they measure float16/bfloat16 "
                                "agreement with float32, not ImageNet accuracy.",
                        "calibrated": calibrated,
-                       "relay_amp_target": target}
+                       "relay_amp_target": target, "batches_requested": batches}
     todo = [n for n in names
-            if force or not _finished(results["models"].get(n), dtypes, target)]
+            if force or not _finished(results["models"].get(n), dtypes, target, batches)]
     bar = progress_bar(todo, desc="sweep", unit="model", disable=not progress)
     for name in bar:
         bar.set_postfix_str(name)
-        results["models"][name] = measure_isolated(name, dtypes, timeout_s, calibrated, target)
+        results["models"][name] = measure_isolated(name, dtypes, timeout_s, calibrated, target,
+                                                    batches=batches)
         results["models"][name]["relay_amp_target"] = target
+        results["models"][name]["batches_requested"] = batches
         write_outputs(results, out_dir, order=names)
     write_outputs(results, out_dir, order=names)
     return results
 
 
-def _finished(result, dtypes, target=DEFAULT_TARGET) -> bool:
+def same_batches(result: dict, batches: int | None) -> bool:
+    """Whether ``result`` stands for a sweep asking for ``batches`` input batches: any count
+    when None; else measured with that request, or with none on at least that many batches
+    (a loader that already gives as many keeps its own, so the request would measure the same).
+    A row measured before counts were recorded has no ``batches`` and does not stand."""
+    if batches is None:
+        return True
+    requested = result.get("batches_requested")
+    if requested is not None:
+        return requested == batches
+    return (result.get("batches") or 0) >= batches
+
+
+def _finished(result, dtypes, target=DEFAULT_TARGET, batches=None) -> bool:
     if result and result.get("relay_amp_target", None) != target:
         return False  # measured for another target's defaults
+    if result and not same_batches(result, batches):
+        return False  # measured on another number of input batches
     if not result or result.get("fp32", {}).get("status") not in ("ok", "import error"):
         return False
     if result["fp32"]["status"] != "ok":
@@ -471,7 +503,7 @@ def machine_description() -> str:
 # ------------------------------------------------------------------------------ outputs
 COLUMNS = ("model", "task", "variant", "status", "relative_l2", "max_abs", "cosine", "nonfinite",
            "agreement", "low_op_fraction", "low_mac_fraction", "casts", "round_trips",
-           "param_bytes", "convert_s", "compile_s", "latency_ms", "message")
+           "param_bytes", "convert_s", "compile_s", "latency_ms", "batches", "message")
 
 
 def _agreement_text(row: dict) -> str:
@@ -494,7 +526,7 @@ def flat_rows(results: dict, order=None) -> list[dict]:
     rows = []
     for name in names:
         result = results["models"][name]
-        base = {"model": name, "task": result.get("task", "")}
+        base = {"model": name, "task": result.get("task", ""), "batches": result.get("batches")}
         fp32 = result.get("fp32", {})
         rows.append({**base, "variant": "fp32", **{k: fp32.get(k) for k in COLUMNS if k in fp32},
                      "agreement": "", "status": fp32.get("status", "")})
@@ -519,7 +551,7 @@ def _fmt(value) -> str:
 def markdown_table(results: dict, order=None) -> str:
     columns = ("model", "variant", "status", "relative_l2", "max_abs", "nonfinite", "agreement",
                "low_mac_fraction", "casts", "round_trips", "param_bytes", "convert_s",
-               "latency_ms")
+               "latency_ms", "batches")
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in flat_rows(results, order):
         cells = [_fmt(row.get(c)) for c in columns]
@@ -550,6 +582,11 @@ def summary_lines(results: dict) -> list[str]:
     lines.append(f"TVM built-in float16: {builtin_failed} failed, {builtin_nonfinite} with NaN/Inf")
     lines.append(f"relay_amp float16 error <= built-in on {better}/{len(both)} models where "
                  "both ran")
+    counts = batch_counts(results)
+    if counts:
+        lines.append("input batches measured per model (the batches column): " + ", ".join(
+            f"{'not recorded' if count is None else count} on {len(names)}"
+            for count, names in counts.items()))
     costs = [m["gpu_cost"] for m in models if "fp32" in m.get("gpu_cost", {})]
     for dtype in ("float16", "bfloat16"):
         measured = [c for c in costs if "kernels" in c.get(f"relay_amp:{dtype}", {})]
@@ -561,12 +598,27 @@ def summary_lines(results: dict) -> list[str]:
     return lines
 
 
+def batch_counts(results: dict) -> dict:
+    """``{input batches measured: [model names]}`` of the models that ran in float32, in
+    ascending count (None, for rows measured before counts were recorded, last); empty when
+    no row records a count."""
+    counts: dict = {}
+    for name, model in results["models"].items():
+        if model.get("fp32", {}).get("status") == "ok":
+            counts.setdefault(model.get("batches"), []).append(name)
+    if set(counts) <= {None}:
+        return {}
+    return dict(sorted(counts.items(), key=lambda item: (item[0] is None, item[0] or 0)))
+
+
 def section_markdown(title: str, results: dict) -> str:
     """A section of the accuracy doc for a sweep of further models: its command's target and
     date, the headline counts and the per-row table."""
     meta = results.get("meta", {})
     target = json.dumps(meta.get("relay_amp_target"))
     names = ",".join(results["models"])
+    if meta.get("batches_requested"):
+        names += f" --batches {meta['batches_requested']}"
     lines = [f"## {title}", "",
              f"Command: `relay-amp sweep --models {names}` (relay_amp with the defaults of "
              f"{target}), {meta.get('date', '')}, {meta.get('machine', '')}.", ""]

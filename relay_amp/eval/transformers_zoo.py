@@ -86,16 +86,17 @@ def token_ids(count: int, length: int, vocab: int, low: int = 1000) -> list[np.n
     return [rng.integers(low, vocab, size=(1, length), dtype=np.int64) for _ in range(count)]
 
 
-def synthetic_speech(seconds: float, rate: int = 16000) -> np.ndarray:
+def synthetic_speech(seconds: float, rate: int = 16000, voice: int = 0) -> np.ndarray:
     """A voice-like float32 waveform: a gliding fundamental with harmonics, syllable-rate
-    amplitude bursts and a little noise (seeded), peak 0.5."""
-    rng = np.random.default_rng(SEED)
+    amplitude bursts and a little noise (seeded), peak 0.5. ``voice`` 1, 2... raise the pitch
+    and the syllable rate and reseed the noise: another speaker (0 is the sweep's default)."""
+    rng = np.random.default_rng(SEED + voice)
     t = np.arange(int(seconds * rate)) / rate
-    pitch = 140.0 + 30.0 * np.sin(2 * np.pi * 0.7 * t)
+    pitch = 140.0 + 35.0 * voice + 30.0 * np.sin(2 * np.pi * 0.7 * t)
     phase = 2 * np.pi * np.cumsum(pitch) / rate
-    voice = sum(np.sin(k * phase) / k for k in range(1, 9))
-    syllables = np.clip(np.sin(2 * np.pi * 3.0 * t), 0.0, None) ** 2
-    signal = voice * syllables + 0.05 * rng.normal(size=t.size)
+    harmonics = sum(np.sin(k * phase) / k for k in range(1, 9))
+    syllables = np.clip(np.sin(2 * np.pi * (3.0 + 0.4 * voice) * t), 0.0, None) ** 2
+    signal = harmonics * syllables + 0.05 * rng.normal(size=t.size)
     return (0.5 * signal / np.max(np.abs(signal))).astype(np.float32)
 
 
@@ -111,10 +112,13 @@ def log_mel(audio: np.ndarray, seconds: float, mels: int) -> np.ndarray:
 
 def vit_pixels(count: int, size: int) -> np.ndarray:
     """The sweep's photos as ViT input: ``(count, 3, size, size)`` scaled to [-1, 1] (the
-    mean and std of 0.5 that ViT's image processor uses)."""
-    from .data import normalize, sample_images
+    mean and std of 0.5 that ViT's image processor uses); past the bundled photos, mirrored
+    (:func:`relay_amp.eval.models.photo_pixels`)."""
+    from .data import normalize
+    from .models import photo_pixels
 
-    return normalize(sample_images(count, size), mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    return normalize(photo_pixels(count, size, distinct=True), mean=(0.5, 0.5, 0.5),
+                     std=(0.5, 0.5, 0.5))
 
 
 # ------------------------------------------------------------------------------ wrappers
@@ -203,7 +207,7 @@ def _ids_and_masks(ids: list) -> list:
     return [[row, np.ones_like(row)] for row in ids]
 
 
-def _bert(tiny: bool) -> Built:
+def _bert(tiny: bool, count: int) -> Built:
     import transformers
 
     torch = _torch()
@@ -213,6 +217,8 @@ def _bert(tiny: bool) -> Built:
     model = transformers.BertModel(config).eval()
     lengths = (16, 9) if tiny else (64, 40)
     rng_rows = [token_ids(1, n, config.vocab_size)[0] for n in lengths]
+    for i in range(len(lengths), count):  # further rows alternate the two lengths
+        rng_rows.append(token_ids(i + 1, lengths[i % 2], config.vocab_size)[i])
     seq = torch.export.Dim("seq", min=2, max=config.max_position_embeddings)
     return Built(_encoder_wrapper(model, explicit_positions=True), _ids_and_masks(rng_rows),
                  ({1: seq}, {1: seq}),
@@ -221,17 +227,17 @@ def _bert(tiny: bool) -> Built:
                   "default ones' min(seq, 512) slice)"])
 
 
-def _distilbert(tiny: bool) -> Built:
+def _distilbert(tiny: bool, count: int) -> Built:
     import transformers
 
     config = (transformers.DistilBertConfig(dim=64, n_layers=2, n_heads=2, hidden_dim=128)
               if tiny else transformers.DistilBertConfig())  # the defaults are DistilBERT-base
     model = transformers.DistilBertModel(config).eval()
-    ids = token_ids(1 if tiny else 2, 16 if tiny else 64, config.vocab_size)
+    ids = token_ids(max(1 if tiny else 2, count), 16 if tiny else 64, config.vocab_size)
     return Built(_encoder_wrapper(model, explicit_positions=False), _ids_and_masks(ids))
 
 
-def _vit(tiny: bool) -> Built:
+def _vit(tiny: bool, count: int) -> Built:
     import transformers
 
     if tiny:
@@ -243,13 +249,13 @@ def _vit(tiny: bool) -> Built:
                                         num_attention_heads=6, intermediate_size=1536,
                                         image_size=224, patch_size=16, num_labels=1000)
     model = transformers.ViTForImageClassification(config).eval()
-    pixels = vit_pixels(2 if tiny else 4, config.image_size)
     batch = 1 if tiny else 2
+    pixels = vit_pixels(max(2 if tiny else 4, count * batch), config.image_size)
     batches = [[pixels[i:i + batch]] for i in range(0, len(pixels), batch)]
     return Built(_vit_wrapper(model), batches)
 
 
-def _whisper(tiny: bool) -> Built:
+def _whisper(tiny: bool, count: int) -> Built:
     import transformers
 
     seconds = 1 if tiny else 5
@@ -271,25 +277,27 @@ def _whisper(tiny: bool) -> Built:
     )
 
     encoder = WhisperEncoder(config).eval()
-    features = log_mel(synthetic_speech(seconds), seconds, config.num_mel_bins)
-    return Built(_whisper_wrapper(encoder), [[features]],
-                 notes=["input: log-mel features of a synthesized voice-like signal"])
+    batches = [[log_mel(synthetic_speech(seconds, voice=i), seconds, config.num_mel_bins)]
+               for i in range(max(1, count))]
+    return Built(_whisper_wrapper(encoder), batches,
+                 notes=["input: log-mel features of a synthesized voice-like signal"
+                        + (f" ({len(batches)} voices)" if len(batches) > 1 else "")])
 
 
-def _gpt2(tiny: bool) -> Built:
+def _gpt2(tiny: bool, count: int) -> Built:
     import transformers
 
     config = (transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=1000,
                                       bos_token_id=999, eos_token_id=999)
               if tiny else transformers.GPT2Config())  # the defaults are GPT-2 small
     model = transformers.GPT2LMHeadModel(config).eval()
-    ids = token_ids(1, 16 if tiny else 48, config.vocab_size)
+    ids = token_ids(max(1, count), 16 if tiny else 48, config.vocab_size)
     return Built(_causal_lm_wrapper(model), _ids_and_masks(ids),
                  notes=["explicit all-ones attention_mask (without it TVM cannot compile "
                         "transformers' packed-sequence check)"])
 
 
-def _llama(tiny: bool) -> Built:
+def _llama(tiny: bool, count: int) -> Built:
     import transformers
 
     if tiny:
@@ -303,7 +311,7 @@ def _llama(tiny: bool) -> Built:
                                           max_position_embeddings=2048, rms_norm_eps=1e-5,
                                           rope_theta=10000.0, tie_word_embeddings=True)
     model = transformers.LlamaForCausalLM(config).eval()
-    ids = token_ids(1, 16 if tiny else 32, config.vocab_size)
+    ids = token_ids(max(1, count), 16 if tiny else 32, config.vocab_size)
     return Built(_causal_lm_wrapper(model), _ids_and_masks(ids),
                  notes=["explicit all-ones attention_mask (without it TVM cannot compile "
                         "transformers' packed-sequence check)"])
@@ -314,15 +322,17 @@ _BUILDERS = {"bert_base": _bert, "distilbert_base": _distilbert, "vit_small_224"
              "llama_smollm_135m": _llama}
 
 
-def build(name: str, tiny: bool = False) -> Built:
+def build(name: str, tiny: bool = False, batches: int | None = None) -> Built:
     """The wrapped model ``name`` (a key of :data:`MODELS`) with seeded weights, and its input
-    batches; ``tiny`` gives the small configuration the tests use."""
+    batches; ``tiny`` gives the small configuration the tests use. ``batches`` asks for at least
+    that many input batches (None: the model's own, which a larger count extends: further
+    seeded token rows, photos or voices; the first batches stay the same)."""
     if name not in _BUILDERS:
         raise KeyError(f"unknown transformer model {name!r}; known: {', '.join(_BUILDERS)}")
     torch = _torch()
     torch.manual_seed(SEED)
     with torch.no_grad():
-        built = _BUILDERS[name](tiny)
+        built = _BUILDERS[name](tiny, batches or 0)
     built.notes = list(built.notes or [])
     return built
 

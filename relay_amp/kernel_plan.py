@@ -1,8 +1,11 @@
-"""Step 1b of the algorithm (stated in :mod:`relay_amp.rewriter`): kernel boundaries. Which
+"""Step 1b of the algorithm (stated in :mod:`relay_amp.transform`): kernel boundaries. Which
 values FuseOps keeps in one kernel's registers, which cross a boundary and are stored in low
-precision, and the mode of each follow op, chosen forward from how its inputs arrive."""
+precision (:class:`KernelPlan`), and the mode of each follow op, chosen forward from how its
+inputs arrive."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from tvm import relax
 from tvm.ir import Call
@@ -14,22 +17,206 @@ from tvm.relax import (
 
 from .kinds import STORING_KINDS, Category, FusionKind, Mode
 from .op_registry import fuses, fusion_kind, op_info
-from .plan import Plan
+from .plan import Plan, Scope
 from .reasons import Reason
 from .relax_utils import (
     is_var,
 )
-from .targets import UNCENTRED
+from .targets import UNCENTRED, KernelSettings
 
 #: A float32 value read by more dot products than this, each rounding it in its own kernel,
 #: moves more bytes than one cast kernel and low-precision reads (4k > 4 + 2 + 2k for k > 3).
 MAX_ROUNDING_READERS = 3
 
 
-class BoundaryPlanner:
-    """Step 1b of :class:`relay_amp.planner.FunctionPlanner` (whose state it reads)."""
+@dataclass(frozen=True)
+class KernelPlan:
+    """What step 1b hands on: how FuseOps will group the function's bindings into kernels and
+    which values cross a kernel boundary in low precision; its methods answer the questions
+    step 2 and the rewrite ask of it.
 
-    def plan_boundaries(self, seq: SeqExpr, low_results: bool = False):
+    Attributes
+    ----------
+    scope : Scope
+        The function's bindings.
+    decisions : relay_amp.decide.Decisions
+        Step 1's output.
+    uses : dict
+        Var -> its consumers (a call binding's var, or None for any other use).
+    tuple_items : dict
+        Tuple var -> the vars bound to its items.
+    fused : set
+        (value, consumer) edges that stay inside one kernel.
+    group_kind : dict
+        Var -> the FusionKind of the kernel that computes it.
+    stored_low : set
+        Float32 values stored in low precision between kernels.
+    residuals : set
+        Float32 values kept float32 between kernels.
+    low_values : set
+        Float32 values the rewrite computes in low precision.
+    absorbed : dict
+        Residual add -> the centring kernel that computes it.
+    """
+
+    scope: Scope
+    decisions: object
+    uses: dict = field(default_factory=dict)
+    tuple_items: dict = field(default_factory=dict)
+    fused: set = field(default_factory=set)
+    group_kind: dict = field(default_factory=dict)
+    stored_low: set = field(default_factory=set)
+    residuals: set = field(default_factory=set)
+    low_values: set = field(default_factory=set)
+    absorbed: dict = field(default_factory=dict)
+
+    @property
+    def plans(self) -> dict:
+        return self.decisions.plans
+
+    @property
+    def low(self) -> str:
+        return self.scope.low
+
+    def canonical(self, var):
+        return self.scope.canonical(var)
+
+    def dtype_of(self, expr):
+        return self.scope.dtype_of(expr)
+
+    def _orig_dtype(self, var):
+        return self.scope.orig_dtype(var)
+
+    def arrives_low(self, value, consumer) -> bool:
+        """Does ``consumer`` read ``value`` in low precision across a kernel boundary?"""
+        bound = self.scope.bound.get(value)
+        if type(bound) is TupleGetItem and is_var(bound.tuple_value):  # an item of a split
+            producer = self.plans.get(self.canonical(bound.tuple_value))
+            return producer is not None and producer.mode == Mode.LOW
+        if (value, consumer) in self.fused:
+            return value in self.low_values or self._orig_dtype(value) == self.low
+        return (value in self.stored_low or value in self.low_values
+                or self._orig_dtype(value) == self.low or self.writes_both(value))
+
+    def writes_both(self, value) -> bool:
+        """Does the kernel of ``value`` write it in float32 and in low precision (a mixed
+        kernel whose result is a residual stream that other kernels also read in low
+        precision)?"""
+        plan = self.plans.get(value)
+        return (plan is not None and plan.mixed and value in self.residuals
+                and type(value) is DataflowVar)
+
+    def reads_stored(self, consumer) -> bool:
+        """Float32 and unknown ops read the float32 value the policy protects for them, and an
+        exact op that only feeds the function's result or explicit casts (which choose their own
+        dtype) is no kernel (a view) worth a cast."""
+        plan = self.plans.get(consumer)
+        if plan is None or plan.category in (None, Category.FP32):
+            return False
+        return not (op_info(plan.op).exact and all(
+            u is None or op_info(getattr(self.plans.get(u), "op", None)).is_cast
+            for u in self.readers(consumer)))
+
+    def all_read_stored(self, var) -> bool:
+        """Does every reader of ``var`` in another kernel read a stored low-precision copy (and is
+        there one)? A float32 op reading it there would need the float32 value as well, and
+        FuseOps puts no cast into a kernel whose result has other readers: the copy would cost
+        a kernel of its own."""
+        crossing = [c for c in self.uses.get(var, ())
+                    if c is not None and (var, c) not in self.fused]
+        return bool(crossing) and all(self.reads_stored(c) for c in crossing)
+
+    def readers(self, var) -> list:
+        """The uses of ``var``, those through the items of a tuple it is (a ``split``) replaced
+        by the items' uses."""
+        found = list(self.uses.get(var, ()))
+        for item in self.tuple_items.get(var, ()):
+            found.extend(self.readers(item))
+        return found
+
+    def rounds_in_reader(self, value, consumer) -> bool:
+        """Does the dot product ``consumer`` round the float32 ``value`` to low precision in its
+        own kernel? It does where no kernel writes a low-precision copy of ``value`` for it to
+        read (a function input, a residual stream, the result of a reduction, a gather or a
+        kernel whose value also leaves the function), since FuseOps never puts a cast into a dot
+        product's kernel nor into a producer that has other readers; unless more than
+        :data:`MAX_ROUNDING_READERS` dot products read it that way, when one cast kernel moves
+        fewer bytes. Where every reader is such a dot product, the cast ends the producer's own
+        kernel instead."""
+        if (value, consumer) in self.fused:
+            return False
+        if (value in self.stored_low or value in self.low_values or self.writes_both(value)
+                or self._orig_dtype(value) != "float32" or value in self.decisions.folded):
+            return False
+        uses = self.uses.get(value, ())
+        readers = [c for c in set(uses) if c is not None and (value, c) not in self.fused
+                   and self._is_dot_product(c)]
+        if (type(value) is DataflowVar and self.group_kind.get(value) in STORING_KINDS
+                and len(readers) == len(uses)):
+            return False  # only dot products read it: the cast ends its producer's kernel
+        return len(readers) <= MAX_ROUNDING_READERS
+
+    def _is_dot_product(self, var) -> bool:
+        plan = self.plans.get(var)
+        return plan is not None and plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE
+
+    def boundary_read(self, value, consumer) -> bool:
+        """Does ``consumer`` read the low-precision copy of ``value`` that is stored between
+        kernels (widening it in its own kernel where it computes float32)?"""
+        return (value in self.stored_low and (value, consumer) not in self.fused
+                and self.reads_stored(consumer))
+
+    def read_in_float32(self, param) -> bool:
+        """With kernel boundaries: does every reader of ``param`` compute float32 from it, in
+        a call this pass plans (so none reads it in low precision)?"""
+        uses = self.uses.get(self.canonical(param))
+        if not uses or None in uses:
+            return False
+        for var in set(uses):
+            plan = self.plans.get(var)
+            if (plan is None or plan.category is None or plan.mode != Mode.ORIGINAL
+                    or plan.mixed or op_info(plan.op).integer_side
+                    or self.dtype_of(var) != "float32"):
+                return False
+        return True
+
+
+class KernelPlanner:
+    """Step 1b for one function: :meth:`plan` returns its :class:`KernelPlan`, and sets the
+    mode of each follow op whose mode follows from how its inputs arrive.
+
+    Parameters
+    ----------
+    scope : Scope
+        The function's bindings.
+    decisions : relay_amp.decide.Decisions
+        Step 1's output.
+    settings : KernelSettings
+        The target's kernel settings (``low_precision_residuals``).
+    callee_kinds : dict
+        PrimFunc name -> the FusionKind of a ``call_tir`` of it.
+    """
+
+    def __init__(self, scope: Scope, decisions, settings: KernelSettings, callee_kinds=None):
+        self.out = out = KernelPlan(scope, decisions)
+        self.settings = settings
+        self.callee_kinds = callee_kinds or {}
+        self.low = scope.low
+        self.canonical, self.bindings, self.bound = scope.canonical, scope.bindings, scope.bound
+        self.call_args, self.dtype_of = scope.call_args, scope.dtype_of
+        self._float_leaves = scope.float_leaves
+        self.plans, self.folded, self.hot = decisions.plans, decisions.folded, decisions.hot
+        self.can_low = decisions.can_low
+        self.uses, self.tuple_items, self.fused = out.uses, out.tuple_items, out.fused
+        self.group_kind, self.stored_low, self.residuals = (out.group_kind, out.stored_low,
+                                                            out.residuals)
+        self.low_values, self.absorbed = out.low_values, out.absorbed
+        self.arrives_low, self.reads_stored = out.arrives_low, out.reads_stored
+        self.all_read_stored, self.readers = out.all_read_stored, out.readers
+        self.kernel_root: dict = {}  # var -> a later binding of its kernel (itself: the last)
+        self.uncentred_streams: dict = {}  # residual stream stored low -> an op adding to it
+
+    def plan(self, seq: SeqExpr, low_results: bool = False) -> KernelPlan:
         """Kernel boundaries (``low_precision_boundaries``): which values stay in one kernel's
         registers, which cross a boundary and are stored in low precision, and the mode of each
         follow op, chosen forward from how its inputs arrive. A value the function returns in
@@ -71,7 +258,7 @@ class BoundaryPlanner:
             if (self.dtype_of(var) == "float32" and self.can_low.get(var, False)
                     and var not in self.hot and var not in results
                     and self.group_kind[var] in STORING_KINDS
-                    and self._all_read_stored(var)
+                    and self.all_read_stored(var)
                     and not self._keeps_residual(var, plan)
                     and not self._ranked(var, plan)):
                 self.stored_low.add(var)
@@ -81,6 +268,7 @@ class BoundaryPlanner:
                         dtype=self.low))
             if self._computes_low(var, plan):
                 self.low_values.add(var)
+        return self.out
 
     def _keeps_residual(self, var, plan: Plan) -> bool:
         """A residual stream keeps float32 between kernels: a value computed in float32
@@ -240,79 +428,6 @@ class BoundaryPlanner:
             var = self.kernel_root[var]
         return var
 
-    def _reads_stored(self, consumer) -> bool:
-        """Float32 and unknown ops read the float32 value the policy protects for them, and an
-        exact op that only feeds the function's result or explicit casts (which choose their own
-        dtype) is no kernel (a view) worth a cast."""
-        plan = self.plans.get(consumer)
-        if plan is None or plan.category in (None, Category.FP32):
-            return False
-        return not (op_info(plan.op).exact and all(
-            u is None or op_info(getattr(self.plans.get(u), "op", None)).is_cast
-            for u in self._readers(consumer)))
-
-    def _all_read_stored(self, var) -> bool:
-        """Does every reader of ``var`` in another kernel read a stored low-precision copy (and is
-        there one)? A float32 op reading it there would need the float32 value as well, and
-        FuseOps puts no cast into a kernel whose result has other readers: the copy would cost
-        a kernel of its own."""
-        crossing = [c for c in self.uses.get(var, ())
-                    if c is not None and (var, c) not in self.fused]
-        return bool(crossing) and all(self._reads_stored(c) for c in crossing)
-
-    def _readers(self, var) -> list:
-        """The uses of ``var``, those through the items of a tuple it is (a ``split``) replaced
-        by the items' uses."""
-        found = list(self.uses.get(var, ()))
-        for item in self.tuple_items.get(var, ()):
-            found.extend(self._readers(item))
-        return found
-
-    def arrives_low(self, value, consumer) -> bool:
-        """Does ``consumer`` read ``value`` in low precision across a kernel boundary?"""
-        bound = self.bound.get(value)
-        if type(bound) is TupleGetItem and is_var(bound.tuple_value):  # an item of a split
-            producer = self.plans.get(self.canonical(bound.tuple_value))
-            return producer is not None and producer.mode == Mode.LOW
-        if (value, consumer) in self.fused:
-            return value in self.low_values or self._orig_dtype(value) == self.low
-        return (value in self.stored_low or value in self.low_values
-                or self._orig_dtype(value) == self.low or self.writes_both(value))
-
-    def writes_both(self, value) -> bool:
-        """Does the kernel of ``value`` write it in float32 and in low precision (a mixed
-        kernel whose result is a residual stream that other kernels also read in low
-        precision)?"""
-        plan = self.plans.get(value)
-        return (plan is not None and plan.mixed and value in self.residuals
-                and type(value) is DataflowVar)
-
-    def rounds_in_reader(self, value, consumer) -> bool:
-        """Does the dot product ``consumer`` round the float32 ``value`` to low precision in its
-        own kernel? It does where no kernel writes a low-precision copy of ``value`` for it to
-        read (a function input, a residual stream, the result of a reduction, a gather or a
-        kernel whose value also leaves the function), since FuseOps never puts a cast into a dot
-        product's kernel nor into a producer that has other readers; unless more than
-        :data:`MAX_ROUNDING_READERS` dot products read it that way, when one cast kernel moves
-        fewer bytes. Where every reader is such a dot product, the cast ends the producer's own
-        kernel instead."""
-        if not self.boundaries or (value, consumer) in self.fused:
-            return False
-        if (value in self.stored_low or value in self.low_values or self.writes_both(value)
-                or self._orig_dtype(value) != "float32" or value in self.folded):
-            return False
-        uses = self.uses.get(value, ())
-        readers = [c for c in set(uses) if c is not None and (value, c) not in self.fused
-                   and self._is_dot_product(c)]
-        if (type(value) is DataflowVar and self.group_kind.get(value) in STORING_KINDS
-                and len(readers) == len(uses)):
-            return False  # only dot products read it: the cast ends its producer's kernel
-        return len(readers) <= MAX_ROUNDING_READERS
-
-    def _is_dot_product(self, var) -> bool:
-        plan = self.plans.get(var)
-        return plan is not None and plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE
-
     def _boundary_follow_mode(self, var, plan: Plan):
         plan.mode_fixed = True
         activations = [leaf for leaf, _ in self._float_leaves(var)
@@ -351,23 +466,3 @@ class BoundaryPlanner:
         if plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE:
             return plan.decision.accumulation_dtype != "float32"
         return plan.mode == Mode.LOW
-
-    def boundary_read(self, value, consumer) -> bool:
-        """Does ``consumer`` read the low-precision copy of ``value`` that is stored between
-        kernels (widening it in its own kernel where it computes float32)?"""
-        return (value in self.stored_low and (value, consumer) not in self.fused
-                and self._reads_stored(consumer))
-
-    def read_in_float32(self, param) -> bool:
-        """With kernel boundaries: does every reader of ``param`` compute float32 from it, in
-        a call this pass plans (so none reads it in low precision)?"""
-        uses = self.uses.get(self.canonical(param))
-        if not uses or None in uses:
-            return False
-        for var in set(uses):
-            plan = self.plans.get(var)
-            if (plan is None or plan.category is None or plan.mode != Mode.ORIGINAL
-                    or plan.mixed or op_info(plan.op).integer_side
-                    or self.dtype_of(var) != "float32"):
-                return False
-        return True

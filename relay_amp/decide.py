@@ -1,8 +1,10 @@
-"""Step 1 of the algorithm (stated in :mod:`relay_amp.rewriter`): the decisions of one
-function; with steps 1b (:mod:`relay_amp.boundaries`) and 2 (:mod:`relay_amp.demand`), the
-plan the rewriter carries out."""
+"""Step 1 of the algorithm (stated in :mod:`relay_amp.transform`): decide. Forward over the
+bindings of one function, each call gets its category and reasons (:class:`Decisions`), which
+step 1b (:mod:`relay_amp.kernel_plan`) and step 2 (:mod:`relay_amp.demand`) read."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from tvm import relax
@@ -15,21 +17,17 @@ from tvm.relax import (
 )
 from tvm.tirx import IntImm
 
-from .boundaries import BoundaryPlanner
 from .calibrate import out_of_range_reason
-from .demand import DemandPlanner
 from .dtypes import (
     out_of_range_value,
 )
 from .kinds import LOW_CATEGORIES, Category, FusionKind, Mode
 from .op_hooks import OpSite
 from .op_registry import op_info
-from .plan import Plan, range_words
+from .plan import Plan, Scope, range_words
 from .policy import Decision, Policy
 from .reasons import Reason
 from .relax_utils import (
-    VAR_TYPES,
-    DtypeCache,
     GenericConst,
     is_var,
     leaves_of,
@@ -39,6 +37,52 @@ from .relax_utils import (
     type_leaves,
 )
 from .targets import KernelSettings
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What step 1 hands on: the draft :class:`~relay_amp.plan.Plan` of each call binding
+    (steps 1b and 2 set its mode) and what it found of each value.
+
+    Attributes
+    ----------
+    scope : Scope
+        The function's bindings.
+    plans : dict
+        Call binding var -> its draft plan.
+    can_low : dict
+        Var -> whether its value can exist in low precision without losing float32 protection.
+    f32_ready : dict
+        Var -> whether its float32 value exists without a cast.
+    folded : set
+        Values computed from constants alone (FoldConstant makes them constants).
+    hot : dict
+        Var -> why its value cannot be stored in the low dtype (calibration).
+    params : set
+        The function's parameters.
+    """
+
+    scope: Scope
+    plans: dict
+    can_low: dict
+    f32_ready: dict
+    folded: set
+    hot: dict
+    params: set
+
+    def is_constant(self, leaf) -> bool:
+        """A constant, or a value computed from constants alone (TFLite's float16 weights
+        behind an ``astype`` to float32): FoldConstant makes it a constant at build time."""
+        return type(leaf) is GenericConst or leaf in self.folded
+
+    def site(self, var, call, demand=frozenset()) -> OpSite:
+        """The view of ``var``'s call that an op hook gets in steps 1 and 2."""
+        scope, plan = self.scope, self.plans.get(var)
+        return OpSite(call, scope.low, plan.mode if plan is not None else Mode.ORIGINAL,
+                      frozenset(demand), self.can_low.get(var, False),
+                      self.f32_ready.get(var, False),
+                      lambda expr: scope.bound.get(scope.canonical(expr)),
+                      lambda expr: scope.int_inputs.get(scope.canonical(expr)))
 
 
 def _tests_infinity(call) -> bool:
@@ -71,79 +115,60 @@ def _elements(var) -> int | None:
     return int(np.prod([int(d) for d in shape])) if shape else 1
 
 
-class FunctionPlanner(BoundaryPlanner, DemandPlanner):
-    """Steps 1 and 2 of the algorithm for one function."""
+class Decider:
+    """Step 1 for one function: :meth:`decide` returns its :class:`Decisions`.
 
-    def __init__(self, policy: Policy, low: str, target_rule, constant_check, params_low: set,
-                 observed=None, margin: float = 1.0, int_inputs=None, dtype_of=None,
-                 settings: KernelSettings | None = None, param_problems=None,
-                 callee_kinds=None):
+    Parameters
+    ----------
+    scope : Scope
+        The function's bindings (:meth:`Scope.read` done).
+    policy : relay_amp.Policy
+        The decision table.
+    target_rule : callable
+        The target's rule over the policy's decisions.
+    constant_check : callable
+        ``const -> float | None``: a value of a float32 constant the low dtype cannot hold.
+    observed : callable, optional
+        ``var -> float | None``: the calibrated max ``|x|`` (None: not calibrated).
+    margin : float
+        The calibration's safety margin.
+    settings : KernelSettings
+        The target's kernel settings (``mixed_kernels``).
+    param_problems : dict
+        Parameter handle -> why the low dtype cannot hold it (calibration).
+    """
+
+    def __init__(self, scope: Scope, policy: Policy, target_rule, constant_check, observed=None,
+                 margin: float = 1.0, settings: KernelSettings | None = None,
+                 param_problems=None):
+        self.scope = scope
         self.policy = policy
-        self.callee_kinds = callee_kinds or {}  # PrimFunc name -> FusionKind of its call_tir
-        self.param_problems = param_problems or {}  # param handle -> OutOfRange
-        self.settings = settings or KernelSettings()
-        self.boundaries = self.settings.low_precision_boundaries
-        self.uses: dict = {}  # var -> consumers (a call binding's var, or None for other uses)
-        self.tuple_items: dict = {}  # tuple var -> the vars bound to its items
-        self.fused: set = set()  # (value, consumer) edges that stay inside one kernel
-        self.group_kind: dict = {}  # var -> FusionKind of the kernel that computes it
-        self.kernel_root: dict = {}  # var -> a later binding of its kernel (itself: the last)
-        self.stored_low: set = set()  # float32 values stored in low precision between kernels
-        self.residuals: set = set()  # float32 values kept float32 between kernels
-        self.uncentred_streams: dict = {}  # residual stream stored low -> an op that adds to it
-        self.low_values: set = set()  # float32 values that the rewrite computes in low precision
-        self.folded: set = set()  # values computed from constants alone (folded at build time)
-        self.absorbed: dict = {}  # residual add -> the centring kernel that computes it
-        self.observed = observed  # var -> calibrated max |x| (None: not calibrated)
-        self.margin = margin
-        self.hot: dict = {}  # var -> why its value cannot be stored in the low dtype
-        self.deciding: dict = {}  # var -> (consumer, its op): the value decides a discrete result
-        self.low = low
+        self.low = scope.low
         self.target_rule = target_rule
         self.constant_check = constant_check
-        self.dtype_of = dtype_of or DtypeCache()
-        self.params = set()
-        self.params_low = params_low
-        self.int_inputs = int_inputs or {}  # original float32 param -> integer dtype it is fed in
-        self.bound: dict = {}  # var -> the value bound to it (for pattern checks)
-        self.can_low: dict = {}
-        self.f32_ready: dict = {}  # var -> its float32 value exists without a cast
-        self.demand: dict = {}
-        self.item_demand: dict = {}  # (tuple var, index) -> dtypes wanted of that field
+        self.observed = observed
+        self.margin = margin
+        self.settings = settings or KernelSettings()
+        self.param_problems = param_problems or {}
+        self.canonical, self.leaves, self.bindings = scope.canonical, scope.leaves, scope.bindings
+        self.bound, self.call_args, self.dtype_of = scope.bound, scope.call_args, scope.dtype_of
+        self._orig_dtype, self._float_leaves = scope.orig_dtype, scope.float_leaves
+        self.params: set = set()
         self.plans: dict = {}
-        self.call_args: dict = {}  # call binding var -> [(argument, its leaves)]
-        # Each FFI access returns a new Python wrapper, and a dict lookup with a wrapper that is
-        # not the stored key falls back to a Python __eq__; every var is therefore looked up
-        # through one canonical wrapper per object, so the lookups hit by identity.
-        self._canonical: dict = {}
-        self._sequences: dict = {}
+        self.can_low: dict = {}
+        self.f32_ready: dict = {}
+        self.folded: set = set()
+        self.hot: dict = {}
+        self.deciding: dict = {}  # var -> (consumer, its op): the value decides a discrete result
+        self.decisions = Decisions(scope, self.plans, self.can_low, self.f32_ready, self.folded,
+                                   self.hot, self.params)
+        self._is_constant = self.decisions.is_constant
         self._decisions: dict = {}  # op -> its decision, where the op alone decides
 
-    # ------------------------------------------------------------------ helpers
-    def canonical(self, var):
-        """The one wrapper this planner uses for ``var`` (a Var; anything else is returned)."""
-        if type(var) not in VAR_TYPES:
-            return var
-        return self._canonical.setdefault(var.__chandle__(), var)
-
-    def leaves(self, arg) -> list:
-        """``leaves_of(arg)`` with canonical vars."""
-        return [self.canonical(leaf) for leaf in leaves_of(arg)]
-
-    def bindings(self, seq: SeqExpr) -> list:
-        """(binding, canonical var, value) of ``seq``, extracted once."""
-        key = seq.__chandle__()
-        entry = self._sequences.get(key)
-        if entry is None:
-            items = [(binding, self.canonical(binding.var), binding.value)
-                     for block in seq.blocks for binding in block.bindings]
-            entry = self._sequences[key] = (seq, items)
-        return entry[1]
-
-    def _orig_dtype(self, var) -> str | None:
-        if var in self.params_low:
-            return self.low
-        return self.dtype_of(var)
+    def decide(self, seq: SeqExpr, params=()) -> Decisions:
+        """Step 1 over the function body ``seq`` with parameters ``params``."""
+        self.forward(seq, params)
+        return self.decisions
 
     def _is_f32_ready(self, leaf) -> bool:
         if type(leaf) is GenericConst:
@@ -155,11 +180,6 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
             return self._orig_dtype(leaf) == "float32"  # parameters and free vars
         return True
 
-    def _is_constant(self, leaf) -> bool:
-        """A constant, or a value computed from constants alone (TFLite's float16 weights
-        behind an ``astype`` to float32): FoldConstant makes it a constant at build time."""
-        return type(leaf) is GenericConst or leaf in self.folded
-
     def _is_lowish(self, leaf) -> bool:
         """Can ``leaf`` be had in low precision without losing float32 protection?"""
         if self._is_constant(leaf):
@@ -168,25 +188,6 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
             return leaf in self.params or self.can_low.get(leaf, False) or (
                 self._orig_dtype(leaf) == self.low)
         return True
-
-    def _float_leaves(self, var) -> list:
-        """(leaf, dtype) of the float tensor leaves of the arguments of ``var``'s call."""
-        found = []
-        for _, arg_leaves in self.call_args[var]:
-            for leaf in arg_leaves:
-                dtype = self.dtype_of(leaf)
-                if dtype is not None and dtype.startswith(("float", "bfloat")):
-                    found.append((leaf, dtype))
-        return found
-
-    def site(self, var, call, demand=frozenset()) -> OpSite:
-        """The view of ``var``'s call that an op hook gets."""
-        plan = self.plans.get(var)
-        return OpSite(call, self.low, plan.mode if plan is not None else Mode.ORIGINAL,
-                      frozenset(demand), self.can_low.get(var, False),
-                      self.f32_ready.get(var, False),
-                      lambda expr: self.bound.get(self.canonical(expr)),
-                      lambda expr: self.int_inputs.get(self.canonical(expr)))
 
     # ------------------------------------------------------------------ step 1
     def forward(self, seq: SeqExpr, params=()):
@@ -242,7 +243,6 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
         return bool(dtypes) and not any(d.startswith(("float", "bfloat")) for d in dtypes)
 
     def _forward_binding(self, binding, var, value):
-        self.bound[var] = value
         if self._orig_dtype(var) == self.low:
             self.can_low[var] = True
         if type(binding) is MatchCast:
@@ -253,7 +253,6 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
             self.folded.add(var)  # a var bound to a constant is one
         op = op_name(value) if value_type is Call else None
         if op is not None:
-            self.call_args[var] = [(self.canonical(arg), self.leaves(arg)) for arg in value.args]
             float_leaves = self._float_leaves(var)
             if all(type(leaf) is GenericConst or leaf in self.folded
                    for _, leaves in self.call_args[var] for leaf in leaves
@@ -319,7 +318,7 @@ class FunctionPlanner(BoundaryPlanner, DemandPlanner):
                                               op=consumer_op))
         record = op_info(op)
         if record.identity is not None:
-            identity = record.identity(self.site(var, call))
+            identity = record.identity(self.decisions.site(var, call))
             if identity is not None:
                 plan.mode, (reason, plan.source) = Mode.IDENTITY, identity
                 plan.reasons = [reason]
