@@ -1,4 +1,4 @@
-"""Casts and constants of step 3 (the algorithm is stated in :mod:`relay_amp.rewriter`): one
+"""Casts and constants of step 3 (the algorithm is stated in :mod:`relay_amp.transform`): one
 cast cache per scope that stores both directions, so a cast back returns the original value;
 float32 constants converted once, at conversion time."""
 
@@ -26,9 +26,42 @@ from .relax_utils import (
 from .report import short_dtype as _short
 
 
-class CastEmitter:
-    """The cast cache and constant conversion of the rewriter
-    (:class:`relay_amp.rewriter.MixedPrecisionRewriter`)."""
+class CastCache:
+    """The casts the rewrite emits, through one cache per scope, and its constant conversion.
+
+    Parameters
+    ----------
+    builder : relax.BlockBuilder
+        The rewrite's builder; casts are emitted into its current block.
+    low : str
+        The low-precision dtype.
+    dtype_of : relay_amp.relax_utils.DtypeCache
+        The dtype of an expression.
+    cast_params_offline : bool
+        Float32 constants are converted at conversion time instead of cast at run time.
+    """
+
+    def __init__(self, builder, low: str, dtype_of, cast_params_offline: bool = True):
+        self.builder = builder
+        self.low = low
+        self.dtype_of = dtype_of
+        self.cast_params_offline = cast_params_offline
+        self._stack: list[dict] = []
+        self._dataflow: list[bool] = []  # parallel to _stack: is it a dataflow block's layer
+        self._constants: dict = {}  # handle -> [constant, numpy value, out of range, low copy]
+        self._kernel_copies: set = set()  # handles of low-precision copies a kernel writes
+        self.binding_casts = 0  # astype bindings emitted for the binding being rewritten
+        self.total_casts = 0
+        self.constants_converted = 0
+
+    def push_layer(self, is_dataflow: bool):
+        """A new scope (a SeqExpr, or a dataflow block within one)."""
+        self._stack.append({})
+        self._dataflow.append(is_dataflow)
+
+    def pop_layer(self):
+        self._stack.pop()
+        self._dataflow.pop()
 
     def _constant(self, const) -> list:
         """[const, numpy value, value out of the low dtype's range, low-precision copy]."""
@@ -56,8 +89,8 @@ class CastEmitter:
             self.constants_converted += 1
         return entry[3]
 
-    def _lookup(self, key, dtype):
-        for layer in reversed(self._cache_stack):
+    def lookup(self, key, dtype):
+        for layer in reversed(self._stack):
             hit = layer.get((key, dtype))
             if hit is not None:
                 return hit
@@ -66,9 +99,9 @@ class CastEmitter:
     def emit_named(self, expr, name: str, output: bool):
         """Bind ``expr`` to ``name``: a dataflow output when ``output`` (the value leaves the
         dataflow block), else a binding of the current block."""
-        if output and self.builder_.current_block_is_dataflow():
-            return self.builder_.emit_output(expr, name)
-        return self.builder_.emit(expr, name)
+        if output and self.builder.current_block_is_dataflow():
+            return self.builder.emit_output(expr, name)
+        return self.builder.emit(expr, name)
 
     def cast(self, expr, dtype: str, output: bool = False):
         """``expr`` as ``dtype`` (a float32 <-> low-precision tensor cast), through the cache."""
@@ -76,10 +109,10 @@ class CastEmitter:
         if source == dtype or source is None or {source, dtype} != {"float32", self.low}:
             return expr
         key = expr.__chandle__()
-        hit = self._lookup(key, dtype)
+        hit = self.lookup(key, dtype)
         if hit is not None:
             return hit
-        if type(expr) is GenericConst and self.policy.cast_params_offline:
+        if type(expr) is GenericConst and self.cast_params_offline:
             if dtype == self.low:
                 new = self.low_constant(expr)
             else:
@@ -88,26 +121,26 @@ class CastEmitter:
         else:
             name = (expr.name if is_var(expr) else "const") + "_" + _short(dtype)
             new = self.count_cast(self.emit_named(relax.op.astype(expr, dtype), name, output))
-        layer = self._cache_layer(new)
+        layer = self.cache_layer(new)
         layer[(key, dtype)] = new
         layer[(new.__chandle__(), source)] = expr
         self.dtype_of(new)  # keeps ``new`` alive while its handle is a cache key
         return new
 
-    def _written_low(self, value) -> bool:
+    def written_low(self, value) -> bool:
         """Did the kernel that computes ``value`` also write its low-precision copy?"""
-        copy = self._lookup(value.__chandle__(), self.low)
+        copy = self.lookup(value.__chandle__(), self.low)
         return copy is not None and copy.__chandle__() in self._kernel_copies
 
-    def _cache_layer(self, value) -> dict:
+    def cache_layer(self, value) -> dict:
         """The innermost cache layer in which ``value`` stays visible: a dataflow block's layer
         holds only its dataflow vars; output vars and constants outlive the block."""
         if type(value) is DataflowVar:
-            return self._cache_stack[-1]
-        for layer, is_dataflow in zip(reversed(self._cache_stack), reversed(self._layer_kinds)):
+            return self._stack[-1]
+        for layer, is_dataflow in zip(reversed(self._stack), reversed(self._dataflow)):
             if not is_dataflow:
                 return layer
-        return self._cache_stack[0]
+        return self._stack[0]
 
     def cast_to_type(self, expr, want):
         """``expr`` with each float tensor leaf cast to the dtype of the same leaf of ``want``."""
@@ -126,9 +159,9 @@ class CastEmitter:
                 return expr
             fields = []
             for i, field_want in enumerate(want.fields):
-                item = self.builder_.emit(TupleGetItem(expr, i), "item")
+                item = self.builder.emit(TupleGetItem(expr, i), "item")
                 fields.append(self.cast_to_type(item, field_want))
-            return self.builder_.emit(relax.Tuple(fields), "tuple")
+            return self.builder.emit(relax.Tuple(fields), "tuple")
         return expr
 
     def storage_constant(self, const):
@@ -136,31 +169,38 @@ class CastEmitter:
         if self.constant_out_of_range(const) is not None:
             return const
         key = const.__chandle__()
-        hit = self._lookup(key, "storage")
+        hit = self.lookup(key, "storage")
         if hit is not None:
             return hit
-        widened = self.count_cast(self.builder_.emit(
+        widened = self.count_cast(self.builder.emit(
             relax.op.astype(self.low_constant(const), "float32"), "weight_f32"))
-        self._cache_layer(widened)[(key, "storage")] = widened
+        self.cache_layer(widened)[(key, "storage")] = widened
         return widened
 
-    def _widen(self, value):
+    def widen(self, value):
         """A float32 copy of a low-precision value for one consumer: not shared, so the cast
         stays inside that consumer's kernel."""
         name = (value.name if is_var(value) else "const") + "_f32"
-        return self.count_cast(self.builder_.emit(relax.op.astype(value, "float32"), name))
+        return self.count_cast(self.builder.emit(relax.op.astype(value, "float32"), name))
 
     def count_cast(self, var):
         """``var``, a cast this binding added, counted in the report."""
-        self._casts += 1
+        self.binding_casts += 1
         self.total_casts += 1
         return var
 
-    def _adopt_cast(self, source, result):
+    def adopt_cast(self, source, result):
         """A float32 <-> low-precision cast already in the program joins the cast cache, so a
         later cast back returns its source instead of casting twice."""
         source_dtype, result_dtype = self.dtype_of(source), self.dtype_of(result)
         if {source_dtype, result_dtype} == {"float32", self.low}:
-            layer = self._cache_layer(result)
+            layer = self.cache_layer(result)
             layer.setdefault((source.__chandle__(), result_dtype), result)
             layer.setdefault((result.__chandle__(), source_dtype), source)
+
+    def kernel_copy(self, source, copy):
+        """``copy``, the low-precision copy of ``source`` that a kernel writes beside it, joins
+        the cache."""
+        self.adopt_cast(source, copy)
+        self._kernel_copies.add(copy.__chandle__())
+        self.dtype_of(copy)  # keeps ``copy`` alive while its handle is a set member

@@ -1,15 +1,17 @@
 """Step 3 of the algorithm (stated in :mod:`relay_amp.transform`): the rewrite.
 
-Forward over each function with a PyExprMutator: every operand is cast to the dtype its consumer
+:meth:`MixedPrecisionRewriter.rewrite_function` makes a function's signature, gets its frozen
+:class:`~relay_amp.plan.FunctionPlan` from :func:`relay_amp.planning.plan_function` and carries
+it out, forward, with a PyExprMutator: every operand is cast to the dtype its consumer
 computes in through one cast cache per scope. The cache stores both directions, so a cast back
 to the original dtype returns the original value (never a fp32 -> fp16 -> fp32 round trip);
 float32 constants are converted once, at conversion time; dot products accumulate in float32
 through out_dtype and emit the low-precision copy of their result only if some consumer demanded
 it; a binding whose operands and attributes come out unchanged is kept as it is. Each binding's
-decision lands in the report with its rule. Its casts and constants are in
-:mod:`relay_amp.casts`, the kernels it emits itself in :mod:`relay_amp.kernels`, the signature
-in :mod:`relay_amp.signature`; op-specific behaviour is in the per-op table of
-:mod:`relay_amp.op_hooks`.
+decision lands in the report with its rule. Its casts and constants are a
+:class:`~relay_amp.casts.CastCache`, the kernels it emits itself a
+:class:`~relay_amp.kernels.KernelEmitter`; what an op does differently is in its record of
+:mod:`relay_amp.op_registry`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from tvm.relax import (
     expr_functor,
 )
 
-from .casts import CastEmitter
+from .calibrate import OutOfRange
+from .casts import CastCache
 from .kernels import KernelEmitter
 from .kinds import Category, Mode
 from .op_registry import callee_fusion_kinds, op_info
@@ -54,12 +57,12 @@ from .relax_utils import (
     tensor_dtype,
 )
 from .report import BindingRecord, BoundaryRecord, short_dtype
-from .signature import SignatureRewriter
+from .signature import integer_input, parameter_problems
 from .targets import KernelSettings
 
 
 @expr_functor.mutator
-class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, KernelEmitter):
+class MixedPrecisionRewriter(PyExprMutator):
     """Step 3 of the algorithm: rewrites functions of one module and records the report rows."""
 
     def __init__(self, mod, policy: Policy, low: str, calibration=None):
@@ -69,20 +72,15 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         self.calibration = calibration
         self.low = low
         self.records: list[BindingRecord] = []
-        self._cache_stack: list[dict] = []
-        self._layer_kinds: list[bool] = []  # parallel to _cache_stack: is it a dataflow block's
-        self._kernel_copies: set = set()  # handles of low-precision copies a kernel writes
         self._absorbed: dict = {}  # absorbed add -> (its call, plan, operands as rewritten)
-        self._constants: dict = {}  # handle -> [constant, its numpy value, out of range, low copy]
         self.plan: FunctionPlan | None = None  # of the function being rewritten
         self._function_name = ""
-        self._casts = 0  # astype bindings emitted for the binding being rewritten
-        self.total_casts = 0
-        self.constants_converted = 0
         self.notes: list[str] = []
         self.int_params: dict = {}
         self._prologue: list = []
         self.dtype_of = DtypeCache()
+        self.casts = CastCache(self.builder_, low, self.dtype_of, policy.cast_params_offline)
+        self.emitter = KernelEmitter(self.builder_, self.casts, low)
         self.batch_norm_float32 = [0, 0]  # batch_norm ops, bytes of their float32 parameters
         self.batch_norm_seen: set = set()
         self._remap: dict = {}  # original var handle -> (original var, its rewritten value)
@@ -107,7 +105,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             observed = lambda var: calibration.observed_max(name, var.name)  # noqa: E731
             margin = calibration.margin
         params = list(func.params)
-        param_problems = self._parameter_problems(func, params, observed, margin)
+        param_problems = parameter_problems(func, params, observed, margin, self.low)
         for param in params:
             if param.name in int_inputs and tensor_dtype(param) == int_inputs[param.name]:
                 new_params.append(param)  # converted before: the input is already integer
@@ -137,7 +135,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         scope = Scope(self.low, params_low, self.dtype_of,
                       {p: int_inputs[p.name] for p in int_params})
         plan, result_type, kept = plan_function(
-            func, scope, self.policy, target_rule, self.constant_out_of_range, signature_low,
+            func, scope, self.policy, target_rule, self.casts.constant_out_of_range, signature_low,
             observed, margin, settings, param_problems, self.callee_kinds)
         for path, expr, problem in kept:
             where = "result" + "".join(f"[{i}]" for i in path)
@@ -156,16 +154,8 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         new_func = Function(new_params, body, want, func.is_pure, func.attrs, func.span)
         return self.builder_.normalize(new_func)
 
-    def _push_layer(self, is_dataflow: bool):
-        self._cache_stack.append({})
-        self._layer_kinds.append(is_dataflow)
-
-    def _pop_layer(self):
-        self._cache_stack.pop()
-        self._layer_kinds.pop()
-
     def rewrite_seq(self, seq: SeqExpr, want_type) -> SeqExpr:
-        self._push_layer(False)
+        self.casts.push_layer(False)
         blocks = []
         if self._prologue and not (seq.blocks and type(seq.blocks[0]) is DataflowBlock):
             with BuiltBlock(self.builder_) as prologue:
@@ -180,19 +170,19 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             is_dataflow = type(block) is DataflowBlock
             with BuiltBlock(self.builder_, is_dataflow) as built:
                 if is_dataflow:
-                    self._push_layer(True)
+                    self.casts.push_layer(True)
                 self._emit_prologue(read_later)  # in the dataflow block, where FuseOps fuses it
                 for binding in block.bindings:
                     self.visit_binding(binding)
                 if is_dataflow:
-                    self._pop_layer()
+                    self.casts.pop_layer()
             if built.block.bindings:
                 blocks.append(built.block)
         with BuiltBlock(self.builder_) as tail:
-            result = self.cast_to_type(self.visit_expr(seq.body), want_type)
+            result = self.casts.cast_to_type(self.visit_expr(seq.body), want_type)
         if tail.block.bindings:
             blocks.append(tail.block)
-        self._pop_layer()
+        self.casts.pop_layer()
         return SeqExpr(blocks, result)
 
     def _emit_prologue(self, read_later):
@@ -200,14 +190,17 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         dataflow output there where a later block reads it; ``read_later``: the handles of
         the parameters a later block or the result reads)."""
         for param, int_param, normalization in self._prologue:
-            value, name = self._integer_input(param, int_param, normalization)
-            self.remap(param, self.emit_named(value, name, param.__chandle__() in read_later))
+            value, name, note = integer_input(self.builder_, param, int_param, normalization,
+                                              self.low, self.plan.read_in_float32(param))
+            self.notes.append(note)
+            self.casts.total_casts += 1
+            self.remap(param, self.casts.emit_named(value, name, param.__chandle__() in read_later))
         self._prologue = []
 
     # ------------------------------------------------------------------ bindings
     def visit_var_binding_(self, binding: VarBinding) -> None:
         var, value = binding.var, binding.value
-        self._casts = 0
+        self.casts.binding_casts = 0
         output = type(var) is not DataflowVar
         plan = None
         if self.plan:
@@ -220,26 +213,26 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         if plan is not None:
             new_var = self._rewrite_call(var, value, plan, output, binding)
         elif value_type is Call:
-            args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in value.args]
+            args = [self.casts.cast_to_type(self.visit_expr(a), a.ty) for a in value.args]
             new_call = Call(self.visit_expr(value.op), args, value.attrs, value.ty_args,
                             value.span)
-            new_var = self.emit_named(new_call, var.name, output)
+            new_var = self.casts.emit_named(new_call, var.name, output)
         elif value_type is If:
             new_if = If(self.visit_expr(value.cond),
                         self.rewrite_seq(value.true_branch, value.true_branch.body.ty),
                         self.rewrite_seq(value.false_branch, value.false_branch.body.ty),
                         value.span)
-            new_var = self.emit_named(new_if, var.name, output)
+            new_var = self.casts.emit_named(new_if, var.name, output)
         elif value_type is relax.Tuple:
-            new_var = self.emit_named(self.cast_to_type(self.visit_expr(value),
+            new_var = self.casts.emit_named(self.casts.cast_to_type(self.visit_expr(value),
                                                    self.plan.tuple_want(var, value)),
                                  var.name, output)
         elif isinstance(value, Function):
             inner = self.rewrite_function(f"{self._function_name}.{var.name}", value,
                                           None, False)
-            new_var = self.emit_named(inner, var.name, output)
+            new_var = self.casts.emit_named(inner, var.name, output)
         else:
-            new_var = self.emit_named(self.visit_expr(value), var.name, output)
+            new_var = self.casts.emit_named(self.visit_expr(value), var.name, output)
         self.remap(var, new_var)
         self._eager_casts(var, new_var, output)
 
@@ -260,14 +253,14 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
         return self.visit_expr(expr)
 
     def visit_match_cast_(self, binding: MatchCast) -> None:
-        value = self.cast_to_type(self.visit_expr(binding.value), binding.value.ty)
+        value = self.casts.cast_to_type(self.visit_expr(binding.value), binding.value.ty)
         new_var = self.builder_.match_cast(value, binding.ty, binding.var.name)
         self.remap(binding.var, new_var)
 
     def _eager_casts(self, var, new_var, output: bool):
         demand = self.plan.demand.get(var, ()) if self.plan else ()
         for dtype in sorted(d for d in demand if d in ("float32", self.low)):
-            self.cast(new_var, dtype, output)
+            self.casts.cast(new_var, dtype, output)
 
     def _rewrite_call(self, var, call: Call, plan: BindingPlan, output: bool, binding=None):
         low = self.low
@@ -278,7 +271,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             source = self.int_params.get(plan.source)
             if source is None:
                 source = self.visit_leaf(plan.source)
-            new_var = self.emit_named(source, var.name, output)
+            new_var = self.casts.emit_named(source, var.name, output)
             self._record(var, call, new_var, [a for a, _ in self.plan.call_args[var]], plan)
             return new_var
         new_args, narrowed = [], []
@@ -298,11 +291,11 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             # nothing changed: the original binding (and its var) carries over as it is
             self.builder_.emit_normalized(binding)
             if hooks.is_cast:
-                self._adopt_cast(new_args[0], var)
+                self.casts.adopt_cast(new_args[0], var)
             self._record(var, call, var, new_args, plan)
             return var
         if narrowed:
-            kernel = self._emit_narrowing_kernel(plan.op, call, attrs, new_args, narrowed,
+            kernel = self.emitter.emit_narrowing(plan.op, call, attrs, new_args, narrowed,
                                                  var.name, output)
             if kernel is not None:
                 plan = plan.adding(Reason.of(
@@ -310,12 +303,13 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
                     dtype=low))
                 self._record(var, call, kernel, new_args, plan)
                 return kernel
-            new_args = [self.cast(a, low) if i in narrowed else a for i, a in enumerate(new_args)]
+            new_args = [self.casts.cast(a, low) if i in narrowed else a
+                        for i, a in enumerate(new_args)]
         if plan.mixed and self.plan.call_args[var][0][0] in self._absorbed:
             absorbed = self.plan.call_args[var][0][0]
             add_call, add_plan, operands = self._absorbed.pop(absorbed)
             out_dtype = self._mixed_out_dtype(var, output)
-            kernel = self._emit_absorbing_kernel(plan.op, call, new_args, operands, out_dtype,
+            kernel = self.emitter.emit_absorbing(plan.op, call, new_args, operands, out_dtype,
                                                  var.name, output)
             plan = plan.adding(Reason.of(
                 "absorbing_kernel", operands=" + ".join(o.name for o in operands),
@@ -325,7 +319,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             return kernel
         if plan.mixed:
             out_dtype = self._mixed_out_dtype(var, output)
-            mixed = self._emit_mixed_kernel(plan.op, call, new_args, out_dtype, var.name, output)
+            mixed = self.emitter.emit_mixed(plan.op, call, new_args, out_dtype, var.name, output)
             if mixed is not None:
                 read = sorted({self.dtype_of(a) for a in new_args if self.dtype_of(a)})
                 plan = plan.adding(Reason.of("mixed_kernel", reads="/".join(read),
@@ -333,7 +327,7 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
                 self._record(var, call, mixed, new_args, plan)
                 return mixed
             plan = dataclasses.replace(plan, mixed=False)
-            new_args = [self.cast(a, self.dtype_of(old)) if self.dtype_of(old) else a
+            new_args = [self.casts.cast(a, self.dtype_of(old)) if self.dtype_of(old) else a
                         for a, (old, _) in zip(new_args, self.plan.call_args[var])]
         new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
         try:
@@ -342,16 +336,16 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             message = str(err).strip().splitlines()[-1][:160]
             plan = dataclasses.replace(plan, mode=Mode.ORIGINAL, category=Category.FP32, reasons=(
                 Reason.of("rejected_by_tvm", op=plan.op, dtype=low, message=message),))
-            new_args = [self.cast_to_type(self.visit_expr(a), a.ty) for a in call.args]
+            new_args = [self.casts.cast_to_type(self.visit_expr(a), a.ty) for a in call.args]
             normalized = Call(call.op, new_args, call.attrs, call.ty_args, call.span)
-        new_var = self.emit_named(normalized, var.name, output)
+        new_var = self.casts.emit_named(normalized, var.name, output)
         if hooks.is_cast:
-            self._adopt_cast(normalized.args[0], new_var)
+            self.casts.adopt_cast(normalized.args[0], new_var)
         result = new_var
         pinned = hooks.pin_result and hooks.pin_result(self.plan.site(var, normalized, plan.mode))
         if pinned:
             plan = plan.adding(pinned)
-            result = self.count_cast(self.emit_named(relax.op.astype(new_var, low),
+            result = self.casts.count_cast(self.casts.emit_named(relax.op.astype(new_var, low),
                                                      f"{var.name}_{short_dtype(low)}", output))
         self._record(var, call, new_var, new_args, plan)
         return result
@@ -385,22 +379,22 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             return visited, False
         if plan.mixed:  # the kernel widens its operands in registers
             keep_low = self.low in self.plan.demand.get(arg, ())
-            return (self.cast(visited, low) if keep_low else visited), False
+            return (self.casts.cast(visited, low) if keep_low else visited), False
         if self.plan.boundaries and is_var(arg) and self.plan.boundary_read(arg, var):
-            stored = self.cast(visited, low)
-            return (stored if lowered or dtype != "float32" else self._widen(stored)), False
+            stored = self.casts.cast(visited, low)
+            return (stored if lowered or dtype != "float32" else self.casts.widen(stored)), False
         if (self.plan.boundaries and not lowered and dtype == "float32"
                 and self.dtype_of(visited) == low and plan.category not in (None, Category.FP32)):
-            return self._widen(visited), False
+            return self.casts.widen(visited), False
         if (lowered and plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE
                 and self.dtype_of(visited) == "float32" and is_var(arg)
-                and not self._written_low(visited) and self.plan.rounds_in_reader(arg, var)):
+                and not self.casts.written_low(visited) and self.plan.rounds_in_reader(arg, var)):
             return visited, True
         if lowered:
-            return self.cast(visited, low if dtype == "float32" else dtype), False
+            return self.casts.cast(visited, low if dtype == "float32" else dtype), False
         if plan.mode == Mode.STORAGE and type(arg) is GenericConst and dtype == "float32":
-            return self.storage_constant(arg), False
-        return self.cast(visited, dtype), False
+            return self.casts.storage_constant(arg), False
+        return self.casts.cast(visited, dtype), False
 
     def _record(self, var, call, new_var, new_args, plan: BindingPlan):
         in_dtypes = []
@@ -431,6 +425,42 @@ class MixedPrecisionRewriter(PyExprMutator, SignatureRewriter, CastEmitter, Kern
             input_dtypes=tuple(in_dtypes), compute_dtype=compute,
             accumulation_dtype=plan.accumulation or compute,
             output_dtype="+".join(stored) if stored else "-",
-            casts_added=self._casts + max(0, len(stored) - 1),
+            casts_added=self.casts.binding_casts + max(0, len(stored) - 1),
             reasons=tuple(plan.reasons),
             mac_source=call if op_info(plan.op).macs else 0))
+
+    def _keep_at_boundary(self, function: str, kind: str, where: str, value: str,
+                          problem: OutOfRange, named: bool):
+        """Record a parameter or result kept float32 at the signature, or raise if the policy
+        asks for strict I/O dtypes."""
+        if self.policy.strict_io_dtypes:
+            undo = f"leave it off to keep this {kind} float32" + (
+                f", or take {where} out of low_precision_inputs" if named else "")
+            subject = where if where == value else f"{where} ({value})"
+            raise ValueError(f"{function}: {kind} {subject} cannot be {self.low}: {problem}; "
+                             f"strict_io_dtypes is set ({undo})")
+        record = BoundaryRecord(function, kind, where, value, problem.magnitude, problem.bound,
+                                str(problem))
+        self.boundary.append(record)
+        self.notes.append(record.note(self.low))
+
+    def _mixed_out_dtype(self, var, output: bool):
+        """What a mixed kernel writes: the low dtype, float32, or both (a residual stream
+        that dot products also read, as a post-norm transformer's layer_norm result)."""
+        low, demand = self.low, self.plan.demand.get(var, ())
+        if var in self.plan.low_values or (low in demand and "float32" not in demand):
+            return low
+        if low in demand and not output and var in self.plan.residuals:
+            return ("float32", low)
+        return "float32"
+
+    def _absorbed_operands(self, add):
+        """The operands of an absorbed residual add as its normalization's kernel reads them:
+        a value stored in low precision between kernels as that copy, the rest as they are."""
+        operands = []
+        for arg, _ in self.plan.call_args[add]:
+            visited = self.visit_leaf(arg)
+            if self.plan.boundary_read(arg, add):
+                visited = self.casts.cast(visited, self.low)
+            operands.append(visited)
+        return operands

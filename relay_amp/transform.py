@@ -8,36 +8,47 @@ the algorithm they run, in the order :func:`convert` runs it.
    ``low_precision_residuals``). Where ``decompose_batch_norm`` holds, inference batch_norm
    becomes elementwise ops first (``DecomposeOpsForInference``).
 
-Then per Relax function (If branches and nested functions are scopes of their own), steps 1-3:
+Then per Relax function (If branches and nested functions are scopes of their own), the
+signature first (:mod:`relay_amp.signature`, in
+:meth:`relay_amp.rewriter.MixedPrecisionRewriter.rewrite_function`): a float32 parameter whose
+calibrated range the low dtype cannot hold keeps float32, an integer input (``input_dtypes``)
+gets its own parameter. Then :func:`relay_amp.planning.plan_function` runs steps 1-2 over a
+:class:`~relay_amp.plan.Scope` (the bindings, one canonical wrapper per var), each step handing
+its output to the next, and returns a frozen :class:`~relay_amp.plan.FunctionPlan`:
 
-1. Decide (:mod:`relay_amp.planner`). Forward over the bindings, the policy gives each call a
-   category and a rule; operand checks (constants or scalars the low-precision dtype cannot
-   hold, dtypes other than float32, calibrated ranges that would overflow) can overrule it, and
-   quantize(x) of values that are already those integers becomes the identity. A value that
-   decides a discrete result (a quantization's scale or zero point, a scalar or broadcast
-   operand of a comparison or of a cast to integers) and the calls computing it stay float32
-   (reason ``decides_discrete``). From the categories follows ``can_low``: whether a value can
-   exist in low precision without losing what float32 protected.
-1b. Kernel boundaries (:mod:`relay_amp.boundaries`, with ``low_precision_boundaries``). Which
-   values FuseOps keeps in one kernel's registers and which cross a kernel boundary; a crossing
-   value is stored in low precision and widened in the kernel that reads it, unless a ranking
-   op (NMS, top-k, sort, argmax) reads it, directly or through exact ops, or it is a residual
-   stream whose sum a normalization centres (``low_precision_residuals``: other streams are
-   stored low, each add computed in float32 registers inside the kernel that reads them). An
-   accumulate op (``mixed_kernels``) is one kernel that reads what arrives, computes in float32
-   registers and writes what its consumers want; a centring normalization also forms the
-   residual add that feeds it, so the sum is never stored.
-2. Demand (:mod:`relay_amp.demand`). Backward over the bindings, each binding records the dtypes
-   its operands must have: low-precision ops want low precision; float32, unknown and
-   accumulate ops want each operand's original dtype; a follow op runs in low precision only if
-   it can and one of its consumers wants low precision. The function result wants its original
-   dtypes (``keep_io_dtypes``); where the signature is made low precision, a parameter or result
-   leaf that holds a value the low dtype cannot keeps float32 (reason ``fp32_boundary``) or the
-   conversion raises (``strict_io_dtypes``).
-3. Rewrite (:mod:`relay_amp.rewriter`). Forward again: every operand is cast to the dtype its
-   consumer computes in, through one cast cache per scope; an integer input (``input_dtypes``)
-   becomes the compute dtype, normalized, inside the first dataflow block; each binding's
-   decision lands in the report with its rule.
+1. Decide (:mod:`relay_amp.decide`, ``Decider`` -> ``Decisions``). Forward over the bindings,
+   the policy gives each call a category and a rule; operand checks (constants or scalars the
+   low-precision dtype cannot hold, dtypes other than float32, calibrated ranges that would
+   overflow) can overrule it, and an op's ``identity`` hook (quantize(x) of values that are
+   already those integers) makes the binding its source. A value that decides a discrete result
+   (an op's ``decision_operands``, a scalar or broadcast operand of a comparison or of a cast to
+   integers) and the calls computing it stay float32 (reason ``decides_discrete``). From the
+   categories follows ``can_low``: whether a value can exist in low precision without losing
+   what float32 protected. Where the signature is made low precision, a result leaf that holds
+   a value the low dtype cannot keeps float32 (``result_signature``, reason ``fp32_boundary``)
+   or the conversion raises (``strict_io_dtypes``).
+1b. Kernel boundaries (:mod:`relay_amp.kernel_plan`, ``KernelPlanner`` -> ``KernelPlan``, with
+   ``low_precision_boundaries``). Which values FuseOps keeps in one kernel's registers (the
+   fusion kinds of the op registry) and which cross a kernel boundary; a crossing value is
+   stored in low precision and widened in the kernel that reads it, unless a ranking op (NMS,
+   top-k, sort, argmax) reads it, directly or through exact ops, or it is a residual stream whose
+   sum a normalization centres (``low_precision_residuals``: other streams are stored low, each
+   add computed in float32 registers inside the kernel that reads them). An accumulate op
+   (``mixed_kernels``) is one kernel that reads what arrives, computes in float32 registers and
+   writes what its consumers want; a centring normalization also forms the residual add that
+   feeds it, so the sum is never stored. A follow op's mode follows from how its inputs arrive.
+2. Demand (:mod:`relay_amp.demand`, ``DemandPlanner`` -> ``Demand``). Backward over the
+   bindings, each binding records the dtypes its operands must have: low-precision ops want low
+   precision; float32, unknown and accumulate ops want each operand's original dtype; a follow
+   op runs in low precision only if it can and one of its consumers wants low precision (an
+   op's ``choose_mode`` hook decides quantize and dequantize). The function result wants its
+   original dtypes (``keep_io_dtypes``).
+3. Rewrite (:mod:`relay_amp.rewriter`). Forward again, reading the frozen plan: every operand
+   is cast to the dtype its consumer computes in, through one cast cache per scope
+   (:mod:`relay_amp.casts`); the kernels the plan asks for that TVM's legalization does not give
+   (mixed, absorbing, narrowing) are emitted from that legalization (:mod:`relay_amp.kernels`);
+   an integer input becomes the compute dtype, normalized, inside the first dataflow block; each
+   binding's decision lands in the report with its rule.
 
 4. Finish. Where ``low_precision_boundaries`` holds, dataflow outputs that no other block and
    not the result reads become internal (so FuseOps fuses the signature's cast into the kernel
@@ -245,8 +256,8 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
             f"{count} batch_norm ops keep {nbytes / 1e6:.3g} MB of float32 parameters (batch_norm "
             "computes in float32); relax.transform.FoldBatchnormToConv2D() before conversion "
             "folds them into the convolution weights, which are stored in low precision")
-    report.casts = rewriter.total_casts
-    report.constants_converted = rewriter.constants_converted
+    report.casts = rewriter.casts.total_casts
+    report.constants_converted = rewriter.casts.constants_converted
     return new_mod, report
 
 
@@ -384,22 +395,26 @@ class ToMixedPrecision:
         Observed ranges from :func:`relay_amp.calibrate`.
     debug_guard, verify : bool
         As for :func:`relay_amp.convert`.
+    on_report : callable, optional
+        Called with the :class:`relay_amp.Report` of each run (``reports.append``); the pass
+        itself keeps no state between runs.
     **policy_kwargs
         MXNet-compatible policy keywords, as for :func:`relay_amp.convert`.
 
-    Notes
-    -----
-    The report of the latest run is ``pass_instance.last_report``.
-
     Examples
     --------
-    >>> seq = tvm.transform.Sequential([relay_amp.ToMixedPrecision("bfloat16")])
+    >>> reports = []
+    >>> seq = tvm.transform.Sequential([relay_amp.ToMixedPrecision("bfloat16",
+    ...                                                           on_report=reports.append)])
     >>> mod = seq(mod)  # doctest: +SKIP
     """
 
     def __init__(self, dtype: str | None = None, policy: Policy | None = None, target=None,
                  calibration=None, debug_guard: bool = False, verify: bool = False,
-                 **policy_kwargs):
+                 on_report=None, **policy_kwargs):
+        if on_report is not None and not callable(on_report):
+            raise TypeError("on_report must be a callable that takes the relay_amp.Report (e.g. "
+                            f"a list's append); got {type(on_report).__name__}")
         self.dtype = None if dtype is None else check_low_precision_dtype(dtype)
         configured = policy or current_policy()
         # without a policy now, the one active when the pass runs applies (see transform_module)
@@ -409,9 +424,11 @@ class ToMixedPrecision:
         self.calibration = calibration
         self.debug_guard = debug_guard
         self.verify = verify
-        self.last_report: Report | None = None
+        self.on_report = on_report
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        new_mod, self.last_report = convert(mod, self.dtype, self.policy, self.target,
-                                            self.calibration, self.debug_guard, self.verify)
+        new_mod, report = convert(mod, self.dtype, self.policy, self.target, self.calibration,
+                                  self.debug_guard, self.verify)
+        if self.on_report is not None:
+            self.on_report(report)
         return new_mod

@@ -13,12 +13,16 @@ Small = MatmulReluMatmulSoftmax
 
 
 def test_pass_drops_into_sequential_and_keeps_its_report(dtype):
-    amp = relay_amp.ToMixedPrecision(dtype)
+    reports = []
+    amp = relay_amp.ToMixedPrecision(dtype, on_report=reports.append)
     assert amp.info.name == "relay_amp.ToMixedPrecision"  # distinct from TVM's own pass
     mod = tvm.transform.Sequential([amp, relax.transform.LegalizeOps()])(Small)
     relax.analysis.well_formed(mod)
-    assert amp.last_report.dtype == dtype
-    assert amp.last_report.find("lv2").compute_dtype == dtype
+    assert [r.dtype for r in reports] == [dtype]
+    assert reports[0].find("lv2").compute_dtype == dtype
+    assert not hasattr(amp, "last_report")  # the pass keeps no state between runs
+    with pytest.raises(TypeError, match="on_report must be a callable"):
+        relay_amp.ToMixedPrecision(dtype, on_report="reports")
     converted, _ = relay_amp.convert(Small, dtype)
     tvm.ir.assert_structural_equal(relay_amp.ToMixedPrecision(dtype)(Small), converted)
 

@@ -22,7 +22,7 @@ def test_python_examples_run_in_order(tmp_path):
     blocks = _blocks("python")
     assert len(blocks) >= 2
     namespace = _run(blocks, tmp_path)
-    assert namespace["amp"].last_report.dtype == "float16"
+    assert namespace["reports"][-1].dtype == "float16"
     assert namespace["report"].find("lv3").rule == "fp32: excluded by name 'lv3'"
     assert namespace["report"].find("lv3").code == "excluded_by_name"  # as the README says
     assert '`report.find("lv3").code` is `"excluded_by_name"`' in README
@@ -31,7 +31,7 @@ def test_python_examples_run_in_order(tmp_path):
 def test_printed_report_matches_the_code(tmp_path):
     namespace = _run(_blocks("python")[:1], tmp_path)
     excerpt = README.split("For the model above:\n\n```\n", 1)[1].split("```", 1)[0]
-    assert excerpt.strip() == str(namespace["amp"].last_report).strip()
+    assert excerpt.strip() == str(namespace["reports"][-1]).strip()
 
 
 def test_policy_json_example_matches_the_policy(tmp_path):
