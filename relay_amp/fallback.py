@@ -27,7 +27,7 @@ from .instrument import instrument, returning_stats
 from .op_registry import op_info
 from .policy import Policy
 from .reasons import Reason
-from .relax_utils import op_name
+from .relax_utils import TVM_ERRORS, op_name
 from .report import Report
 from .rewriter import replace_attrs
 from .transform import convert, resolve_policy
@@ -152,7 +152,7 @@ def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None)
             attrs = replace_attrs(attrs, out_dtype="float32")
         try:
             shadow = bind(tvm.ir.Call(value.op, args, attrs, value.ty_args), "pair_low")
-        except Exception:  # noqa: BLE001 - the op does not take low-precision operands: nothing to measure
+        except TVM_ERRORS:  # the op does not take low-precision operands: nothing to measure
             return []
         wide = bind(relax.op.astype(shadow, "float32"), "pair_wide")
         diff = bind(relax.op.subtract(wide, binding.var), "pair_diff")

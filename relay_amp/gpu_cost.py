@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 import tvm
 from tvm import relax
 
+from .relax_utils import TVM_ERRORS
+
 _FLOAT_PREFIXES = ("float", "bfloat")
 _CONSTANT = type(relax.const(0.0))
 
@@ -130,7 +132,7 @@ def _gathered_params(func) -> set:
             children = schedule.get_child_blocks(stack.pop())
             blocks.extend(children)
             stack.extend(children)
-    except Exception:  # noqa: BLE001 - not a schedulable PrimFunc: no gather is counted
+    except TVM_ERRORS:  # not a schedulable PrimFunc: no gather is counted
         return set()
     positions = {param.name: index for index, param in enumerate(func.params)}
     gathered, direct = set(), set()

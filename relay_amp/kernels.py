@@ -13,6 +13,7 @@ from tvm.relax import (
     TensorType,
 )
 
+from .relax_utils import TVM_ERRORS
 from .report import short_dtype as _short
 
 
@@ -100,7 +101,7 @@ class KernelEmitter:
         legalize = tvm.ir.Op.get("relax." + op).get_attr("FLegalize")
         try:
             legalize(recorder, legal_call)
-        except Exception:  # noqa: BLE001 - any builder use beyond call_te: keep the op as it is
+        except TVM_ERRORS:  # any builder use beyond call_te: keep the op as it is
             return None
         if len(recorder.calls) != 1:
             return None
@@ -160,7 +161,7 @@ class KernelEmitter:
         try:
             value = self.builder.normalize(self.builder.call_te(
                 compute, *args, primfunc_name_hint=f"relay_amp_{hint}", **kwargs))
-        except Exception:  # noqa: BLE001 - TE rejects these dtypes: keep the op as it is
+        except TVM_ERRORS:  # TE rejects these dtypes: keep the op as it is
             return None
         return self.casts.emit_named(value, name, output)
 

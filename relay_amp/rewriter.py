@@ -45,6 +45,7 @@ from .planning import plan_function
 from .policy import Policy
 from .reasons import Reason
 from .relax_utils import (
+    TVM_ERRORS,
     VAR_TYPES,
     BuiltBlock,
     DtypeCache,
@@ -332,7 +333,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
         try:
             normalized = self.builder_.normalize(new_call)
-        except Exception as err:  # noqa: BLE001 - TVM rejects the op in this dtype: keep it as it was
+        except TVM_ERRORS as err:  # TVM rejects the op in this dtype: keep it as it was
             message = str(err).strip().splitlines()[-1][:160]
             plan = dataclasses.replace(plan, mode=Mode.ORIGINAL, category=Category.FP32, reasons=(
                 Reason.of("rejected_by_tvm", op=plan.op, dtype=low, message=message),))

@@ -42,6 +42,7 @@ import tvm
 from .op_registry import LOW_CATEGORIES, Category
 from .policy import Decision
 from .reasons import Reason
+from .relax_utils import TVM_ERRORS
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def as_target(target) -> tvm.target.Target | None:
     if isinstance(target, (dict, str)):
         try:
             return tvm.target.Target(target)
-        except Exception as err:  # noqa: BLE001 - TVM raises its own error types
+        except TVM_ERRORS as err:  # TVM raises its own error types
             raise ValueError(f"invalid target {target!r}: {str(err).splitlines()[-1]}") from None
     raise TypeError("target must be a tvm.target.Target, a dict or None; "
                     f"got {type(target).__name__}")

@@ -70,7 +70,7 @@ from .instrument import instrument
 from .op_hooks import OpSite
 from .op_registry import op_info
 from .policy import Policy, current_policy
-from .relax_utils import op_name
+from .relax_utils import TVM_ERRORS, op_name
 from .report import Report
 from .rewriter import MixedPrecisionRewriter
 from .targets import as_target, kernel_settings, target_caps, target_rule
@@ -99,7 +99,7 @@ def resolve_policy(dtype=None, policy=None, **policy_kwargs) -> Policy:
 def _well_formed_problem(mod: tvm.IRModule) -> str | None:
     try:
         relax.analysis.well_formed(mod)
-    except Exception as err:  # noqa: BLE001 - TVM raises InternalError/ValueError with the reason
+    except TVM_ERRORS as err:  # TVM raises InternalError/ValueError with the reason
         lines = str(err).strip().splitlines()
         return lines[-1][:200] if lines else type(err).__name__
     return None
