@@ -512,8 +512,11 @@ def fuses(producer: FusionKind, consumer: FusionKind) -> bool:
     """Whether FuseOps puts a consumer in its producer's kernel (the value between them is the
     producer's only use). ``producer`` is the kind of the producer's kernel: an elementwise op
     fused into a convolution's epilogue is ``ANCHOR``. This restates FuseOps' rule
-    (``src/relax/transform/fuse_ops.cc``), which TVM exposes to no caller; tests/test_gpu_cost.py
-    compares the plan built on it with the kernels FuseOps makes."""
+    (``src/relax/transform/fuse_ops.cc``), which TVM exposes to no caller: the kernel plan must
+    know before the rewrite what FuseOps will do after it. tests/test_gpu_cost_shapes.py runs
+    TVM's own FuseOps on what that plan produces (a BERT layer as torch.export writes it, an NHWC
+    residual block, a YOLO head ...) and fails if a planned boundary turns into a standalone
+    cast kernel or an extra kernel, which is what a change of FuseOps' rule would do."""
     if consumer == FusionKind.ELEMWISE:
         return producer in (FusionKind.ELEMWISE, FusionKind.INJECTIVE, FusionKind.ANCHOR)
     if consumer == FusionKind.INJECTIVE:
