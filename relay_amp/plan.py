@@ -17,7 +17,7 @@ from .kinds import Category, Mode
 from .op_hooks import OpSite
 from .policy import Decision
 from .reasons import Reason
-from .relax_utils import VAR_TYPES, TupleType, is_var, leaves_of, lowered_type, op_name
+from .relax_utils import VAR_TYPES, TupleType, leaves_of, lowered_type, op_name
 
 
 class Scope:
@@ -261,4 +261,4 @@ def range_words(value: float, low: str) -> str:
     return f"underflows to zero in {low}"
 
 
-__all__ = ["Scope", "Plan", "BindingPlan", "FunctionPlan", "range_words", "is_var"]
+__all__ = ["Scope", "Plan", "BindingPlan", "FunctionPlan", "range_words"]
