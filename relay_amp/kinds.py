@@ -37,7 +37,7 @@ LOW_CATEGORIES = (Category.LOW_PRECISION_FP32_ACCUMULATE, Category.LOW_PRECISION
 class FusionKind(str, enum.Enum):
     """How TVM's FuseOps treats an op once it is legalized (``AnnotateTIROpPattern``): which
     neighbours can share its kernel. The kernel-boundary planning of
-    ``Policy.low_precision_boundaries`` reads it; an op TVM marks nothing else is ``OPAQUE``."""
+    ``Policy.low_precision_boundaries`` reads it; an op of no other kind is ``OPAQUE``."""
 
     #: Elementwise and broadcast maps: fuse into their consumers and absorb their producers.
     ELEMWISE = "elemwise"
