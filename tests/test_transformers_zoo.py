@@ -74,7 +74,8 @@ def test_every_transformer_row_is_registered():
 
 def test_load_records_the_size_and_what_the_importer_needed(monkeypatch):
     real_build = zoo.build
-    monkeypatch.setattr(zoo, "build", lambda name: real_build(name, tiny=True))
+    monkeypatch.setattr(zoo, "build",
+                        lambda name, batches=None: real_build(name, tiny=True, batches=batches))
     loaded = models.load("gpt2_small")
     assert loaded.spec.task == "causal-lm"
     assert loaded.notes[0] == f"size: {zoo.MODELS['gpt2_small'].size}"
