@@ -77,12 +77,9 @@ class Decisions:
 
     def site(self, var, call, demand=frozenset()) -> OpSite:
         """The view of ``var``'s call that an op hook gets in steps 1 and 2."""
-        scope, plan = self.scope, self.plans.get(var)
-        return OpSite(call, scope.low, plan.mode if plan is not None else Mode.ORIGINAL,
-                      frozenset(demand), self.can_low.get(var, False),
-                      self.f32_ready.get(var, False),
-                      lambda expr: scope.bound.get(scope.canonical(expr)),
-                      lambda expr: scope.int_inputs.get(scope.canonical(expr)))
+        plan = self.plans.get(var)
+        return self.scope.site(call, plan.mode if plan is not None else Mode.ORIGINAL, demand,
+                               self.can_low.get(var, False), self.f32_ready.get(var, False))
 
 
 def _tests_infinity(call) -> bool:

@@ -87,6 +87,12 @@ class Scope:
             return self.low
         return self.dtype_of(var)
 
+    def site(self, call, mode: Mode, demand, can_low: bool, f32_ready: bool) -> OpSite:
+        """The view of one binding's call that an op hook gets (:class:`OpSite`)."""
+        return OpSite(call, self.low, mode, frozenset(demand), can_low, f32_ready,
+                      lambda expr: self.bound.get(self.canonical(expr)),
+                      lambda expr: self.int_inputs.get(self.canonical(expr)))
+
     def float_leaves(self, var) -> list:
         """(leaf, dtype) of the float tensor leaves of the arguments of ``var``'s call."""
         found = []
@@ -238,11 +244,8 @@ class FunctionPlan:
 
     def site(self, var, call, mode: Mode) -> OpSite:
         """The view of ``var``'s (emitted) call that an op hook gets in step 3."""
-        scope = self.scope
-        return OpSite(call, scope.low, mode, frozenset(self.demand.get(var, ())),
-                      self.can_low.get(var, False), self.f32_ready.get(var, False),
-                      lambda expr: scope.bound.get(scope.canonical(expr)),
-                      lambda expr: scope.int_inputs.get(scope.canonical(expr)))
+        return self.scope.site(call, mode, self.demand.get(var, ()),
+                               self.can_low.get(var, False), self.f32_ready.get(var, False))
 
     @staticmethod
     def freeze(scope: Scope, plans: dict, demand: dict, item_demand: dict, kernels, can_low,
