@@ -258,6 +258,7 @@ def test_accuracy_doc_appends_a_section_per_further_sweep(tmp_path):
     section = text[text.index("## Transformers"):]
     assert '"kind": "cuda"' in section and "2026-11-23 12:00 UTC" in section
     assert "relay_amp float16 error <= built-in on 1/1" in section
+    assert "error ÷ built-in's: median 0.5, largest 0.5 (tiny_bert), above 1.1 on 0" in section
     assert "| tiny_bert | relay_amp:float16 | ok | 0.001 |" in section
     assert "- `tiny_bert`: size: 2 layers" in section
     bad = subprocess.run([sys.executable, script, "--results", str(main), "--out", str(out),

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import platform
 import re
+import statistics
 import tempfile
 import time
 import traceback
@@ -570,10 +571,12 @@ def summary_lines(results: dict) -> list[str]:
                          if v.startswith("relay_amp") and r.get("nonfinite", 0))
     ours_failed = sum(1 for m in imported for v, r in m["variants"].items()
                       if v.startswith("relay_amp") and r.get("status") != "ok")
-    both = [(m["variants"]["relay_amp:float16"], m["variants"]["tvm:float16"]) for m in imported
-            if m["variants"].get("relay_amp:float16", {}).get("status") == "ok"
+    both = [(name, m["variants"]["relay_amp:float16"], m["variants"]["tvm:float16"])
+            for name, m in results["models"].items()
+            if m.get("fp32", {}).get("status") == "ok"
+            and m["variants"].get("relay_amp:float16", {}).get("status") == "ok"
             and m["variants"].get("tvm:float16", {}).get("status") == "ok"]
-    better = sum(1 for ours, theirs in both if ours["relative_l2"] <= theirs["relative_l2"])
+    better = sum(1 for _, ours, theirs in both if ours["relative_l2"] <= theirs["relative_l2"])
     builtin_failed = sum(1 for m in imported
                          if m["variants"].get("tvm:float16", {}).get("status", "ok") != "ok")
     builtin_nonfinite = sum(1 for m in imported
@@ -582,6 +585,13 @@ def summary_lines(results: dict) -> list[str]:
     lines.append(f"TVM built-in float16: {builtin_failed} failed, {builtin_nonfinite} with NaN/Inf")
     lines.append(f"relay_amp float16 error <= built-in on {better}/{len(both)} models where "
                  "both ran")
+    ratios = sorted((ours["relative_l2"] / theirs["relative_l2"], name) for name, ours, theirs
+                    in both if theirs["relative_l2"])
+    if ratios:
+        largest, worst = ratios[-1]
+        lines.append(f"relay_amp float16 error ÷ built-in's: median "
+                     f"{statistics.median(r for r, _ in ratios):.3g}, largest {largest:.3g} "
+                     f"({worst}), above 1.1 on {sum(r > 1.1 for r, _ in ratios)}")
     counts = batch_counts(results)
     if counts:
         lines.append("input batches measured per model (the batches column): " + ", ".join(
