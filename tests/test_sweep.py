@@ -122,7 +122,8 @@ def test_registry_covers_the_issue_and_names_are_checked():
 # ----------------------------------------------------------------------------- end to end
 def test_one_model_sweep_end_to_end(tmp_path):
     """Without a target: the conversion whose error is ≤ the built-in's on every sweep model
-    (docs/ACCURACY.md; the CUDA defaults trade some of that for bytes, see its section "Residual streams stored low")."""
+    (docs/ACCURACY.md; the CUDA defaults trade some of that for bytes: its section "Residual
+    streams stored low")."""
     out = str(tmp_path)
     results = sweep.run_sweep(["cifar_resnet20_v1"], ("float16", "bfloat16"), out,
                               timeout_s=600, progress=False, target=None)
