@@ -565,21 +565,21 @@ def markdown_table(results: dict, order=None) -> str:
 def summary_lines(results: dict) -> list[str]:
     """Headline counts: rows per status, and where relay_amp's float16 error beats TVM's."""
     models = results["models"].values()
-    imported = [m for m in models if m.get("fp32", {}).get("status") == "ok"]
+    imported = {name: m for name, m in results["models"].items()
+                if m.get("fp32", {}).get("status") == "ok"}
     lines = [f"{len(results['models'])} models, {len(imported)} imported and ran in float32"]
-    ours_nonfinite = sum(1 for m in imported for v, r in m["variants"].items()
+    ours_nonfinite = sum(1 for m in imported.values() for v, r in m["variants"].items()
                          if v.startswith("relay_amp") and r.get("nonfinite", 0))
-    ours_failed = sum(1 for m in imported for v, r in m["variants"].items()
+    ours_failed = sum(1 for m in imported.values() for v, r in m["variants"].items()
                       if v.startswith("relay_amp") and r.get("status") != "ok")
     both = [(name, m["variants"]["relay_amp:float16"], m["variants"]["tvm:float16"])
-            for name, m in results["models"].items()
-            if m.get("fp32", {}).get("status") == "ok"
-            and m["variants"].get("relay_amp:float16", {}).get("status") == "ok"
+            for name, m in imported.items()
+            if m["variants"].get("relay_amp:float16", {}).get("status") == "ok"
             and m["variants"].get("tvm:float16", {}).get("status") == "ok"]
     better = sum(1 for _, ours, theirs in both if ours["relative_l2"] <= theirs["relative_l2"])
-    builtin_failed = sum(1 for m in imported
+    builtin_failed = sum(1 for m in imported.values()
                          if m["variants"].get("tvm:float16", {}).get("status", "ok") != "ok")
-    builtin_nonfinite = sum(1 for m in imported
+    builtin_nonfinite = sum(1 for m in imported.values()
                             if m["variants"].get("tvm:float16", {}).get("nonfinite", 0))
     lines.append(f"relay_amp: {ours_failed} failed rows, {ours_nonfinite} rows with NaN/Inf")
     lines.append(f"TVM built-in float16: {builtin_failed} failed, {builtin_nonfinite} with NaN/Inf")
