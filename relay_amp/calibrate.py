@@ -73,37 +73,6 @@ class Calibration:
         return cls.from_dict(json.loads(text))
 
 
-class OutOfRange(str):
-    """Why a value cannot be stored in a dtype: the text the report quotes, with the magnitude
-    it names and the limit of the dtype that magnitude violates."""
-
-    magnitude: float
-    bound: float
-
-    def __new__(cls, text: str, magnitude: float, bound: float):
-        reason = super().__new__(cls, text)
-        reason.magnitude, reason.bound = float(magnitude), float(bound)
-        return reason
-
-
-def out_of_range_reason(largest: float, dtype: str, margin: float = 1.0) -> OutOfRange | None:
-    """Why a value whose largest magnitude is ``largest`` cannot be stored in ``dtype`` (its
-    maximum, times ``margin``, overflows; or every non-zero value is below the smallest normal
-    number), or None if it can."""
-    from .dtypes import finfo
-
-    info = finfo(dtype)
-    if largest * margin > float(info.max):
-        margin_words = f" (with a {margin:g}x margin)" if margin != 1 else ""
-        return OutOfRange(f"observed max {largest:.3g} exceeds {dtype} max "
-                          f"{float(info.max):.6g}{margin_words}", largest, float(info.max))
-    if 0 < largest < float(info.smallest_normal):
-        return OutOfRange(f"observed max {largest:.3g} is below {dtype}'s smallest normal "
-                          f"{float(info.smallest_normal):.3g}", largest,
-                          float(info.smallest_normal))
-    return None
-
-
 def _is_float32_tensor(var) -> bool:
     ty = var.ty
     return isinstance(ty, relax.TensorType) and str(ty.dtype) == "float32"

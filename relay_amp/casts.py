@@ -17,13 +17,13 @@ from .dtypes import (
     numpy_dtype,
     out_of_range_value,
 )
+from .dtypes import short_dtype as _short
 from .relax_utils import (
     GenericConst,
     TupleType,
     is_var,
     same_dtypes,
 )
-from .report import short_dtype as _short
 
 
 class CastCache:

@@ -17,10 +17,7 @@ from tvm.relax import (
 )
 from tvm.tirx import IntImm
 
-from .calibrate import out_of_range_reason
-from .dtypes import (
-    out_of_range_value,
-)
+from .dtypes import is_floating, out_of_range_reason, out_of_range_value
 from .kinds import LOW_CATEGORIES, Category, FusionKind, Mode
 from .op_hooks import OpSite
 from .op_registry import op_info
@@ -214,7 +211,7 @@ class Decider:
             if (op and not operands and not record.integer_side and self._discrete(var)
                     and not _tests_infinity(value)):
                 operands = tuple(i for i, arg in enumerate(value.args)
-                                 if (tensor_dtype(arg) or "").startswith(("float", "bfloat"))
+                                 if is_floating(tensor_dtype(arg))
                                  and _governs_many(arg, var))
             for index in operands if op else ():
                 if index >= len(value.args) or not is_var(value.args[index]):
@@ -237,7 +234,7 @@ class Decider:
     def _discrete(var) -> bool:
         """Is ``var`` a tensor (or tuple of tensors) of integers or booleans?"""
         dtypes = [str(t.dtype) for t in type_leaves(var.ty)]
-        return bool(dtypes) and not any(d.startswith(("float", "bfloat")) for d in dtypes)
+        return bool(dtypes) and not any(is_floating(d) for d in dtypes)
 
     def _forward_binding(self, binding, var, value):
         if self._orig_dtype(var) == self.low:
@@ -308,7 +305,7 @@ class Decider:
             return plan
         var_dtype = self.dtype_of(var)
         out_dtypes = {var_dtype} if var_dtype else {tensor_dtype(t) for t in type_leaves(var.ty)}
-        plan.float_output = any(d.startswith(("float", "bfloat")) for d in out_dtypes)
+        plan.float_output = any(is_floating(d) for d in out_dtypes)
         if var in self.deciding:
             consumer, consumer_op = self.deciding[var]
             return self._keep(plan, Reason.of("decides_discrete", consumer=consumer.name,

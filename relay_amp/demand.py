@@ -17,8 +17,8 @@ from tvm.relax import (
     TupleGetItem,
 )
 
-from .calibrate import OutOfRange
 from .dtypes import (
+    OutOfRange,
     max_finite,
     smallest_subnormal,
 )

@@ -42,6 +42,47 @@ def is_float(dtype: str) -> bool:
     return dtype in FLOAT_DTYPES
 
 
+def is_floating(dtype) -> bool:
+    """Is ``dtype`` (a name, or None) a floating-point dtype of any width (``float8_e4m3fn``,
+    ``bfloat16``, ``float32`` ...)?"""
+    return dtype is not None and str(dtype).startswith(("float", "bfloat"))
+
+
+def short_dtype(dtype: str) -> str:
+    """``f16``, ``bf16``, ``f32`` for the report's compact columns and the names of casts;
+    other dtypes as they are."""
+    return {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}.get(dtype, dtype)
+
+
+class OutOfRange(str):
+    """Why a value cannot be stored in a dtype: the text the report quotes, with the magnitude
+    it names and the limit of the dtype that magnitude violates."""
+
+    magnitude: float
+    bound: float
+
+    def __new__(cls, text: str, magnitude: float, bound: float):
+        reason = super().__new__(cls, text)
+        reason.magnitude, reason.bound = float(magnitude), float(bound)
+        return reason
+
+
+def out_of_range_reason(largest: float, dtype: str, margin: float = 1.0) -> OutOfRange | None:
+    """Why a value whose largest magnitude is ``largest`` cannot be stored in ``dtype`` (its
+    maximum, times ``margin``, overflows; or every non-zero value is below the smallest normal
+    number), or None if it can."""
+    info = finfo(dtype)
+    if largest * margin > float(info.max):
+        margin_words = f" (with a {margin:g}x margin)" if margin != 1 else ""
+        return OutOfRange(f"observed max {largest:.3g} exceeds {dtype} max "
+                          f"{float(info.max):.6g}{margin_words}", largest, float(info.max))
+    if 0 < largest < float(info.smallest_normal):
+        return OutOfRange(f"observed max {largest:.3g} is below {dtype}'s smallest normal "
+                          f"{float(info.smallest_normal):.3g}", largest,
+                          float(info.smallest_normal))
+    return None
+
+
 def out_of_range_value(values: np.ndarray, dtype: str):
     """The first value that ``dtype`` cannot hold, or None.
 

@@ -13,8 +13,8 @@ from tvm.relax import (
     TensorType,
 )
 
+from .dtypes import short_dtype as _short
 from .relax_utils import TVM_ERRORS
-from .report import short_dtype as _short
 
 
 class KernelEmitter:

@@ -12,7 +12,7 @@ from types import MappingProxyType
 from tvm.ir import Call
 from tvm.relax import If, SeqExpr
 
-from .dtypes import max_finite
+from .dtypes import is_floating, max_finite
 from .kinds import Category, Mode
 from .op_hooks import OpSite
 from .policy import Decision
@@ -99,7 +99,7 @@ class Scope:
         for _, arg_leaves in self.call_args[var]:
             for leaf in arg_leaves:
                 dtype = self.dtype_of(leaf)
-                if dtype is not None and dtype.startswith(("float", "bfloat")):
+                if is_floating(dtype):
                     found.append((leaf, dtype))
         return found
 

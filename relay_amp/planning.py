@@ -10,7 +10,7 @@ from .kernel_plan import KernelPlanner
 from .plan import FunctionPlan, Scope
 from .reasons import Reason
 from .relax_utils import is_var
-from .report import FP32_BOUNDARY
+from .signature import FP32_BOUNDARY
 from .targets import KernelSettings
 
 

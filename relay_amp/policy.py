@@ -26,7 +26,7 @@ from typing import Iterable, Iterator, Sequence
 
 import tvm
 
-from .dtypes import LOW_PRECISION_DTYPES, check_low_precision_dtype
+from .dtypes import LOW_PRECISION_DTYPES, check_low_precision_dtype, is_floating
 from .op_registry import (
     BUILTIN_CONDITIONS,
     LOW_CATEGORIES,
@@ -567,8 +567,7 @@ def _check_input_dtypes(input_dtypes) -> dict:
                         f"{type(input_dtypes).__name__}")
     for name, dtype in input_dtypes.items():
         if dtype not in INTEGER_INPUT_DTYPES:
-            is_float = str(dtype).startswith(("float", "bfloat"))
-            kind = "a float dtype" if is_float else "not supported"
+            kind = "a float dtype" if is_floating(dtype) else "not supported"
             raise ValueError(
                 f"input_dtypes[{name!r}] = {dtype!r} is {kind}: integer inputs are "
                 f"{', '.join(INTEGER_INPUT_DTYPES)} (feed float inputs in the low-precision dtype "

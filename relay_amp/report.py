@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
+from .dtypes import short_dtype
 from .op_registry import estimate_macs
 from .reasons import Reason, render
+from .signature import FP32_BOUNDARY
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,6 @@ class BindingRecord:
                       "mac_source": int(data.get("macs", 0))})
 
 
-#: Reason code of a function parameter or result kept float32 although the signature asked for
-#: the low-precision dtype (``keep_io_dtypes=False``, ``low_precision_inputs``): calibration, or a
-#: constant, shows a value that dtype cannot hold. ``Policy(strict_io_dtypes=True)`` raises instead.
-FP32_BOUNDARY = "fp32_boundary"
-
-
 @dataclass(frozen=True)
 class BoundaryRecord:
     """A function parameter or result kept float32 at the signature, and why.
@@ -131,7 +127,7 @@ class Report:
         function's signature).
     boundary : list of BoundaryRecord
         Parameters and results kept float32 although the signature asked for the low-precision
-        dtype (reason code :data:`FP32_BOUNDARY`); each also has a note.
+        dtype (reason code :data:`relay_amp.signature.FP32_BOUNDARY`); each also has a note.
     """
 
     dtype: str
@@ -220,8 +216,3 @@ class Report:
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), **{"indent": 2, **kwargs})
-
-
-def short_dtype(dtype: str) -> str:
-    """``f16``, ``bf16``, ``f32`` for the report's compact columns; other dtypes as they are."""
-    return {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}.get(dtype, dtype)

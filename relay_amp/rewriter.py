@@ -35,8 +35,8 @@ from tvm.relax import (
     expr_functor,
 )
 
-from .calibrate import OutOfRange
 from .casts import CastCache
+from .dtypes import OutOfRange, is_floating, short_dtype
 from .kernels import KernelEmitter
 from .kinds import Category, Mode
 from .op_registry import callee_fusion_kinds, op_info
@@ -57,7 +57,7 @@ from .relax_utils import (
     replace_attrs,
     tensor_dtype,
 )
-from .report import BindingRecord, BoundaryRecord, short_dtype
+from .report import BindingRecord, BoundaryRecord
 from .signature import integer_input, parameter_problems
 from .targets import KernelSettings
 
@@ -415,10 +415,10 @@ class MixedPrecisionRewriter(PyExprMutator):
             compute = "float32"
         elif plan.mode == Mode.IDENTITY:
             compute = "-"
-        elif out_dtype and out_dtype.startswith(("float", "bfloat")):
+        elif is_floating(out_dtype):
             compute = out_dtype
         else:
-            compute = next((d for d in in_dtypes if d.startswith(("float", "bfloat"))), "-")
+            compute = next((d for d in in_dtypes if is_floating(d)), "-")
         self.records.append(BindingRecord(
             function=self._function_name, name=plan.name, op=plan.op,
             category=plan.category.value if plan.category else (

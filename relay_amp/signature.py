@@ -12,17 +12,19 @@ from tvm.relax import (
     SeqExpr,
 )
 
-from .calibrate import OutOfRange, out_of_range_reason
-from .dtypes import (
-    max_finite,
-)
+from .dtypes import OutOfRange, is_floating, max_finite, out_of_range_reason
+from .dtypes import short_dtype as _short
 from .op_registry import op_info
 from .relax_utils import (
     leaves_of,
     op_name,
     tensor_dtype,
 )
-from .report import short_dtype as _short
+
+#: Reason code of a function parameter or result kept float32 although the signature asked for
+#: the low-precision dtype (``keep_io_dtypes=False``, ``low_precision_inputs``): calibration, or a
+#: constant, shows a value that dtype cannot hold. ``Policy(strict_io_dtypes=True)`` raises instead.
+FP32_BOUNDARY = "fp32_boundary"
 
 
 def parameter_problems(func: Function, params, observed, margin: float, low: str) -> dict:
@@ -47,7 +49,7 @@ def parameter_problems(func: Function, params, observed, margin: float, low: str
             if op_info(op).values is None or tensor_dtype(binding.var) != "float32":
                 continue
             leaves = [leaf for arg in value.args for leaf in leaves_of(arg)
-                      if (tensor_dtype(leaf) or "").startswith(("float", "bfloat"))]
+                      if is_floating(tensor_dtype(leaf))]
             if len(leaves) != 1 or leaves[0].__chandle__() not in floats:
                 continue
             param = floats[leaves[0].__chandle__()]

@@ -64,7 +64,7 @@ import tvm
 from tvm import relax
 
 from .calibrate import Calibration
-from .dtypes import check_low_precision_dtype
+from .dtypes import check_low_precision_dtype, is_floating
 from .execution import with_function
 from .instrument import instrument
 from .op_hooks import OpSite
@@ -353,8 +353,8 @@ def add_debug_guards(mod: tvm.IRModule, report: Report) -> tvm.IRModule:
             stored = (isinstance(value, tvm.ir.Call) and op_info(op_name(value)).is_cast
                       and isinstance(ty, relax.TensorType)
                       and str(ty.dtype) == report.dtype and isinstance(value.args[0], relax.Var))
-            if not (row or stored) or not isinstance(ty, relax.TensorType) or not str(
-                    ty.dtype).startswith(("float", "bfloat")):
+            if not (row or stored) or not isinstance(ty, relax.TensorType) or not is_floating(
+                    ty.dtype):
                 return []
             if row is not None:
                 what = f"binding {binding.var.name} ({row.op}, computed in {row.compute_dtype})"
