@@ -1,6 +1,7 @@
 """Casts and constants of step 3 (the algorithm is stated in :mod:`relay_amp.transform`): one
 cast cache per scope that stores both directions, so a cast back returns the original value;
-float32 constants converted once, at conversion time."""
+float32 constants checked and converted once per conversion (:class:`Constants`, which the
+stages read through the context too)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,50 @@ from .relax_utils import (
 )
 
 
+class Constants:
+    """The float32 constants of one conversion: each read once, checked once against the
+    low-precision range and converted at most once, at conversion time.
+
+    Parameters
+    ----------
+    low : str
+        The low-precision dtype.
+    """
+
+    def __init__(self, low: str):
+        self.low = low
+        self._entries: dict = {}  # handle -> [constant, numpy value, out of range, low copy]
+        self.converted = 0
+
+    def _entry(self, const) -> list:
+        key = const.__chandle__()
+        entry = self._entries.get(key)
+        if entry is None:
+            value = const.value
+            try:  # a read-only view of the constant's memory, no copy
+                array = np.from_dlpack(value)
+            except (TypeError, BufferError, RuntimeError):
+                array = value.numpy()
+            entry = self._entries[key] = [const, array, out_of_range_value(array, self.low),
+                                          None]
+        return entry
+
+    def out_of_range(self, const) -> float | None:
+        """A value of the float32 ``const`` that the low dtype cannot hold, or None."""
+        return self._entry(const)[2]
+
+    def low_copy(self, const):
+        """The low-precision copy of a float32 constant, converted once, at conversion time."""
+        entry = self._entry(const)
+        if entry[3] is None:
+            entry[3] = relax.const(converted_tensor(entry[1], self.low))
+            entry[1] = None  # the float32 copy is not needed any more
+            self.converted += 1
+        return entry[3]
+
+
 class CastCache:
-    """The casts the rewrite emits, through one cache per scope, and its constant conversion.
+    """The casts the rewrite emits, through one cache per scope.
 
     Parameters
     ----------
@@ -37,22 +80,24 @@ class CastCache:
         The low-precision dtype.
     dtype_of : relay_amp.relax_utils.DtypeCache
         The dtype of an expression.
+    constants : Constants
+        The conversion's float32 constants.
     cast_params_offline : bool
         Float32 constants are converted at conversion time instead of cast at run time.
     """
 
-    def __init__(self, builder, low: str, dtype_of, cast_params_offline: bool = True):
+    def __init__(self, builder, low: str, dtype_of, constants: Constants,
+                 cast_params_offline: bool = True):
         self.builder = builder
         self.low = low
         self.dtype_of = dtype_of
+        self.constants = constants
         self.cast_params_offline = cast_params_offline
         self._stack: list[dict] = []
         self._dataflow: list[bool] = []  # parallel to _stack: is it a dataflow block's layer
-        self._constants: dict = {}  # handle -> [constant, numpy value, out of range, low copy]
         self._kernel_copies: set = set()  # handles of low-precision copies a kernel writes
         self.binding_casts = 0  # astype bindings emitted for the binding being rewritten
         self.total_casts = 0
-        self.constants_converted = 0
 
     def push_layer(self, is_dataflow: bool):
         """A new scope (a SeqExpr, or a dataflow block within one)."""
@@ -62,32 +107,6 @@ class CastCache:
     def pop_layer(self):
         self._stack.pop()
         self._dataflow.pop()
-
-    def _constant(self, const) -> list:
-        """[const, numpy value, value out of the low dtype's range, low-precision copy]."""
-        key = const.__chandle__()
-        entry = self._constants.get(key)
-        if entry is None:
-            value = const.value
-            try:  # a read-only view of the constant's memory, no copy
-                array = np.from_dlpack(value)
-            except (TypeError, BufferError, RuntimeError):
-                array = value.numpy()
-            entry = self._constants[key] = [const, array, out_of_range_value(array, self.low),
-                                            None]
-        return entry
-
-    def constant_out_of_range(self, const) -> float | None:
-        return self._constant(const)[2]
-
-    def low_constant(self, const):
-        """The low-precision copy of a float32 constant, converted once, at conversion time."""
-        entry = self._constant(const)
-        if entry[3] is None:
-            entry[3] = relax.const(converted_tensor(entry[1], self.low))
-            entry[1] = None  # the float32 copy is not needed any more
-            self.constants_converted += 1
-        return entry[3]
 
     def lookup(self, key, dtype):
         for layer in reversed(self._stack):
@@ -114,10 +133,10 @@ class CastCache:
             return hit
         if type(expr) is GenericConst and self.cast_params_offline:
             if dtype == self.low:
-                new = self.low_constant(expr)
+                new = self.constants.low_copy(expr)
             else:
                 new = relax.const(expr.value.numpy().astype(numpy_dtype(dtype)), dtype)
-                self.constants_converted += 1
+                self.constants.converted += 1
         else:
             name = (expr.name if is_var(expr) else "const") + "_" + _short(dtype)
             new = self.count_cast(self.emit_named(relax.op.astype(expr, dtype), name, output))
@@ -166,14 +185,14 @@ class CastCache:
 
     def storage_constant(self, const):
         """A float32 constant stored in the low-precision dtype and widened where it is used."""
-        if self.constant_out_of_range(const) is not None:
+        if self.constants.out_of_range(const) is not None:
             return const
         key = const.__chandle__()
         hit = self.lookup(key, "storage")
         if hit is not None:
             return hit
         widened = self.count_cast(self.builder.emit(
-            relax.op.astype(self.low_constant(const), "float32"), "weight_f32"))
+            relax.op.astype(self.constants.low_copy(const), "float32"), "weight_f32"))
         self.cache_layer(widened)[(key, "storage")] = widened
         return widened
 

@@ -1,5 +1,6 @@
 """What the stages of one function's conversion hand each other (the algorithm is stated in
-:mod:`relay_amp.transform`): the :class:`Scope` every stage reads, a binding's draft
+:mod:`relay_amp.transform`): the :class:`Context` a function is converted in (its nested
+functions and If branches too), the :class:`Scope` every stage reads, a binding's draft
 :class:`Plan` while steps 1-2 decide it, and the frozen :class:`FunctionPlan` that step 3, the
 rewrite, carries out without changing."""
 
@@ -15,9 +16,48 @@ from tvm.relax import If, SeqExpr
 from .dtypes import is_floating, max_finite
 from .kinds import Category, Mode
 from .op_hooks import OpSite
-from .policy import Decision
+from .policy import Decision, Policy
 from .reasons import Reason
 from .relax_utils import VAR_TYPES, TupleType, leaves_of, lowered_type, op_name
+
+
+@dataclass(frozen=True)
+class Context:
+    """What one function is converted with; a nested function and an If branch get the
+    enclosing function's.
+
+    Attributes
+    ----------
+    low : str
+        The low-precision dtype.
+    policy : relay_amp.Policy
+        The decision table.
+    target_rule : callable, optional
+        The target's rule over the policy's decisions (:func:`relay_amp.targets.target_rule`).
+    settings : relay_amp.targets.KernelSettings
+        The target's kernel settings.
+    calibration : relay_amp.Calibration, optional
+        Observed ranges.
+    callee_kinds : dict
+        PrimFunc name -> the FusionKind of a ``call_tir`` of it.
+    dtype_of : relay_amp.relax_utils.DtypeCache
+        The dtype of an expression, cached for the whole conversion.
+    constants : relay_amp.casts.Constants
+        The conversion's float32 constants (range checks and low-precision copies).
+    """
+
+    low: str
+    policy: Policy
+    target_rule: object
+    settings: object
+    calibration: object
+    callee_kinds: dict
+    dtype_of: object
+    constants: object
+
+    def constant_check(self, const) -> float | None:
+        """A value of the float32 ``const`` the low dtype cannot hold, or None."""
+        return self.constants.out_of_range(const)
 
 
 class Scope:
@@ -187,6 +227,10 @@ class FunctionPlan:
         The kernel boundaries (step 1b); None without ``low_precision_boundaries``.
     can_low, f32_ready : Mapping
         Step 1's view of each value (what an op hook reads).
+    result_type : relax.Type, optional
+        The result type where a low-precision signature keeps some result leaves float32.
+    kept : tuple of relay_amp.signature.KeptBoundary
+        Those leaves.
     """
 
     scope: Scope
@@ -196,6 +240,8 @@ class FunctionPlan:
     kernels: object
     can_low: MappingProxyType
     f32_ready: MappingProxyType
+    result_type: object = None
+    kept: tuple = ()
 
     @property
     def canonical(self):
@@ -249,12 +295,13 @@ class FunctionPlan:
 
     @staticmethod
     def freeze(scope: Scope, plans: dict, demand: dict, item_demand: dict, kernels, can_low,
-               f32_ready) -> FunctionPlan:
+               f32_ready, result_type=None, kept=()) -> FunctionPlan:
         return FunctionPlan(
             scope, MappingProxyType({var: plan.frozen() for var, plan in plans.items()}),
             MappingProxyType({var: frozenset(d) for var, d in demand.items()}),
             MappingProxyType({key: frozenset(d) for key, d in item_demand.items()}),
-            kernels, MappingProxyType(can_low), MappingProxyType(f32_ready))
+            kernels, MappingProxyType(can_low), MappingProxyType(f32_ready), result_type,
+            tuple(kept))
 
 
 def range_words(value: float, low: str) -> str:
@@ -264,4 +311,4 @@ def range_words(value: float, low: str) -> str:
     return f"underflows to zero in {low}"
 
 
-__all__ = ["Scope", "Plan", "BindingPlan", "FunctionPlan", "range_words"]
+__all__ = ["Context", "Scope", "Plan", "BindingPlan", "FunctionPlan", "range_words"]

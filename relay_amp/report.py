@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
+import numpy as np
+
 from .dtypes import short_dtype
 from .op_registry import estimate_macs
 from .reasons import Reason, render
@@ -216,3 +218,64 @@ class Report:
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), **{"indent": 2, **kwargs})
+
+
+class ReportBuilder:
+    """One conversion's :class:`Report` as ``convert`` and the rewrite make it: the rows, the
+    notes, the signature's kept boundaries and the count of float32 parameters.
+
+    Parameters
+    ----------
+    low : str
+        The low-precision dtype.
+    """
+
+    def __init__(self, low: str):
+        self.report = Report(low)
+        self._rewrite_notes: list = []  # after convert's own notes, as the report lists them
+        self._float32_parameters = [0, 0]  # ops, bytes of their float32 constant parameters
+        self._seen: set = set()
+
+    def note(self, text: str):
+        """A module-level note from ``convert``."""
+        self.report.notes.append(text)
+
+    def rewrite_note(self, text: str):
+        """A note from a function's rewrite (an integer input's cast)."""
+        self._rewrite_notes.append(text)
+
+    def row(self, record: BindingRecord):
+        self.report.rows.append(record)
+
+    def kept(self, function: str, kept):
+        """A parameter or result kept float32 at the signature
+        (:class:`relay_amp.signature.KeptBoundary`): a :class:`BoundaryRecord` and its note."""
+        record = BoundaryRecord(function, kept.kind, kept.where, kept.value,
+                                kept.problem.magnitude, kept.problem.bound, str(kept.problem))
+        self.report.boundary.append(record)
+        self._rewrite_notes.append(record.note(self.report.dtype))
+
+    def float32_parameters(self, constants):
+        """An op that keeps the float32 ``constants`` (a batch_norm's parameters)."""
+        if not constants:
+            return
+        self._float32_parameters[0] += 1
+        for const in constants:
+            if const.__chandle__() not in self._seen:  # the module holds const: handle stays
+                self._seen.add(const.__chandle__())
+                self._float32_parameters[1] += 4 * int(np.prod(
+                    [int(d) for d in const.value.shape]))
+
+    def finish(self, casts: int, constants_converted: int) -> Report:
+        """The report, with the rewrite's notes and the cast counts."""
+        report = self.report
+        report.notes.extend(self._rewrite_notes)
+        count, nbytes = self._float32_parameters
+        if count:
+            report.notes.append(
+                f"{count} batch_norm ops keep {nbytes / 1e6:.3g} MB of float32 parameters "
+                "(batch_norm computes in float32); relax.transform.FoldBatchnormToConv2D() before "
+                "conversion folds them into the convolution weights, which are stored in low "
+                "precision")
+        report.casts, report.constants_converted = casts, constants_converted
+        return report

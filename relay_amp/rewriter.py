@@ -1,24 +1,24 @@
 """Step 3 of the algorithm (stated in :mod:`relay_amp.transform`): the rewrite.
 
-:meth:`MixedPrecisionRewriter.rewrite_function` makes a function's signature, gets its frozen
-:class:`~relay_amp.plan.FunctionPlan` from :func:`relay_amp.planning.plan_function` and carries
-it out, forward, with a PyExprMutator: every operand is cast to the dtype its consumer
-computes in through one cast cache per scope. The cache stores both directions, so a cast back
-to the original dtype returns the original value (never a fp32 -> fp16 -> fp32 round trip);
-float32 constants are converted once, at conversion time; dot products accumulate in float32
-through out_dtype and emit the low-precision copy of their result only if some consumer demanded
-it; a binding whose operands and attributes come out unchanged is kept as it is. Each binding's
-decision lands in the report with its rule. Its casts and constants are a
-:class:`~relay_amp.casts.CastCache`, the kernels it emits itself a
-:class:`~relay_amp.kernels.KernelEmitter`; what an op does differently is in its record of
-:mod:`relay_amp.op_registry`.
+:meth:`MixedPrecisionRewriter.rewrite_function` takes a function, its
+:class:`~relay_amp.signature.Signature` and its frozen :class:`~relay_amp.plan.FunctionPlan`
+and carries the plan out, forward, with a PyExprMutator: every operand is cast to the dtype its
+consumer computes in through one cast cache per scope. The cache stores both directions, so a
+cast back to the original dtype returns the original value (never a fp32 -> fp16 -> fp32 round
+trip); float32 constants are converted once, at conversion time; dot products accumulate in
+float32 through out_dtype and emit the low-precision copy of their result only if some consumer
+demanded it; a binding whose operands and attributes come out unchanged is kept as it is. Each
+binding's decision lands in the report with its rule. A nested function goes back to
+``convert``'s steps for one function (``nested``), so it is converted in the enclosing
+function's context. Its casts are a :class:`~relay_amp.casts.CastCache`, the kernels it emits
+itself a :class:`~relay_amp.kernels.KernelEmitter`; what an op does differently is in its
+record of :mod:`relay_amp.op_registry`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 from tvm import relax
 from tvm.ir import Call
 from tvm.relax import (
@@ -29,130 +29,91 @@ from tvm.relax import (
     MatchCast,
     PyExprMutator,
     SeqExpr,
-    TensorType,
-    Var,
     VarBinding,
     expr_functor,
 )
 
 from .casts import CastCache
-from .dtypes import OutOfRange, is_floating, short_dtype
+from .dtypes import is_floating, short_dtype
 from .kernels import KernelEmitter
 from .kinds import Category, Mode
-from .op_registry import callee_fusion_kinds, op_info
-from .plan import BindingPlan, FunctionPlan, Scope
-from .planning import plan_function
-from .policy import Policy
+from .op_registry import op_info
+from .plan import BindingPlan, FunctionPlan
 from .reasons import Reason
 from .relax_utils import (
     TVM_ERRORS,
     VAR_TYPES,
     BuiltBlock,
-    DtypeCache,
     GenericConst,
     as_tuple,
     is_var,
     leaves_of,
     lowered_type,
     replace_attrs,
-    tensor_dtype,
 )
-from .report import BindingRecord, BoundaryRecord
-from .signature import integer_input, parameter_problems
-from .targets import KernelSettings
+from .report import BindingRecord, ReportBuilder
+from .signature import Signature, integer_input
 
 
 @expr_functor.mutator
 class MixedPrecisionRewriter(PyExprMutator):
-    """Step 3 of the algorithm: rewrites functions of one module and records the report rows."""
+    """Step 3 of the algorithm: rewrites functions of one module, each by its frozen plan, and
+    hands each binding's row to the report.
 
-    def __init__(self, mod, policy: Policy, low: str, calibration=None):
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        The module (batch_norm already decomposed where that applies).
+    low : str
+        The low-precision dtype.
+    dtype_of : relay_amp.relax_utils.DtypeCache
+        The conversion's dtype cache (the stages read it too).
+    constants : relay_amp.casts.Constants
+        The conversion's float32 constants.
+    cast_params_offline : bool
+        Float32 constants are converted at conversion time.
+    report : relay_amp.report.ReportBuilder
+        Where the rows and the rewrite's notes go.
+    """
+
+    def __init__(self, mod, low: str, dtype_of, constants, cast_params_offline: bool,
+                 report: ReportBuilder):
         super().__init__(mod)
-        self.policy = policy
-        self.callee_kinds = callee_fusion_kinds(mod)
-        self.calibration = calibration
         self.low = low
-        self.records: list[BindingRecord] = []
+        self.report = report
+        self.nested = None
         self._absorbed: dict = {}  # absorbed add -> (its call, plan, operands as rewritten)
         self.plan: FunctionPlan | None = None  # of the function being rewritten
         self._function_name = ""
-        self.notes: list[str] = []
         self.int_params: dict = {}
         self._prologue: list = []
-        self.dtype_of = DtypeCache()
-        self.casts = CastCache(self.builder_, low, self.dtype_of, policy.cast_params_offline)
+        self.dtype_of = dtype_of
+        self.casts = CastCache(self.builder_, low, dtype_of, constants, cast_params_offline)
         self.emitter = KernelEmitter(self.builder_, self.casts, low)
-        self.batch_norm_float32 = [0, 0]  # batch_norm ops, bytes of their float32 parameters
-        self.batch_norm_seen: set = set()
         self._remap: dict = {}  # original var handle -> (original var, its rewritten value)
-        self.boundary: list[BoundaryRecord] = []
 
     # ------------------------------------------------------------------ entry
-    def rewrite_function(self, name: str, func: Function, target_rule, signature_low: bool,
-                         low_inputs=(), int_inputs=None, normalization=None,
-                         settings: KernelSettings | None = None) -> Function:
-        """Convert one Relax function; ``signature_low`` converts its float32 inputs and results.
-
-        ``int_inputs`` maps parameter names to the integer dtype they are fed in; they are cast
-        once, at the top of the function, straight to the low-precision dtype (with
-        ``normalization`` folded in)."""
-        outer = (self.plan, self._function_name, self.int_params, self._prologue)
-        int_inputs, normalization = int_inputs or {}, normalization or {}
-        new_params, params_low = [], set()
-        int_params, prologue = {}, []
-        observed, margin = None, 1.0
-        if self.calibration is not None:
-            calibration = self.calibration
-            observed = lambda var: calibration.observed_max(name, var.name)  # noqa: E731
-            margin = calibration.margin
-        params = list(func.params)
-        param_problems = parameter_problems(func, params, observed, margin, self.low)
-        for param in params:
-            if param.name in int_inputs and tensor_dtype(param) == int_inputs[param.name]:
-                new_params.append(param)  # converted before: the input is already integer
-            elif param.name in int_inputs:
-                if tensor_dtype(param) != "float32":
-                    raise ValueError(f"input_dtypes names {param.name!r}, a "
-                                     f"{tensor_dtype(param) or 'non-tensor'} parameter; only "
-                                     "float32 tensor inputs can be fed as integers")
-                params_low.add(param)
-                new_param = Var(param.name, TensorType(param.ty.shape, int_inputs[param.name]))
-                new_params.append(new_param)
-                int_params[param] = new_param
-                prologue.append((param, new_param, normalization.get(param.name)))
-            elif ((signature_low or param.name in low_inputs) and tensor_dtype(param) == "float32"
-                  and param.__chandle__() in param_problems):
-                self._keep_at_boundary(name, "parameter", param.name, param.name,
-                                       param_problems[param.__chandle__()],
-                                       param.name in low_inputs)
-                new_params.append(param)
-            elif (signature_low or param.name in low_inputs) and tensor_dtype(param) == "float32":
-                params_low.add(param)
-                new_param = Var(param.name, lowered_type(param.ty, self.low))
-                new_params.append(new_param)
-                self.remap(param, new_param)
-            else:
-                new_params.append(param)
-        scope = Scope(self.low, params_low, self.dtype_of,
-                      {p: int_inputs[p.name] for p in int_params})
-        plan, result_type, kept = plan_function(
-            func, scope, self.policy, target_rule, self.casts.constant_out_of_range, signature_low,
-            observed, margin, settings, param_problems, self.callee_kinds)
-        for path, expr, problem in kept:
-            where = "result" + "".join(f"[{i}]" for i in path)
-            value = expr.name if is_var(expr) else "constant"
-            self._keep_at_boundary(name, "result", where, value, problem, False)
-        want = lowered_type(func.ret_ty, self.low) if signature_low else func.ret_ty
-        if result_type is not None:
-            want = result_type
-        self.plan, self._function_name = plan, name
-        self.int_params = int_params
-        self._prologue = [entry for entry in prologue if plan.demand.get(entry[0])]
-        self.builder_.begin_scope(new_params)
+    def rewrite_function(self, func: Function, signature: Signature, plan: FunctionPlan,
+                         nested) -> Function:
+        """``func`` with ``signature`` (its new parameters), carried out by ``plan``; a nested
+        function becomes ``nested(name, function)`` (``convert``'s steps for one function, in
+        the enclosing function's context)."""
+        outer = (self.plan, self._function_name, self.int_params, self._prologue, self.nested)
+        self.nested = nested
+        for param, new_param in signature.lowered.items():
+            self.remap(param, new_param)
+        want = plan.result_type
+        if want is None:
+            want = lowered_type(func.ret_ty, self.low) if signature.results_low else func.ret_ty
+        self.plan, self._function_name = plan, signature.name
+        self.int_params = signature.int_params
+        self._prologue = [entry for entry in signature.prologue if plan.demand.get(entry[0])]
+        self.builder_.begin_scope(list(signature.params))
         body = self.rewrite_seq(func.body, want)
         self.builder_.end_scope()
-        self.plan, self._function_name, self.int_params, self._prologue = outer
-        new_func = Function(new_params, body, want, func.is_pure, func.attrs, func.span)
+        self.plan, self._function_name, self.int_params, self._prologue, self.nested = outer
+        new_func = Function(list(signature.params), body, want, func.is_pure, func.attrs,
+                            func.span)
         return self.builder_.normalize(new_func)
 
     def rewrite_seq(self, seq: SeqExpr, want_type) -> SeqExpr:
@@ -193,7 +154,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         for param, int_param, normalization in self._prologue:
             value, name, note = integer_input(self.builder_, param, int_param, normalization,
                                               self.low, self.plan.read_in_float32(param))
-            self.notes.append(note)
+            self.report.rewrite_note(note)
             self.casts.total_casts += 1
             self.remap(param, self.casts.emit_named(value, name, param.__chandle__() in read_later))
         self._prologue = []
@@ -229,8 +190,7 @@ class MixedPrecisionRewriter(PyExprMutator):
                                                    self.plan.tuple_want(var, value)),
                                  var.name, output)
         elif isinstance(value, Function):
-            inner = self.rewrite_function(f"{self._function_name}.{var.name}", value,
-                                          None, False)
+            inner = self.nested(f"{self._function_name}.{var.name}", value)
             new_var = self.casts.emit_named(inner, var.name, output)
         else:
             new_var = self.casts.emit_named(self.visit_expr(value), var.name, output)
@@ -267,7 +227,9 @@ class MixedPrecisionRewriter(PyExprMutator):
         low = self.low
         hooks = op_info(plan.op)
         if hooks.float32_parameters:
-            self._count_float32_parameters(var)
+            self.report.float32_parameters([
+                arg for arg, _ in self.plan.call_args[var][1:]
+                if type(arg) is GenericConst and self.dtype_of(arg) == "float32"])
         if plan.mode == Mode.IDENTITY:
             source = self.int_params.get(plan.source)
             if source is None:
@@ -351,19 +313,6 @@ class MixedPrecisionRewriter(PyExprMutator):
         self._record(var, call, new_var, new_args, plan)
         return result
 
-    def _count_float32_parameters(self, var):
-        """The report's count of ops that keep float32 constant parameters (batch norms) and
-        the bytes of those parameters."""
-        parameters = [arg for arg, _ in self.plan.call_args[var][1:]
-                      if type(arg) is GenericConst and self.dtype_of(arg) == "float32"]
-        if parameters:
-            self.batch_norm_float32[0] += 1
-            for arg in parameters:
-                if arg.__chandle__() not in self.batch_norm_seen:  # dtype_of keeps arg alive
-                    self.batch_norm_seen.add(arg.__chandle__())
-                    self.batch_norm_float32[1] += 4 * int(np.prod(
-                        [int(d) for d in arg.value.shape]))
-
     def _operand(self, arg, visited, var, plan: BindingPlan, lowered: bool):
         """One operand of ``var``'s call as the plan reads it: ``(expr, narrow)``, ``narrow``
         when the dot product rounds this float32 operand in its own kernel. The fields of a
@@ -419,7 +368,7 @@ class MixedPrecisionRewriter(PyExprMutator):
             compute = out_dtype
         else:
             compute = next((d for d in in_dtypes if is_floating(d)), "-")
-        self.records.append(BindingRecord(
+        self.report.row(BindingRecord(
             function=self._function_name, name=plan.name, op=plan.op,
             category=plan.category.value if plan.category else (
                 "passthrough" if op_info(plan.op).passthrough else "unknown"),
@@ -429,21 +378,6 @@ class MixedPrecisionRewriter(PyExprMutator):
             casts_added=self.casts.binding_casts + max(0, len(stored) - 1),
             reasons=tuple(plan.reasons),
             mac_source=call if op_info(plan.op).macs else 0))
-
-    def _keep_at_boundary(self, function: str, kind: str, where: str, value: str,
-                          problem: OutOfRange, named: bool):
-        """Record a parameter or result kept float32 at the signature, or raise if the policy
-        asks for strict I/O dtypes."""
-        if self.policy.strict_io_dtypes:
-            undo = f"leave it off to keep this {kind} float32" + (
-                f", or take {where} out of low_precision_inputs" if named else "")
-            subject = where if where == value else f"{where} ({value})"
-            raise ValueError(f"{function}: {kind} {subject} cannot be {self.low}: {problem}; "
-                             f"strict_io_dtypes is set ({undo})")
-        record = BoundaryRecord(function, kind, where, value, problem.magnitude, problem.bound,
-                                str(problem))
-        self.boundary.append(record)
-        self.notes.append(record.note(self.low))
 
     def _mixed_out_dtype(self, var, output: bool):
         """What a mixed kernel writes: the low dtype, float32, or both (a residual stream

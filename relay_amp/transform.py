@@ -8,13 +8,16 @@ the algorithm they run, in the order :func:`convert` runs it.
    ``low_precision_residuals``). Where ``decompose_batch_norm`` holds, inference batch_norm
    becomes elementwise ops first (``DecomposeOpsForInference``).
 
-Then per Relax function (If branches and nested functions are scopes of their own), the
-signature first (:mod:`relay_amp.signature`, in
-:meth:`relay_amp.rewriter.MixedPrecisionRewriter.rewrite_function`): a float32 parameter whose
-calibrated range the low dtype cannot hold keeps float32, an integer input (``input_dtypes``)
-gets its own parameter. Then :func:`relay_amp.planning.plan_function` runs steps 1-2 over a
-:class:`~relay_amp.plan.Scope` (the bindings, one canonical wrapper per var), each step handing
-its output to the next, and returns a frozen :class:`~relay_amp.plan.FunctionPlan`:
+Then per Relax function, in :func:`convert`, with the function's
+:class:`~relay_amp.plan.Context` (the low dtype, policy, target rule, kernel settings,
+calibration): the signature first (:func:`relay_amp.signature.function_signature`): a float32
+parameter whose calibrated range the low dtype cannot hold keeps float32, an integer input
+(``input_dtypes``) gets its own parameter. Then :func:`relay_amp.planning.plan_function`
+(function, signature, context) runs steps 1-2 over a :class:`~relay_amp.plan.Scope` (the
+bindings, If branches included, one canonical wrapper per var), each step handing its output
+to the next, and returns a frozen :class:`~relay_amp.plan.FunctionPlan`; step 3 carries it
+out and hands each binding's row to the one :class:`~relay_amp.report.ReportBuilder`. A
+nested function goes through the same steps in the enclosing function's context:
 
 1. Decide (:mod:`relay_amp.decide`, ``Decider`` -> ``Decisions``). Forward over the bindings,
    the policy gives each call a category and a rule; operand checks (constants or scalars the
@@ -64,15 +67,19 @@ import tvm
 from tvm import relax
 
 from .calibrate import Calibration
+from .casts import Constants
 from .dtypes import check_low_precision_dtype, is_floating
 from .execution import with_function
 from .instrument import instrument
 from .op_hooks import OpSite
-from .op_registry import op_info
+from .op_registry import callee_fusion_kinds, op_info
+from .plan import Context
+from .planning import plan_function
 from .policy import Policy, current_policy
-from .relax_utils import TVM_ERRORS, op_name
-from .report import Report
+from .relax_utils import TVM_ERRORS, DtypeCache, op_name
+from .report import Report, ReportBuilder
 from .rewriter import MixedPrecisionRewriter
+from .signature import function_signature
 from .targets import as_target, kernel_settings, target_caps, target_rule
 from .tensor_cores import tensor_core_note
 
@@ -173,92 +180,105 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     policy = resolve_policy(dtype, policy, **policy_kwargs)
     low = policy.dtype
     explicit_target = as_target(target) or tvm.target.Target.current(allow_none=True)
-    report = Report(low)
     if calibration is not None and not isinstance(calibration, Calibration):
         raise TypeError("calibration must be a relay_amp.Calibration from relay_amp.calibrate(); "
                         f"got {type(calibration).__name__}")
-    rewriter = MixedPrecisionRewriter(mod, policy, low, calibration)
-    called = _called_functions(mod)
-    low_inputs = set(policy.low_precision_inputs)
-    relax_functions = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
+    report = ReportBuilder(low)
+    relax_functions = _relax_functions(mod)
     if not relax_functions:
-        report.notes.append("the module has no Relax function: nothing was converted")
-        return mod, report
-    parameters = {p.name for _, f in relax_functions for p in f.params}
-    for what, names in (("low_precision_inputs", low_inputs),
-                        ("input_dtypes", set(policy.input_dtypes))):
-        missing = set(names) - parameters
-        if missing:
-            raise ValueError(f"{what} names {sorted(missing)}, which are not parameters of any "
-                             f"Relax function (parameters: {sorted(parameters)})")
+        report.note("the module has no Relax function: nothing was converted")
+        return mod, report.finish(0, 0)
+    _check_named_parameters(policy, relax_functions)
+
+    # 0. Resolve each function's target and kernel settings; decompose batch_norm first.
     targets, settings = {}, {}
     for gvar, func in relax_functions:
-        target = explicit_target
-        if target is None and func.attrs is not None and "target" in func.attrs:
-            target = func.attrs["target"]
-        targets[gvar.name_hint] = target
-        settings[gvar.name_hint] = kernel_settings(policy, target)
-        if settings[gvar.name_hint].decompose_batch_norm and _decomposes(func, low):
-            mod = relax.transform.DecomposeOpsForInference(gvar.name_hint)(mod)
-            mod = relax.transform.CanonicalizeBindings()(mod)  # bn[0] of the new tuple: its field
-            mod = with_function(mod, gvar.name_hint,
-                                relax.analysis.remove_all_unused(mod[gvar.name_hint]))
-            report.notes.append(f"{gvar.name_hint}: inference batch_norm decomposed into "
-                                "elementwise ops before conversion (decompose_batch_norm), so it "
-                                "computes in float32 inside the convolution's kernel")
-    if any(s.decompose_batch_norm for s in settings.values()):
-        relax_functions = [(gv, f) for gv, f in mod.functions_items()
-                           if isinstance(f, relax.Function)]
-        rewriter = MixedPrecisionRewriter(mod, policy, low, calibration)
+        name = gvar.name_hint
+        targets[name] = explicit_target
+        if explicit_target is None and func.attrs is not None and "target" in func.attrs:
+            targets[name] = func.attrs["target"]
+        settings[name] = kernel_settings(policy, targets[name])
+        if settings[name].decompose_batch_norm and _decomposes(func, low):
+            mod = _decompose_batch_norm(mod, name)
+            report.note(f"{name}: inference batch_norm decomposed into elementwise ops before "
+                        "conversion (decompose_batch_norm), so it computes in float32 inside "
+                        "the convolution's kernel")
+    relax_functions = _relax_functions(mod)
+    called = _called_functions(mod)
+    dtype_of, constants = DtypeCache(), Constants(low)
+    callee_kinds = callee_fusion_kinds(mod)
+    rewriter = MixedPrecisionRewriter(mod, low, dtype_of, constants, policy.cast_params_offline,
+                                      report)
+
+    def convert_function(name, func, context, results_low, entry=True):
+        """Steps 1-3 for one function: signature, plan, rewrite (and its report rows)."""
+        signature = function_signature(name, func, context, results_low, entry)
+        plan = plan_function(func, signature, context)
+        for kept in signature.kept + plan.kept:
+            report.kept(name, kept)
+        return rewriter.rewrite_function(
+            func, signature, plan,
+            nested=lambda inner_name, inner: convert_function(inner_name, inner, context, False,
+                                                              entry=False))
+
     for gvar, func in sorted(relax_functions, key=lambda item: item[0].name_hint):
-        target = targets[gvar.name_hint]
-        function_settings = settings[gvar.name_hint]
-        if any(value for _, value, _ in function_settings.reasons):
-            report.notes.append(f"{gvar.name_hint}: kernel settings: "
-                                f"{function_settings.describe()}")
-        rule = target_rule(target, low, policy.fallback)
+        name = gvar.name_hint
+        target = targets[name]
+        if any(value for _, value, _ in settings[name].reasons):
+            report.note(f"{name}: kernel settings: {settings[name].describe()}")
         if target is not None:
             caps = target_caps(target)
-            report.notes.append(f"{gvar.name_hint}: target {caps.name} "
-                                f"({'computes' if caps.computes(low) else 'only stores'} {low})")
+            report.note(f"{name}: target {caps.name} "
+                        f"({'computes' if caps.computes(low) else 'only stores'} {low})")
             tensor_cores = tensor_core_note(target, low) if caps.computes(low) else None
             if tensor_cores is not None:
-                report.notes.append(f"{gvar.name_hint}: {tensor_cores}")
-        signature_low = not policy.keep_io_dtypes and gvar.name_hint not in called
-        if not policy.keep_io_dtypes and gvar.name_hint in called:
-            report.notes.append(f"{gvar.name_hint}: signature kept, other functions call it")
-        new_func = rewriter.rewrite_function(gvar.name_hint, func, rule, signature_low,
-                                             low_inputs, policy.input_dtypes,
-                                             policy.input_normalization, function_settings)
-        rewriter.builder_.update_func(gvar, new_func)
+                report.note(f"{name}: {tensor_cores}")
+        if not policy.keep_io_dtypes and name in called:
+            report.note(f"{name}: signature kept, other functions call it")
+        context = Context(low, policy, target_rule(target, low, policy.fallback), settings[name],
+                          calibration, callee_kinds, dtype_of, constants)
+        results_low = not policy.keep_io_dtypes and name not in called
+        rewriter.builder_.update_func(gvar, convert_function(name, func, context, results_low))
+
+    # 4. Finish.
     new_mod = rewriter.builder_.get()
-    boundary_functions = [name for name, chosen in settings.items()
-                          if chosen.low_precision_boundaries]
-    for name in boundary_functions:
-        new_mod = with_function(new_mod, name, internalize_dataflow_outputs(new_mod[name]))
+    for name, chosen in settings.items():
+        if chosen.low_precision_boundaries:
+            new_mod = with_function(new_mod, name, internalize_dataflow_outputs(new_mod[name]))
     output_problem = _well_formed_problem(new_mod) if verify else None
     if output_problem is not None:
         input_problem = _well_formed_problem(mod)
         if input_problem is None:  # relay_amp never makes a well-formed module ill-formed
             relax.analysis.well_formed(new_mod)
-        report.notes.append(f"the input module is not well-formed ({input_problem}); the "
-                            "output has the same problem")
-    report.rows = rewriter.records
+        report.note(f"the input module is not well-formed ({input_problem}); the output has "
+                    "the same problem")
     if debug_guard:
-        new_mod = add_debug_guards(new_mod, report)
+        new_mod = add_debug_guards(new_mod, report.report)
         relax.analysis.well_formed(new_mod)
-        report.notes.append("debug_guard: every low-precision result is checked for NaN/Inf")
-    report.notes.extend(rewriter.notes)
-    report.boundary = list(rewriter.boundary)
-    count, nbytes = rewriter.batch_norm_float32
-    if count:
-        report.notes.append(
-            f"{count} batch_norm ops keep {nbytes / 1e6:.3g} MB of float32 parameters (batch_norm "
-            "computes in float32); relax.transform.FoldBatchnormToConv2D() before conversion "
-            "folds them into the convolution weights, which are stored in low precision")
-    report.casts = rewriter.casts.total_casts
-    report.constants_converted = rewriter.casts.constants_converted
-    return new_mod, report
+        report.note("debug_guard: every low-precision result is checked for NaN/Inf")
+    return new_mod, report.finish(rewriter.casts.total_casts, constants.converted)
+
+
+def _relax_functions(mod: tvm.IRModule) -> list:
+    return [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
+
+
+def _check_named_parameters(policy: Policy, relax_functions):
+    """``low_precision_inputs`` and ``input_dtypes`` name parameters of the module."""
+    parameters = {p.name for _, f in relax_functions for p in f.params}
+    for what, names in (("low_precision_inputs", set(policy.low_precision_inputs)),
+                        ("input_dtypes", set(policy.input_dtypes))):
+        missing = set(names) - parameters
+        if missing:
+            raise ValueError(f"{what} names {sorted(missing)}, which are not parameters of any "
+                             f"Relax function (parameters: {sorted(parameters)})")
+
+
+def _decompose_batch_norm(mod: tvm.IRModule, name: str) -> tvm.IRModule:
+    """``mod`` with the inference batch_norm of function ``name`` as elementwise ops."""
+    mod = relax.transform.DecomposeOpsForInference(name)(mod)
+    mod = relax.transform.CanonicalizeBindings()(mod)  # bn[0] of the new tuple: its field
+    return with_function(mod, name, relax.analysis.remove_all_unused(mod[name]))
 
 
 @relax.expr_functor.mutator
