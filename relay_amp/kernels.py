@@ -14,6 +14,7 @@ from tvm.relax import (
 )
 
 from .dtypes import short_dtype as _short
+from .reasons import Reason
 from .relax_utils import TVM_ERRORS
 
 
@@ -35,15 +36,27 @@ class KernelEmitter:
         self.builder = builder
         self.casts = casts
         self.low = low
+        #: Why the kernel last asked for was not emitted (a ``kernel_not_emitted`` reason for
+        #: the report), or None.
+        self.not_emitted = None
+
+    def _attempt(self, kind: str, op: str, build):
+        """``build()``, or None with :attr:`not_emitted` saying why TVM would not build it."""
+        self.not_emitted = None
+        try:
+            return build()
+        except _NotEmitted as why:
+            self.not_emitted = Reason.of("kernel_not_emitted", kernel=kind, op=op, why=str(why))
+            return None
 
     def emit_mixed(self, op: str, call, args, out_dtype, name: str, output: bool):
         """``op`` as one TensorIR kernel that widens its float operands to float32, computes
-        with TVM's own legalization of ``op`` and writes ``out_dtype``; None if the legalization
-        is not a single TE computation."""
+        with TVM's own legalization of ``op`` and writes ``out_dtype``; None (and
+        :attr:`not_emitted`) if TVM's legalization does not make one."""
         low = self.low
-        return self._emit_legalized(
+        return self._attempt("mixed", op, lambda: self._emit_legalized(
             op, call, args, lambda index, tensor: "float32" if str(tensor.dtype) == low else None,
-            name, output, out_dtype)
+            name, output, out_dtype))
 
     def _split_pair(self, pair, name: str):
         """The float32 result of a kernel that writes ``(float32, low)``; the low-precision
@@ -66,9 +79,9 @@ class KernelEmitter:
             return total
 
         low = self.low
-        kernel = self._emit_legalized(
+        kernel = self._attempt("absorbing", op, lambda: self._emit_legalized(
             op, call, args, lambda index, tensor: "float32" if str(tensor.dtype) == low else None,
-            name, output, out_dtype, prologue=(0, widened_sum, operands))
+            name, output, out_dtype, prologue=(0, widened_sum, operands)))
         if kernel is None:  # the add as its own kernel, then the op
             widened = [self.casts.cast(o, "float32") for o in operands]
             total = self.casts.emit_named(relax.op.add(*widened), f"{name}_sum", False)
@@ -79,14 +92,14 @@ class KernelEmitter:
                                output: bool):
         """``op`` as one TensorIR kernel that rounds its float32 operands at ``narrowed`` to the
         low dtype itself (a residual stream that crosses the kernel boundary in float32), then
-        computes as TVM's legalization of ``op`` does with low-precision operands; None if that
-        legalization is not a single TE computation."""
+        computes as TVM's legalization of ``op`` does with low-precision operands; None (and
+        :attr:`not_emitted`) if TVM's legalization does not make one."""
         low = self.low
         stand_ins = [relax.Var(f"narrowed{i}", TensorType(a.ty.shape, low)) if i in narrowed
                      else a for i, a in enumerate(args)]
-        return self._emit_legalized(
+        return self._attempt("narrowing", op, lambda: self._emit_legalized(
             op, Call(call.op, stand_ins, attrs, call.ty_args, call.span), args,
-            lambda index, tensor: low if index in narrowed else None, name, output)
+            lambda index, tensor: low if index in narrowed else None, name, output))
 
     def _emit_legalized(self, op: str, legal_call, args, operand_dtype, name: str, output: bool,
                         out_dtype=None, prologue=None):
@@ -95,51 +108,57 @@ class KernelEmitter:
         operand ``i`` to ``operand_dtype(i, tensor)`` (None: as it is) and its result to
         ``out_dtype`` (a tuple of dtypes: one result in each, the first returned and the
         second a cached low-precision copy). ``prologue``, ``(i, compute, exprs)``: operand
-        ``i`` is ``compute`` of the tensors of ``exprs``, in the same kernel. None if the
-        legalization is anything but one ``call_te``."""
+        ``i`` is ``compute`` of the tensors of ``exprs``, in the same kernel. Raises
+        :class:`_NotEmitted` if the legalization is anything but one ``call_te`` on the op's
+        operands, or TE rejects the kernel."""
         recorder = _TeRecorder()
         legalize = tvm.ir.Op.get("relax." + op).get_attr("FLegalize")
+        if legalize is None:
+            raise _NotEmitted("TVM has no legalization of it")
         try:
             legalize(recorder, legal_call)
-        except TVM_ERRORS:  # any builder use beyond call_te: keep the op as it is
-            return None
+        except TVM_ERRORS as err:  # the recorder's refusal comes back through the FFI as one
+            raise _NotEmitted(recorder.refused or f"its legalization rejects the operands: "
+                              f"{_one_line(err)}") from None
         if len(recorder.calls) != 1:
-            return None
+            raise _NotEmitted(f"its legalization makes {len(recorder.calls)} TE computations, "
+                              "not one")
         te_func, te_args, te_kwargs = recorder.calls[0]
         _rebind_builder(te_func, recorder, self.builder)
         te_kwargs = dict(te_kwargs)
         hint = te_kwargs.pop("primfunc_name_hint", op.split(".")[-1])
         positions = {arg.__chandle__(): i for i, arg in enumerate(legal_call.args)}
         keys = list(te_kwargs)
-        values, indices = [], []
         computed, prologue_compute, extra = (prologue[0], prologue[1], list(prologue[2])) if (
             prologue) else (None, None, [])
+        values, indices = [], []
         for value in list(te_args) + [te_kwargs[k] for k in keys]:
             index = positions.get(value.__chandle__()) if isinstance(value, relax.Expr) else None
             if isinstance(value, relax.Expr) and index is None:
-                return None
-            if index is not None and index == computed:
-                values.append(None)  # formed in the kernel from the prologue's tensors
-            else:
-                values.append(args[index] if index is not None else value)
+                raise _NotEmitted("its legalization computes on a value that is not an operand")
+            values.append(args[index] if index is not None else value)
             indices.append(index)
-        if computed is not None and computed not in indices:
-            return None
+        # the prologue's operand is formed inside the kernel, so call_te does not pass it; a
+        # flag per slot, not a placeholder value: TVM passes None itself (mean's axis=None)
+        formed = [index is not None and index == computed for index in indices]
+        if computed is not None and not any(formed):
+            raise _NotEmitted("its legalization does not read the absorbed sum")
         count = len(te_args)
-        main = [v for v in values[:count] if v is not None]
+        main = [v for v, inside in zip(values[:count], formed) if not inside]
+        passed = {k: v for k, v, inside in zip(keys, values[count:], formed[count:])
+                  if not inside}
 
         def kernel(*tensors, **kwargs):
             from tvm import te, topi
 
             positional = iter(tensors[:len(main)])
-            formed = prologue_compute(*tensors[len(main):]) if prologue_compute else None
-            given = [formed if index == computed and index is not None else (
-                next(positional) if i < count else kwargs[keys[i - count]])
-                for i, index in enumerate(indices)]
+            made = prologue_compute(*tensors[len(main):]) if prologue_compute else None
+            given = [made if inside else next(positional) if i < count else kwargs[keys[i - count]]
+                     for i, inside in enumerate(formed)]
             operands = []
-            for tensor, index in zip(given, indices):
+            for tensor, index, inside in zip(given, indices, formed):
                 dtype = (operand_dtype(index, tensor) if isinstance(tensor, te.Tensor)
-                         and index != computed else None)
+                         and not inside else None)
                 operands.append(topi.cast(tensor, dtype) if dtype else tensor)
             result = te_func(*operands[:count], **dict(zip(keys, operands[count:])))
             if isinstance(out_dtype, tuple):  # one result per dtype, written by one kernel
@@ -150,32 +169,46 @@ class KernelEmitter:
             return result
 
         if isinstance(out_dtype, tuple):
-            pair = self._emit_te(kernel, main + extra, dict(zip(keys, values[count:])), hint,
-                                 f"{name}_pair", False)
+            pair = self._emit_te(kernel, main + extra, passed, hint, f"{name}_pair", False)
             return None if pair is None else self._split_pair(pair, name)
-        return self._emit_te(kernel, main + extra, dict(zip(keys, values[count:])), hint,
-                             name, output)
+        return self._emit_te(kernel, main + extra, passed, hint, name, output)
 
     def _emit_te(self, compute, args, kwargs, hint: str, name: str, output: bool):
-        """``compute`` as one PrimFunc named after the op; None if TE rejects it."""
+        """``compute`` as one PrimFunc named after the op; raises :class:`_NotEmitted` if TE
+        rejects it."""
         try:
             value = self.builder.normalize(self.builder.call_te(
                 compute, *args, primfunc_name_hint=f"relay_amp_{hint}", **kwargs))
-        except TVM_ERRORS:  # TE rejects these dtypes: keep the op as it is
-            return None
+        except TVM_ERRORS as err:  # TE rejects these dtypes: keep the op as it is
+            raise _NotEmitted(f"TE rejects it: {_one_line(err)}") from None
         return self.casts.emit_named(value, name, output)
 
 
 
+class _NotEmitted(Exception):
+    """Why a kernel is not emitted (the op then computes as TVM legalizes it, operands cast)."""
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else type(error).__name__)[:160]
+
+
 class _TeRecorder:
-    """Stands in for the BlockBuilder of an op's legalization and records its ``call_te``."""
+    """Stands in for the BlockBuilder of an op's legalization and records its ``call_te``;
+    any other use of the builder means the legalization is more than one TE computation."""
 
     def __init__(self):
         self.calls = []
+        self.refused = None
 
     def call_te(self, func, *args, **kwargs):
         self.calls.append((func, args, kwargs))
         return None
+
+    def __getattr__(self, name):
+        self.refused = f"its legalization uses the builder's {name}, not only call_te"
+        raise _NotEmitted(self.refused)
 
 
 def _rebind_builder(te_func, recorder, builder) -> int:

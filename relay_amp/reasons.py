@@ -99,6 +99,8 @@ TEXT = {
     "mixed_kernel": (None, "one kernel (mixed_kernels): reads {reads}, computes float32, "
                            "writes {writes}"),
     "rejected_by_tvm": ("kept", "{op} rejects {dtype} operands ({message})"),
+    "kernel_not_emitted": (None, "no {kernel} kernel: {why}, so {op} computes as TVM "
+                                 "legalizes it, its operands cast"),
     "attention_pinned": (None, "result pinned to {dtype} (TVM's legalization of a scaled "
                                "attention returns float32)"),
     # the accuracy-driven search (relay_amp.fallback)

@@ -266,6 +266,7 @@ class MixedPrecisionRewriter(PyExprMutator):
                     dtype=low))
                 self._record(var, call, kernel, new_args, plan)
                 return kernel
+            plan = plan.adding(self.emitter.not_emitted)
             new_args = [self.casts.cast(a, low) if i in narrowed else a
                         for i, a in enumerate(new_args)]
         if plan.mixed and self.plan.call_args[var][0][0] in self._absorbed:
@@ -289,7 +290,7 @@ class MixedPrecisionRewriter(PyExprMutator):
                                              writes=" and ".join(as_tuple(out_dtype))))
                 self._record(var, call, mixed, new_args, plan)
                 return mixed
-            plan = dataclasses.replace(plan, mixed=False)
+            plan = dataclasses.replace(plan.adding(self.emitter.not_emitted), mixed=False)
             new_args = [self.casts.cast(a, self.dtype_of(old)) if self.dtype_of(old) else a
                         for a, (old, _) in zip(new_args, self.plan.call_args[var])]
         new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
