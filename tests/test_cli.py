@@ -110,3 +110,40 @@ def test_progress_in_a_log_is_lines_not_carriage_returns():
     for _ in progress.progress_bar(range(3), desc="models", stream=silent, disable=True):
         pass
     assert silent.getvalue() == ""
+
+
+@pytest.mark.parametrize("text, name, shape, dtype", [
+    ("serving_default_input_2:0:1,43844,1", "serving_default_input_2:0", (1, 43844, 1), None),
+    ("serving_default_input_2:0:1,43844,1:float32", "serving_default_input_2:0", (1, 43844, 1),
+     "float32"),
+    ("a:b:c:1x8:int64", "a:b:c", (1, 8), "int64"),
+    ("images:1,3,224,224", "images", (1, 3, 224, 224), None)])
+def test_input_names_may_hold_colons_the_shape_is_split_from_the_right(text, name, shape, dtype):
+    assert arguments.parse_input(text) == arguments.InputSpec(name, shape, dtype)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("serving_default_input_2:0:1,0,1", "bad shape '1,0,1'"), ("x:1,a,3", "bad shape"),
+    ("x:int64", "use --input NAME:SHAPE"), ("x:0:1,2:floa32", "did you mean 'float32'")])
+def test_a_bad_input_spec_is_still_a_clear_usage_error(text, words):
+    with pytest.raises(arguments.UsageError, match=words):
+        arguments.parse_input(text)
+
+
+def test_every_error_exit_is_one_line_with_its_code(capsys):
+    assert arguments.error_exit("convert", arguments.UsageError("bad")) == 2
+    assert arguments.error_exit("convert", arguments.ConvertFailure("failed")) == 1
+    assert arguments.error_exit("convert", arguments.Interrupted("stopped")) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "relay-amp convert: bad", "relay-amp convert: failed", "relay-amp convert: stopped"]
+
+
+def test_a_corrupt_model_file_is_one_error_line_not_a_traceback(tmp_path):
+    for suffix, head in ((".onnx", b""), (".tflite", b"\x1c\x00\x00\x00TFL3")):
+        path = tmp_path / f"model{suffix}"
+        path.write_bytes(head + bytes(range(256)) * 4)  # past the format check, corrupt after
+        result = subprocess.run([sys.executable, "-m", "relay_amp.cli", "convert", str(path),
+                                 "-o", str(tmp_path / "out"), "--dtype", "float16", "--quiet"],
+                                capture_output=True, text=True, cwd=ROOT)
+        assert result.returncode in (1, 2), result.stderr  # unreadable, or TVM cannot import
+        assert result.stderr.startswith("relay-amp convert: ") and result.stderr.count("\n") == 1

@@ -13,7 +13,7 @@ import os
 import shlex
 import sys
 
-from .arguments import ConvertFailure, UsageError, parse_input, split_list
+from .arguments import CommandError, Interrupted, UsageError, error_exit, parse_input, split_list
 
 #: The harness's subcommands: name -> help.
 HARNESS_COMMANDS = {
@@ -26,8 +26,7 @@ def _one_line_errors(parser: argparse.ArgumentParser, name: str) -> None:
     """Make ``parser`` report a usage error as one line (and exit 2), not usage + error."""
 
     def error(message):
-        print(f"relay-amp {name}: {message} (see relay-amp {name} --help)", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(error_exit(name, UsageError(f"{message} (see relay-amp {name} --help)")))
 
     parser.error = error
 
@@ -45,15 +44,10 @@ def _convert(args) -> int:
             max_samples=args.max_samples, progress=not args.quiet,
             command="relay-amp convert " + " ".join(shlex.quote(a) for a in args.argv))
         saved = convert.convert_model(options)
-    except UsageError as err:
-        print(f"relay-amp convert: {err}", file=sys.stderr)
-        return 2
-    except ConvertFailure as err:
-        print(f"relay-amp convert: {err}", file=sys.stderr)
-        return 1
+    except CommandError as err:
+        return error_exit("convert", err)
     except KeyboardInterrupt:
-        print("relay-amp convert: interrupted; nothing was written", file=sys.stderr)
-        return 130
+        return error_exit("convert", Interrupted("interrupted; nothing was written"))
     print(saved["conversion"]["summary"])
     for line in saved.get("advice", []):
         print(line)
@@ -78,9 +72,8 @@ def _report(args) -> int:
         print(report.format_report(saved, rules=split_list(args.rule),
                                    ops=split_list(args.op), compute=args.compute,
                                    limit=args.limit))
-    except UsageError as err:
-        print(f"relay-amp report: {err}", file=sys.stderr)
-        return 2
+    except CommandError as err:
+        return error_exit("report", err)
     return 0
 
 

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 
 #: Model formats: name -> (file extension, what it is).
@@ -25,12 +26,42 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_CUDA_ARCH = "sm_90"
 
 
-class UsageError(Exception):
+class CommandError(Exception):
+    """An error a ``relay-amp`` command reports as one line and exits with ``exit_code``."""
+
+    exit_code = 1
+
+
+class UsageError(CommandError):
     """A bad argument: its message is one line that says what to do; the command exits 2."""
 
+    exit_code = 2
 
-class ConvertFailure(Exception):
+
+class ConvertFailure(CommandError):
     """The arguments were fine but a step failed (import, compile, tolerance): exit 1."""
+
+
+class Interrupted(CommandError):
+    """The user stopped the command (Ctrl-C): exit 130, as a shell reports SIGINT."""
+
+    exit_code = 130
+
+
+def error_exit(command: str, error: CommandError) -> int:
+    """Print ``error`` as ``relay-amp COMMAND: message`` on stderr; the exit code to return.
+
+    Every error exit of the ``relay-amp`` commands goes through here."""
+    print(f"relay-amp {command}: {error}", file=sys.stderr)
+    return error.exit_code
+
+
+#: What TVM's frontends raise for a model they cannot import, as the ONNX backend suite's
+#: cases show (docs/CONFORMANCE.md's skips): TVM's own errors (RuntimeError subclasses such as
+#: OpNotImplemented), ValueError and TypeError through the FFI, and the frontends' Python
+#: asserts, attribute lookups and NotImplementedError.
+IMPORT_ERRORS = (RuntimeError, ValueError, TypeError, AssertionError, AttributeError,
+                 NotImplementedError)
 
 
 def one_line(error: BaseException) -> str:
@@ -53,15 +84,21 @@ _DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16
 
 
 def parse_input(text: str) -> InputSpec:
-    """``images:1,3,320,320`` or ``ids:1x128:int64`` as an :class:`InputSpec`."""
+    """``images:1,3,320,320`` or ``ids:1x128:int64`` as an :class:`InputSpec`.
+
+    The shape and the optional dtype are split off from the right, so a name may hold colons
+    (TensorFlow's ``serving_default_input_2:0:1,43844,1``): a last field that looks like a
+    dtype (a word, not a list of numbers) is the dtype, the field before it the shape.
+    """
     example = "--input NAME:SHAPE[:DTYPE], e.g. --input images:1,3,224,224 or ids:1,128:int64"
-    parts = text.rsplit(":", 2) if text.count(":") >= 2 else text.split(":")
-    if len(parts) == 3 and not re.fullmatch(r"[0-9x,\s]+", parts[1]):
-        parts = [parts[0] + ":" + parts[1], parts[2]]  # a name with a colon, no dtype
-    if len(parts) < 2 or not parts[0]:
+    rest, _, last = text.rpartition(":")
+    dtype = None
+    if re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", last):
+        dtype = last
+        rest, _, last = rest.rpartition(":")
+    name, shape_text = rest, last
+    if not name:
         raise UsageError(f"bad --input {text!r}: use {example}")
-    name, shape_text = parts[0], parts[1]
-    dtype = parts[2] if len(parts) == 3 else None
     dims = [d.strip() for d in re.split(r"[,x]", shape_text.strip())] if shape_text.strip() else []
     if not dims or not all(re.fullmatch(r"[0-9]+", d) for d in dims) or any(
             int(d) < 1 for d in dims):
@@ -117,11 +154,13 @@ def _plain(value):
 def _local_cuda_arch() -> str | None:
     import tvm
 
+    from ..relax_utils import TVM_ERRORS
+
     try:
         device = tvm.cuda(0)
         if device.exist:
             return "sm_" + device.compute_version.replace(".", "")
-    except Exception:  # noqa: BLE001 - no CUDA runtime in this TVM
+    except TVM_ERRORS:  # no CUDA runtime in this TVM
         return None
     return None
 
@@ -157,6 +196,7 @@ def parse_target(text: str) -> tuple[dict, list]:
     import tvm
 
     from ..execution import host_target
+    from ..relax_utils import TVM_ERRORS
 
     notes: list = []
     text = (text or "").strip()
@@ -185,11 +225,11 @@ def parse_target(text: str) -> tuple[dict, list]:
         if "/" in kind and not flags:  # a target tag
             try:
                 return _plain(tvm.target.Target(kind).export()), notes
-            except Exception:  # noqa: BLE001 - TVM raises its own types for an unknown tag
+            except TVM_ERRORS:  # an unknown tag
                 raise UsageError(f"--target {text!r}: TVM knows no target tag {kind!r}") from None
         try:
             options = dict(tvm.target.TargetKind.options_from_name(kind))
-        except Exception:  # noqa: BLE001 - TVM raises its own types for an unknown kind
+        except TVM_ERRORS:  # an unknown kind
             kinds = ["cuda", "llvm", "rocm", "vulkan", "metal", "opencl", "webgpu", "c"]
             close = difflib.get_close_matches(kind, kinds, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
@@ -227,7 +267,7 @@ def parse_target(text: str) -> tuple[dict, list]:
         config["arch"] = arch
     try:
         tvm.target.Target(config)
-    except Exception as err:  # noqa: BLE001 - TVM raises its own types for a bad target
+    except TVM_ERRORS as err:  # a bad target
         raise UsageError(f"--target {text!r} is not a target TVM accepts: {one_line(err)}") \
             from None
     return config, notes

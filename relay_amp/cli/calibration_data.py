@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +43,7 @@ def load_image(path: str, channels: int, height: int, width: int) -> np.ndarray:
     try:
         with Image.open(path) as opened:
             picture = opened.convert("RGB" if channels == 3 else "L")
-    except Exception as err:  # noqa: BLE001 - PIL raises many types
+    except (OSError, ValueError, Image.DecompressionBombError) as err:  # not an image PIL reads
         raise UsageError(f"cannot read image {path!r} ({one_line(err)}); remove it from the "
                          "calibration folder") from None
     scale = min(picture.width / width, picture.height / height)
@@ -158,7 +159,7 @@ def load_npz(path: str, inputs: list, io: dict, normalize, limit: int | None) ->
     try:
         archive = np.load(path, allow_pickle=False)
         arrays = {key: archive[key] for key in archive.files}
-    except Exception as err:  # noqa: BLE001 - numpy and zipfile raise many types
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:  # not an .npz of arrays
         raise UsageError(f"cannot read {path!r} as an .npz of arrays ({one_line(err)})") \
             from None
     names = {}

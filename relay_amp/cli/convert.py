@@ -425,6 +425,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     import relay_amp
 
     from ..policy import Policy
+    from ..relax_utils import TVM_ERRORS
 
     progress, timings = options.progress, {}
     advice: list = []  # what the user can do about a result: printed after the summary
@@ -506,9 +507,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     with _stage(f"build for {checked.target.get('kind')}", progress):
         try:
             executable, library, build_note = _build(converted, checked.target, work)
-        except (UsageError, ConvertFailure):
-            raise
-        except Exception as err:  # noqa: BLE001 - TVM raises many types
+        except (*TVM_ERRORS, OSError) as err:  # TVM rejects the module, or the library's files
             raise ConvertFailure(f"compiling for {options.target} failed: {one_line(err)}") \
                 from None
     timings["build_s"] = time.perf_counter() - start

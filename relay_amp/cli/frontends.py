@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import difflib
 import os
+import struct
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 
-from .arguments import FORMATS_TEXT, ConvertFailure, UsageError, one_line
+from .arguments import FORMATS_TEXT, IMPORT_ERRORS, ConvertFailure, UsageError, one_line
 
 
 def import_onnx(model, input_shapes: dict, notes: list, simplify: bool = False):
@@ -33,7 +35,7 @@ def import_onnx(model, input_shapes: dict, notes: list, simplify: bool = False):
         return simplified()
     try:
         return from_onnx(model, shape_dict=input_shapes)
-    except Exception as first:  # noqa: BLE001 - the importer raises many types; retry after simplification
+    except IMPORT_ERRORS as first:  # retry after simplification
         try:
             return simplified()
         except ImportError:
@@ -112,13 +114,12 @@ def _check_dtype(spec, declared_dtype: str, name: str) -> None:
 
 def _import_onnx(path: str, specs: dict, notes: list) -> Imported:
     import onnx
+    from google.protobuf.message import DecodeError
     from tvm import relax
-
-
 
     try:
         model = onnx.load(path)
-    except Exception as err:  # noqa: BLE001 - protobuf errors vary
+    except (OSError, DecodeError) as err:  # not a protobuf message
         raise UsageError(f"cannot read {path!r} as ONNX ({one_line(err)}); give "
                          f"{FORMATS_TEXT}") from None
     if not model.graph.node:
@@ -179,7 +180,7 @@ def _import_tflite(path: str, specs: dict, notes: list) -> Imported:
             dims = [d if s >= 0 else "?" for d, s in zip(shape, signature)]
             declared.append((tensor.Name().decode(), dims,
                              _TFLITE_TYPES.get(tensor.Type(), "float32")))
-    except Exception as err:  # noqa: BLE001 - a corrupt flatbuffer
+    except (struct.error, IndexError, ValueError) as err:  # a corrupt flatbuffer
         raise UsageError(f"cannot read {path!r} as TFLite ({one_line(err)})") from None
     specs = _resolve_specs(specs, declared, path)
     shapes = _input_shapes(declared, specs, path)
@@ -188,7 +189,7 @@ def _import_tflite(path: str, specs: dict, notes: list) -> Imported:
     try:
         imported = from_tflite(model, {n: shapes[n] for n, _, _ in declared},
                                {n: d for n, _, d in declared})
-    except Exception as err:  # noqa: BLE001 - the importer raises many types
+    except IMPORT_ERRORS as err:
         raise ConvertFailure(f"TVM cannot import {path}: {one_line(err)}") from None
     mod = imported[0] if isinstance(imported, tuple) else imported
     params = list(mod["main"].params)
@@ -212,12 +213,12 @@ def _import_pt2(path: str, specs: dict, notes: list) -> Imported:
 
     try:
         program = torch.export.load(path)
-    except Exception as err:  # noqa: BLE001 - torch raises many types
+    except (OSError, RuntimeError, ValueError, zipfile.BadZipFile) as err:  # not a .pt2 archive
         raise UsageError(f"cannot read {path!r} as a torch.export program ({one_line(err)}); "
                          "save one with torch.export.save") from None
     try:
         mod = from_exported_program(program, unwrap_unit_return_tuple=True)
-    except Exception as err:  # noqa: BLE001 - the importer raises many types
+    except IMPORT_ERRORS as err:
         raise ConvertFailure(f"TVM cannot import {path}: {one_line(err)}") from None
     func = mod["main"]
     declared = []
@@ -250,9 +251,7 @@ def import_model(path: str, fmt: str, specs: dict) -> Imported:
         warnings.simplefilter("always")
         try:
             imported = importer(path, specs, notes)
-        except (UsageError, ConvertFailure):
-            raise
-        except Exception as err:  # noqa: BLE001 - frontends raise many types
+        except IMPORT_ERRORS as err:
             raise ConvertFailure(f"TVM cannot import {path}: {one_line(err)}") from None
     for message in dict.fromkeys(str(w.message).strip() for w in caught):
         if message:  # the frontends' warnings (renamed inputs, ...) go to the report, not stderr
