@@ -33,6 +33,9 @@ import numpy as np
 #: |out - ref| <= TOLERANCE * (1 + max |ref|) for float outputs (low precision), float32: 1e-3
 TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 8e-2}
 DTYPES = ("float16", "bfloat16")
+#: The CUDA modes' target: relay_amp's GPU rules and kernels (mixed kernels, low-precision
+#: boundaries), converted on any machine.
+CUDA_TARGET = {"kind": "cuda", "arch": "sm_90"}
 #: Failure causes: what made a (mode, dtype) run differ from ONNX's reference.
 CAUSES = ("conversion", "input rounding", "TVM", "relay_amp")
 
@@ -56,6 +59,10 @@ class Mode:
     builtin : str or None
         The built-in pass's counterpart: ``"float32_io"``, ``"float16_inputs"`` (its
         ``fp16_input_names`` set to every float32 parameter), or None (no counterpart).
+    description : str
+    target : dict or None
+        The target relay_amp converts for (its rules and kernels); the converted module is
+        still compiled for and run on the host CPU, so a CUDA target needs no GPU.
     """
 
     name: str
@@ -64,6 +71,7 @@ class Mode:
     calibrate: bool
     builtin: str | None
     description: str
+    target: dict | None = None
 
 
 MODES = {
@@ -77,8 +85,14 @@ MODES = {
     "all_low_io": Mode("all_low_io", True, True, True, None,
                        "every table op in low precision, low-precision inputs and outputs, "
                        "calibrated"),
+    "cuda": Mode("cuda", False, False, False, None,
+                 "default policy converted for CUDA sm_90, float32 inputs and outputs",
+                 CUDA_TARGET),
+    "cuda_low_io": Mode("cuda_low_io", True, False, True, None,
+                        "default policy converted for CUDA sm_90, low-precision inputs and "
+                        "outputs, calibrated", CUDA_TARGET),
 }
-LOW_PRECISION_MODES = ("low_io", "all_low", "all_low_io")
+LOW_PRECISION_MODES = ("low_io", "all_low", "all_low_io", "cuda_low_io")
 
 
 # --------------------------------------------------------------------------- the test data
@@ -451,7 +465,7 @@ def _relay_amp_unit(case: _Case, mode: Mode, dtype: str) -> dict:
     try:
         case.stage("convert")
         converted, report = relay_amp.convert(case.mod, dtype, policy=policy,
-                                              calibration=calibration)
+                                              calibration=calibration, target=mode.target)
     except Exception as err:
         return {"outcome": "crash", "cause": "relay_amp", "reason": f"convert: {_message(err)}",
                 "traceback": traceback.format_exc()[-1500:]}
