@@ -1,10 +1,12 @@
 """Step 1 of the algorithm (stated in :mod:`relay_amp.transform`): decide. Forward over the
-bindings of one function, each call gets its category and reasons (:class:`Decisions`), which
-step 1b (:mod:`relay_amp.kernel_plan`) and step 2 (:mod:`relay_amp.demand`) read."""
+bindings of one function, each call gets its category and reasons, and a low-precision
+signature's result leaves the low dtype cannot hold keep float32 (:class:`Decisions`, frozen),
+which step 1b (:mod:`relay_amp.kernel_plan`) and step 2 (:mod:`relay_amp.demand`) read."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 from tvm import relax
@@ -21,8 +23,8 @@ from .dtypes import is_floating, out_of_range_reason, out_of_range_value
 from .kinds import LOW_CATEGORIES, Category, FusionKind, Mode
 from .op_hooks import OpSite
 from .op_registry import op_info
-from .plan import Plan, Scope, range_words
-from .policy import Decision, Policy
+from .plan import BindingPlan, Context, Scope, range_words
+from .policy import Decision
 from .reasons import Reason
 from .relax_utils import (
     GenericConst,
@@ -33,39 +35,46 @@ from .relax_utils import (
     tensor_dtype,
     type_leaves,
 )
-from .targets import KernelSettings
+from .signature import FP32_BOUNDARY, Signature, result_signature
 
 
 @dataclass(frozen=True)
 class Decisions:
-    """What step 1 hands on: the draft :class:`~relay_amp.plan.Plan` of each call binding
-    (steps 1b and 2 set its mode) and what it found of each value.
+    """What step 1 hands on: the decision of each call binding and what it found of each value;
+    no later step writes into it.
 
     Attributes
     ----------
     scope : Scope
         The function's bindings.
-    plans : dict
-        Call binding var -> its draft plan.
-    can_low : dict
+    plans : Mapping
+        Call binding var -> its :class:`~relay_amp.plan.BindingPlan` as step 1 decides it
+        (mode ``ORIGINAL``, or ``IDENTITY``; steps 1b and 2 choose the others).
+    can_low : Mapping
         Var -> whether its value can exist in low precision without losing float32 protection.
-    f32_ready : dict
+    f32_ready : Mapping
         Var -> whether its float32 value exists without a cast.
-    folded : set
+    folded : frozenset
         Values computed from constants alone (FoldConstant makes them constants).
-    hot : dict
+    hot : Mapping
         Var -> why its value cannot be stored in the low dtype (calibration).
-    params : set
+    params : frozenset
         The function's parameters.
+    result_type : relax.Type, optional
+        The result type where a low-precision signature keeps some result leaves float32.
+    kept_results : tuple
+        Those leaves, as ``(path, expr, reason)``.
     """
 
     scope: Scope
-    plans: dict
-    can_low: dict
-    f32_ready: dict
-    folded: set
-    hot: dict
-    params: set
+    plans: MappingProxyType
+    can_low: MappingProxyType
+    f32_ready: MappingProxyType
+    folded: frozenset
+    hot: MappingProxyType
+    params: frozenset
+    result_type: object = None
+    kept_results: tuple = ()
 
     def is_constant(self, leaf) -> bool:
         """A constant, or a value computed from constants alone (TFLite's float16 weights
@@ -73,10 +82,34 @@ class Decisions:
         return type(leaf) is GenericConst or leaf in self.folded
 
     def site(self, var, call, demand=frozenset()) -> OpSite:
-        """The view of ``var``'s call that an op hook gets in steps 1 and 2."""
+        """The view of ``var``'s call that an op hook gets in steps 1b and 2."""
         plan = self.plans.get(var)
         return self.scope.site(call, plan.mode if plan is not None else Mode.ORIGINAL, demand,
                                self.can_low.get(var, False), self.f32_ready.get(var, False))
+
+
+class _Draft:
+    """One call binding's decision while step 1 makes it."""
+
+    __slots__ = ("op", "name", "decision", "category", "reasons", "mode", "float_output",
+                 "constant_inputs", "mixed", "source")
+
+    def __init__(self, op, name: str, decision: Decision):
+        self.op = op
+        self.name = name
+        self.decision = decision
+        self.category = decision.category
+        self.reasons = list(decision.reasons)
+        self.mode = Mode.ORIGINAL
+        self.float_output = True
+        self.constant_inputs = False  # every float input is a constant
+        self.mixed = False  # one kernel: low-precision I/O, float32 registers (mixed_kernels)
+        self.source = None  # an identity binding's source (Mode.IDENTITY)
+
+    def frozen(self) -> BindingPlan:
+        return BindingPlan(self.op, self.name, self.decision, self.category, tuple(self.reasons),
+                           self.mode, None, self.mixed, self.source, self.float_output,
+                           self.constant_inputs)
 
 
 def _tests_infinity(call) -> bool:
@@ -116,37 +149,22 @@ class Decider:
     ----------
     scope : Scope
         The function's bindings (:meth:`Scope.read` done).
-    policy : relay_amp.Policy
-        The decision table.
-    target_rule : callable
-        The target's rule over the policy's decisions.
-    constant_check : callable
-        ``const -> float | None``: a value of a float32 constant the low dtype cannot hold.
-    observed : callable, optional
-        ``var -> float | None``: the calibrated max ``|x|`` (None: not calibrated).
-    margin : float
-        The calibration's safety margin.
-    settings : KernelSettings
-        The target's kernel settings (``mixed_kernels``).
-    param_problems : dict
-        Parameter handle -> why the low dtype cannot hold it (calibration).
+    context : relay_amp.plan.Context
+        Reads its policy, target rule, constant check and ``mixed_kernels``.
+    signature : relay_amp.signature.Signature
+        Reads its calibrated ranges (``observed``, ``margin``, ``problems``) and whether the
+        results become low precision.
     """
 
-    def __init__(self, scope: Scope, policy: Policy, target_rule, constant_check, observed=None,
-                 margin: float = 1.0, settings: KernelSettings | None = None,
-                 param_problems=None):
+    def __init__(self, scope: Scope, context: Context, signature: Signature):
         self.scope = scope
-        self.policy = policy
         self.low = scope.low
-        self.target_rule = target_rule
-        self.constant_check = constant_check
-        self.observed = observed
-        self.margin = margin
-        self.settings = settings or KernelSettings()
-        self.param_problems = param_problems or {}
-        self.canonical, self.leaves, self.bindings = scope.canonical, scope.leaves, scope.bindings
-        self.bound, self.call_args, self.dtype_of = scope.bound, scope.call_args, scope.dtype_of
-        self._orig_dtype, self._float_leaves = scope.orig_dtype, scope.float_leaves
+        self.policy = context.policy
+        self.target_rule = context.target_rule
+        self.constant_check = context.constant_check
+        self.mixed_kernels = context.settings.mixed_kernels
+        self.signature = signature
+        self.observed, self.margin = signature.observed, signature.margin
         self.params: set = set()
         self.plans: dict = {}
         self.can_low: dict = {}
@@ -154,15 +172,31 @@ class Decider:
         self.folded: set = set()
         self.hot: dict = {}
         self.deciding: dict = {}  # var -> (consumer, its op): the value decides a discrete result
-        self.decisions = Decisions(scope, self.plans, self.can_low, self.f32_ready, self.folded,
-                                   self.hot, self.params)
-        self._is_constant = self.decisions.is_constant
         self._decisions: dict = {}  # op -> its decision, where the op alone decides
 
-    def decide(self, seq: SeqExpr, params=()) -> Decisions:
-        """Step 1 over the function body ``seq`` with parameters ``params``."""
-        self.forward(seq, params)
-        return self.decisions
+    def decide(self, func) -> Decisions:
+        """Step 1 over ``func``: each call's decision, and (a low-precision signature) the
+        result leaves the low dtype cannot hold, which keep float32."""
+        self.forward(func.body, func.params)
+        result_type, kept = None, ()
+        if self.signature.results_low:
+            kept_type, kept = result_signature(self.scope, self, self.constant_check,
+                                               func.body.body, func.ret_ty)
+            for path, expr, problem in kept:
+                plan = self.plans.get(expr) if is_var(expr) else None
+                if plan is not None:
+                    where = "result" + "".join(f"[{i}]" for i in path)
+                    plan.reasons.append(Reason.of(FP32_BOUNDARY, where=where, why=str(problem)))
+            if kept:
+                result_type = kept_type
+        return Decisions(
+            self.scope, MappingProxyType({var: plan.frozen() for var, plan in self.plans.items()}),
+            MappingProxyType(self.can_low), MappingProxyType(self.f32_ready),
+            frozenset(self.folded), MappingProxyType(self.hot), frozenset(self.params),
+            result_type, tuple(kept))
+
+    def _is_constant(self, leaf) -> bool:
+        return type(leaf) is GenericConst or leaf in self.folded
 
     def _is_f32_ready(self, leaf) -> bool:
         if type(leaf) is GenericConst:
@@ -171,7 +205,7 @@ class Decider:
             ready = self.f32_ready.get(leaf)
             if ready is not None:
                 return ready
-            return self._orig_dtype(leaf) == "float32"  # parameters and free vars
+            return self.scope.orig_dtype(leaf) == "float32"  # parameters and free vars
         return True
 
     def _is_lowish(self, leaf) -> bool:
@@ -180,19 +214,19 @@ class Decider:
             return True
         if is_var(leaf):
             return leaf in self.params or self.can_low.get(leaf, False) or (
-                self._orig_dtype(leaf) == self.low)
+                self.scope.orig_dtype(leaf) == self.low)
         return True
 
     # ------------------------------------------------------------------ step 1
     def forward(self, seq: SeqExpr, params=()):
         for param in params:
-            param = self.canonical(param)
+            param = self.scope.canonical(param)
             self.params.add(param)
-            problem = self.param_problems.get(param.__chandle__())
+            problem = self.signature.problems.get(param.__chandle__())
             if problem is not None:
                 self.hot[param] = problem
         self._mark_deciding(seq)
-        for binding, var, value in self.bindings(seq):
+        for binding, var, value in self.scope.bindings(seq):
             self._forward_binding(binding, var, value)
 
     def _mark_deciding(self, seq: SeqExpr):
@@ -202,7 +236,7 @@ class Decider:
         quantization's scale and zero point), and the float operands of any other call whose
         result is integers or booleans (a comparison, a cast to an integer) where one element
         of the operand decides many of the result (:func:`_governs_many`)."""
-        items = self.bindings(seq)
+        items = self.scope.bindings(seq)
         producers = {var: value for _, var, value in items if type(value) is Call}
         for _, var, value in reversed(items):
             op = op_name(value) if type(value) is Call else None
@@ -216,7 +250,7 @@ class Decider:
             for index in operands if op else ():
                 if index >= len(value.args) or not is_var(value.args[index]):
                     continue
-                operand = self.canonical(value.args[index])
+                operand = self.scope.canonical(value.args[index])
                 limit = _elements(operand)
                 stack = [operand] if limit is not None else []
                 while stack:
@@ -227,7 +261,7 @@ class Decider:
                             or elements > limit):  # the measured tensor is read, not rounded
                         continue
                     self.deciding[item] = (var, op)
-                    stack.extend(self.canonical(leaf) for arg in producer.args
+                    stack.extend(self.scope.canonical(leaf) for arg in producer.args
                                  for leaf in leaves_of(arg) if is_var(leaf))
 
     @staticmethod
@@ -237,27 +271,28 @@ class Decider:
         return bool(dtypes) and not any(is_floating(d) for d in dtypes)
 
     def _forward_binding(self, binding, var, value):
-        if self._orig_dtype(var) == self.low:
+        if self.scope.orig_dtype(var) == self.low:
             self.can_low[var] = True
         if type(binding) is MatchCast:
             return
         self._check_observed(var)
         value_type = type(value)
-        if value_type is GenericConst or (is_var(value) and self.canonical(value) in self.folded):
+        if value_type is GenericConst or (
+                is_var(value) and self.scope.canonical(value) in self.folded):
             self.folded.add(var)  # a var bound to a constant is one
         op = op_name(value) if value_type is Call else None
         if op is not None:
-            float_leaves = self._float_leaves(var)
+            float_leaves = self.scope.float_leaves(var)
             if all(type(leaf) is GenericConst or leaf in self.folded
-                   for _, leaves in self.call_args[var] for leaf in leaves
+                   for _, leaves in self.scope.call_args[var] for leaf in leaves
                    if is_var(leaf) or type(leaf) is GenericConst):
                 self.folded.add(var)  # FoldConstant computes it at build time: no kernel
             plan = self._plan_call(var, value, op, float_leaves)
             plan.constant_inputs = bool(float_leaves) and all(
                 self._is_constant(leaf) for leaf, _ in float_leaves)
-            plan.mixed = (self.settings.mixed_kernels and plan.category == Category.ACCUMULATE
+            plan.mixed = (self.mixed_kernels and plan.category == Category.ACCUMULATE
                           and op_info(op).fusion == FusionKind.ANCHOR
-                          and self.dtype_of(var) == "float32")
+                          and self.scope.dtype_of(var) == "float32")
             self.plans[var] = plan
             self.can_low[var] = var not in self.hot and (
                 self.can_low.get(var, False) or self._call_can_low(plan, float_leaves))
@@ -266,21 +301,21 @@ class Decider:
             self.forward(value.true_branch)
             self.forward(value.false_branch)
         elif is_var(value):
-            value = self.canonical(value)
+            value = self.scope.canonical(value)
             self.can_low[var] = self.can_low.get(var, False) or self.can_low.get(value, False)
             self.f32_ready[var] = self._is_f32_ready(value)
         elif value_type is relax.Tuple:
-            leaves = [leaf for leaf in self.leaves(value) if is_var(leaf)]
+            leaves = [leaf for leaf in self.scope.leaves(value) if is_var(leaf)]
             self.can_low[var] = bool(leaves) and all(self._is_lowish(x) for x in leaves) and any(
                 self.can_low.get(x, False) for x in leaves)
             self.f32_ready[var] = all(self._is_f32_ready(x) for x in leaves)
         elif value_type is TupleGetItem and is_var(value.tuple_value):
-            source = self.canonical(value.tuple_value)
+            source = self.scope.canonical(value.tuple_value)
             self.can_low[var] = self.can_low.get(var, False) or self.can_low.get(source, False)
             self.f32_ready[var] = self._is_f32_ready(source)
 
     def _check_observed(self, var):
-        if self.observed is None or self.dtype_of(var) != "float32":
+        if self.observed is None or self.scope.dtype_of(var) != "float32":
             return
         largest = self.observed(var)
         if largest is None:
@@ -297,13 +332,13 @@ class Decider:
                 self._decisions[op] = decision
         return decision
 
-    def _plan_call(self, var, call, op: str, float_leaves: list) -> Plan:
+    def _plan_call(self, var, call, op: str, float_leaves: list) -> _Draft:
         name = var.name
-        plan = Plan(op, name, self._decide(op, name, call))
+        plan = _Draft(op, name, self._decide(op, name, call))
         category = plan.category
         if category is None or category == Category.FP32:
             return plan
-        var_dtype = self.dtype_of(var)
+        var_dtype = self.scope.dtype_of(var)
         out_dtypes = {var_dtype} if var_dtype else {tensor_dtype(t) for t in type_leaves(var.ty)}
         plan.float_output = any(is_floating(d) for d in out_dtypes)
         if var in self.deciding:
@@ -312,7 +347,9 @@ class Decider:
                                               op=consumer_op))
         record = op_info(op)
         if record.identity is not None:
-            identity = record.identity(self.decisions.site(var, call))
+            identity = record.identity(self.scope.site(
+                call, Mode.ORIGINAL, frozenset(), self.can_low.get(var, False),
+                self.f32_ready.get(var, False)))
             if identity is not None:
                 plan.mode, (reason, plan.source) = Mode.IDENTITY, identity
                 plan.reasons = [reason]
@@ -342,7 +379,7 @@ class Decider:
                 plan.reasons.append(Reason.of("result_kept_float32", why=str(self.hot[var])))
             else:
                 return self._keep(plan, Reason.of("out_of_range", why=str(self.hot[var])))
-        for arg, _ in self.call_args[var]:
+        for arg, _ in self.scope.call_args[var]:
             scalar = scalar_value(arg)
             if scalar is not None and out_of_range_value(np.array(scalar), self.low) is not None:
                 return self._keep(plan, Reason.of("scalar_out_of_range", value=scalar,
@@ -354,12 +391,12 @@ class Decider:
                 return self._keep(plan, Reason.of("foreign_out_dtype", dtype=original))
         return plan
 
-    def _keep(self, plan: Plan, reason: Reason) -> Plan:
+    def _keep(self, plan: _Draft, reason: Reason) -> _Draft:
         plan.category = Category.FP32
         plan.reasons = [reason]
         return plan
 
-    def _call_can_low(self, plan: Plan, float_leaves: list) -> bool:
+    def _call_can_low(self, plan: _Draft, float_leaves: list) -> bool:
         category = plan.category
         if self.hot and any(leaf in self.hot for leaf, _ in float_leaves):
             return False
@@ -375,15 +412,16 @@ class Decider:
                            and x not in self.folded]
             if not activations:  # constants and parameters: an exact op on them is exact
                 return op_info(plan.op).exact and (plan.constant_inputs or all(
-                    self._is_constant(leaf) or self._orig_dtype(leaf) == self.low
+                    self._is_constant(leaf) or self.scope.orig_dtype(leaf) == self.low
                     for leaf in leaves))
             return all(self._is_lowish(x) for x in leaves) and any(
-                self.can_low.get(x, False) or self._orig_dtype(x) == self.low for x in activations)
+                self.can_low.get(x, False) or self.scope.orig_dtype(x) == self.low
+                for x in activations)
         return False
 
-    def _call_f32_ready(self, plan: Plan, var, float_leaves: list) -> bool:
+    def _call_f32_ready(self, plan: _Draft, var, float_leaves: list) -> bool:
         """Will the float32 value of this binding exist without a cast?"""
-        if self._orig_dtype(var) == self.low:
+        if self.scope.orig_dtype(var) == self.low:
             return False
         category = plan.category
         if category == Category.LOW_PRECISION_FP32_ACCUMULATE:

@@ -5,7 +5,9 @@ inputs arrive."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from tvm import relax
 from tvm.ir import Call
@@ -17,7 +19,7 @@ from tvm.relax import (
 
 from .kinds import STORING_KINDS, Category, FusionKind, Mode
 from .op_registry import fuses, fusion_kind, op_info
-from .plan import Plan, Scope
+from .plan import Scope
 from .reasons import Reason
 from .relax_utils import (
     is_var,
@@ -57,6 +59,10 @@ class KernelPlan:
         Float32 values the rewrite computes in low precision.
     absorbed : dict
         Residual add -> the centring kernel that computes it.
+    modes : dict
+        Follow op var -> the mode how its inputs arrive gives it (demand leaves it as it is).
+    reasons : dict
+        Var -> the reasons this step adds to its binding's decision, in order.
     """
 
     scope: Scope
@@ -69,34 +75,39 @@ class KernelPlan:
     residuals: set = field(default_factory=set)
     low_values: set = field(default_factory=set)
     absorbed: dict = field(default_factory=dict)
+    modes: dict = field(default_factory=dict)
+    reasons: dict = field(default_factory=dict)
 
     @property
-    def plans(self) -> dict:
+    def plans(self):
         return self.decisions.plans
 
-    @property
-    def low(self) -> str:
-        return self.scope.low
+    def mode_of(self, var) -> Mode:
+        """``var``'s mode as far as steps 1 and 1b chose it."""
+        mode = self.modes.get(var)
+        return mode if mode is not None else self.decisions.plans[var].mode
 
-    def canonical(self, var):
-        return self.scope.canonical(var)
-
-    def dtype_of(self, expr):
-        return self.scope.dtype_of(expr)
-
-    def _orig_dtype(self, var):
-        return self.scope.orig_dtype(var)
+    def frozen(self) -> KernelPlan:
+        """This plan with read-only containers, as step 1b hands it on."""
+        return dataclasses.replace(
+            self, uses=MappingProxyType(self.uses), tuple_items=MappingProxyType(self.tuple_items),
+            fused=frozenset(self.fused), group_kind=MappingProxyType(self.group_kind),
+            stored_low=frozenset(self.stored_low), residuals=frozenset(self.residuals),
+            low_values=frozenset(self.low_values), absorbed=MappingProxyType(self.absorbed),
+            modes=MappingProxyType(self.modes),
+            reasons=MappingProxyType({var: tuple(r) for var, r in self.reasons.items()}))
 
     def arrives_low(self, value, consumer) -> bool:
         """Does ``consumer`` read ``value`` in low precision across a kernel boundary?"""
         bound = self.scope.bound.get(value)
         if type(bound) is TupleGetItem and is_var(bound.tuple_value):  # an item of a split
-            producer = self.plans.get(self.canonical(bound.tuple_value))
-            return producer is not None and producer.mode == Mode.LOW
+            producer = self.scope.canonical(bound.tuple_value)
+            return producer in self.plans and self.mode_of(producer) == Mode.LOW
+        low = self.scope.low
         if (value, consumer) in self.fused:
-            return value in self.low_values or self._orig_dtype(value) == self.low
+            return value in self.low_values or self.scope.orig_dtype(value) == low
         return (value in self.stored_low or value in self.low_values
-                or self._orig_dtype(value) == self.low or self.writes_both(value))
+                or self.scope.orig_dtype(value) == low or self.writes_both(value))
 
     def writes_both(self, value) -> bool:
         """Does the kernel of ``value`` write it in float32 and in low precision (a mixed
@@ -146,7 +157,7 @@ class KernelPlan:
         if (value, consumer) in self.fused:
             return False
         if (value in self.stored_low or value in self.low_values or self.writes_both(value)
-                or self._orig_dtype(value) != "float32" or value in self.decisions.folded):
+                or self.scope.orig_dtype(value) != "float32" or value in self.decisions.folded):
             return False
         uses = self.uses.get(value, ())
         readers = [c for c in set(uses) if c is not None and (value, c) not in self.fused
@@ -166,20 +177,6 @@ class KernelPlan:
         return (value in self.stored_low and (value, consumer) not in self.fused
                 and self.reads_stored(consumer))
 
-    def read_in_float32(self, param) -> bool:
-        """With kernel boundaries: does every reader of ``param`` compute float32 from it, in
-        a call this pass plans (so none reads it in low precision)?"""
-        uses = self.uses.get(self.canonical(param))
-        if not uses or None in uses:
-            return False
-        for var in set(uses):
-            plan = self.plans.get(var)
-            if (plan is None or plan.category is None or plan.mode != Mode.ORIGINAL
-                    or plan.mixed or op_info(plan.op).integer_side
-                    or self.dtype_of(var) != "float32"):
-                return False
-        return True
-
 
 class KernelPlanner:
     """Step 1b for one function: :meth:`plan` returns its :class:`KernelPlan`, and sets the
@@ -198,23 +195,15 @@ class KernelPlanner:
     """
 
     def __init__(self, scope: Scope, decisions, settings: KernelSettings, callee_kinds=None):
-        self.out = out = KernelPlan(scope, decisions)
-        self.settings = settings
+        self.scope, self.decisions = scope, decisions
+        self.out = KernelPlan(scope, decisions)
+        self.residual_mode = settings.low_precision_residuals
         self.callee_kinds = callee_kinds or {}
-        self.low = scope.low
-        self.canonical, self.bindings, self.bound = scope.canonical, scope.bindings, scope.bound
-        self.call_args, self.dtype_of = scope.call_args, scope.dtype_of
-        self._float_leaves = scope.float_leaves
-        self.plans, self.folded, self.hot = decisions.plans, decisions.folded, decisions.hot
-        self.can_low = decisions.can_low
-        self.uses, self.tuple_items, self.fused = out.uses, out.tuple_items, out.fused
-        self.group_kind, self.stored_low, self.residuals = (out.group_kind, out.stored_low,
-                                                            out.residuals)
-        self.low_values, self.absorbed = out.low_values, out.absorbed
-        self.arrives_low, self.reads_stored = out.arrives_low, out.reads_stored
-        self.all_read_stored, self.readers = out.all_read_stored, out.readers
         self.kernel_root: dict = {}  # var -> a later binding of its kernel (itself: the last)
         self.uncentred_streams: dict = {}  # residual stream stored low -> an op adding to it
+
+    def _reason(self, var, reason: Reason):
+        self.out.reasons.setdefault(var, []).append(reason)
 
     def plan(self, seq: SeqExpr, low_results: bool = False) -> KernelPlan:
         """Kernel boundaries (``low_precision_boundaries``): which values stay in one kernel's
@@ -222,55 +211,56 @@ class KernelPlanner:
         follow op, chosen forward from how its inputs arrive. A value the function returns in
         float32 (unless ``low_results``) is never stored in low precision for another reader:
         that would round the result."""
-        items = self.bindings(seq)
+        items = self.scope.bindings(seq)
         results = set() if low_results else self._result_vars(seq.body)
-        uses = self.uses
+        uses = self.out.uses
         for _, var, value in items:
-            if type(value) is Call and var in self.call_args:
-                for _, leaves in self.call_args[var]:
+            if type(value) is Call and var in self.scope.call_args:
+                for _, leaves in self.scope.call_args[var]:
                     for leaf in leaves:
                         if is_var(leaf):
                             uses.setdefault(leaf, []).append(var)
             elif type(value) is TupleGetItem and is_var(value.tuple_value):
-                self.tuple_items.setdefault(self.canonical(value.tuple_value), []).append(var)
+                source = self.scope.canonical(value.tuple_value)
+                self.out.tuple_items.setdefault(source, []).append(var)
             else:
                 for free in relax.analysis.free_vars(value):
-                    uses.setdefault(self.canonical(free), []).append(None)
+                    uses.setdefault(self.scope.canonical(free), []).append(None)
         for free in relax.analysis.free_vars(seq.body):
-            uses.setdefault(self.canonical(free), []).append(None)
+            uses.setdefault(self.scope.canonical(free), []).append(None)
         self._plan_absorbed_adds(items)
         for _, var, _ in items:
-            plan = self.plans.get(var)
+            plan = self.decisions.plans.get(var)
             if plan is None:
                 continue
-            if var in self.absorbed:
-                self.group_kind[var] = FusionKind.OPAQUE  # inside its normalization's kernel
-            elif var not in self.folded:
+            if var in self.out.absorbed:
+                self.out.group_kind[var] = FusionKind.OPAQUE  # inside its normalization's kernel
+            elif var not in self.decisions.folded:
                 self._fuse_inputs(var, plan)
         for _, var, _ in items:
-            plan = self.plans.get(var)
-            if plan is None or var in self.folded or var in self.absorbed:
+            plan = self.decisions.plans.get(var)
+            if plan is None or var in self.decisions.folded or var in self.out.absorbed:
                 continue
             if (plan.category == Category.FOLLOW and plan.mode == Mode.ORIGINAL
                     and not op_info(plan.op).integer_side and plan.float_output
                     and not plan.constant_inputs):
                 self._boundary_follow_mode(var, plan)
-            if (self.dtype_of(var) == "float32" and self.can_low.get(var, False)
-                    and var not in self.hot and var not in results
-                    and self.group_kind[var] in STORING_KINDS
-                    and self.all_read_stored(var)
+            if (self.scope.dtype_of(var) == "float32" and self.decisions.can_low.get(var, False)
+                    and var not in self.decisions.hot and var not in results
+                    and self.out.group_kind[var] in STORING_KINDS
+                    and self.out.all_read_stored(var)
                     and not self._keeps_residual(var, plan)
                     and not self._ranked(var, plan)):
-                self.stored_low.add(var)
+                self.out.stored_low.add(var)
                 if var in self.uncentred_streams:
-                    plan.reasons.append(Reason.of(
+                    self._reason(var, Reason.of(
                         "residual_low", consumer=self.uncentred_streams[var].name,
-                        dtype=self.low))
+                        dtype=self.scope.low))
             if self._computes_low(var, plan):
-                self.low_values.add(var)
-        return self.out
+                self.out.low_values.add(var)
+        return self.out.frozen()
 
-    def _keeps_residual(self, var, plan: Plan) -> bool:
+    def _keeps_residual(self, var, plan) -> bool:
         """A residual stream keeps float32 between kernels: a value computed in float32
         registers that a normalization in another kernel centres (:attr:`OpInfo.centring`), or that
         an elementwise op in another kernel adds to in float32 where a normalization centres the
@@ -280,14 +270,14 @@ class KernelPlanner:
         post-norm transformer, the normalization's input and result are that stream). A stream
         that is only added to is stored in low precision and added in float32 registers: one
         rounding per block, where TVM's built-in pass rounds every op."""
-        mode = self.settings.low_precision_residuals
+        mode = self.residual_mode
         if mode is True:
             return False
-        for consumer in self.uses.get(var, ()):
-            other = self.plans.get(consumer)
-            if consumer is None or other is None or (var, consumer) in self.fused:
+        for consumer in self.out.uses.get(var, ()):
+            other = self.decisions.plans.get(consumer)
+            if consumer is None or other is None or (var, consumer) in self.out.fused:
                 continue
-            if consumer in self.absorbed and self._is_branch_of(var, consumer):
+            if consumer in self.out.absorbed and self._is_branch_of(var, consumer):
                 continue  # stored low; the sum is formed in float32 in the normalization
             record = op_info(other.op)
             if (other.category == Category.FOLLOW and not record.exact
@@ -295,35 +285,36 @@ class KernelPlanner:
                 if mode == UNCENTRED and not self._centred(consumer):
                     self.uncentred_streams.setdefault(var, consumer)
                     continue
-                plan.reasons.append(Reason.of("residual_added", consumer=consumer.name))
+                self._reason(var, Reason.of("residual_added", consumer=consumer.name))
             elif other.mixed and record.centring and not plan.mixed:
-                plan.reasons.append(Reason.of("residual_centred", consumer=consumer.name,
-                                              op=other.op))
+                self._reason(var, Reason.of("residual_centred", consumer=consumer.name,
+                                            op=other.op))
             else:
                 continue
-            self.residuals.add(var)
+            self.out.residuals.add(var)
             return True
         return False
 
     def _centred(self, value) -> bool:
         """Does a normalization centre ``value`` (a residual add: formed in its kernel, or read
         by it)?"""
-        if value in self.absorbed:
+        if value in self.out.absorbed:
             return True
-        return any(c is not None and c in self.plans and op_info(self.plans[c].op).centring
-                   for c in self.uses.get(value, ()))
+        plans = self.decisions.plans
+        return any(c is not None and c in plans and op_info(plans[c].op).centring
+                   for c in self.out.uses.get(value, ()))
 
-    def _ranked(self, var, plan: Plan) -> bool:
+    def _ranked(self, var, plan) -> bool:
         """A value a ranking op (:attr:`OpInfo.ranking`) reads, directly or through exact
         follow ops, keeps float32 between kernels."""
         seen, stack = {var}, [var]
         while stack:
-            for consumer in self.uses.get(stack.pop(), ()):
-                other = self.plans.get(consumer)
+            for consumer in self.out.uses.get(stack.pop(), ()):
+                other = self.decisions.plans.get(consumer)
                 if other is None or consumer in seen:
                     continue
                 if op_info(other.op).ranking:
-                    plan.reasons.append(Reason.of("ranked", consumer=consumer.name, op=other.op))
+                    self._reason(var, Reason.of("ranked", consumer=consumer.name, op=other.op))
                     return True
                 if other.category == Category.FOLLOW and op_info(other.op).exact:
                     seen.add(consumer)
@@ -338,10 +329,10 @@ class KernelPlanner:
             if type(item) is relax.Tuple:
                 stack.extend(item.fields)
             elif is_var(item):
-                var = self.canonical(item)
+                var = self.scope.canonical(item)
                 if var not in found:
                     found.add(var)
-                    bound = self.bound.get(var)
+                    bound = self.scope.bound.get(var)
                     if type(bound) is relax.Tuple or is_var(bound):
                         stack.append(bound)
         return found
@@ -351,72 +342,73 @@ class KernelPlanner:
         (float32 registers): the sum, which in a post-norm transformer is the residual
         stream, then never crosses a kernel boundary, and the branch result it adds (a dot
         product's) crosses one in low precision."""
-        if self.settings.low_precision_residuals is True:
+        if self.residual_mode is True:
             return
         for _, var, _ in items:
-            plan = self.plans.get(var)
+            plan = self.decisions.plans.get(var)
             if plan is None or not plan.mixed or not op_info(plan.op).centring:
                 continue
-            source = self.call_args[var][0][0]
-            producer = self.plans.get(source)
+            source = self.scope.call_args[var][0][0]
+            producer = self.decisions.plans.get(source)
             if (producer is not None and op_info(producer.op).residual_add
                     and producer.category == Category.FOLLOW and producer.mode == Mode.ORIGINAL
-                    and type(source) is DataflowVar and self.uses.get(source) == [var]
-                    and self.dtype_of(source) == "float32"
+                    and type(source) is DataflowVar and self.out.uses.get(source) == [var]
+                    and self.scope.dtype_of(source) == "float32"
                     and all(is_var(arg) and len(leaves) == 1
-                            for arg, leaves in self.call_args[source])):
-                self.absorbed[source] = var
-                producer.reasons.append(Reason.of("absorbed_add", kernel=var.name, op=plan.op))
+                            for arg, leaves in self.scope.call_args[source])):
+                self.out.absorbed[source] = var
+                self._reason(source, Reason.of("absorbed_add", kernel=var.name, op=plan.op))
 
     def _is_branch_of(self, var, add) -> bool:
         """Is ``var`` the branch operand of the absorbed residual ``add`` (its other operand
         is the stream: a residual already, or a parameter)?"""
-        others = [arg for arg, _ in self.call_args[add] if arg is not var]
-        return bool(others) and all(o in self.residuals or o not in self.plans for o in others)
+        others = [arg for arg, _ in self.scope.call_args[add] if arg is not var]
+        return bool(others) and all(o in self.out.residuals or o not in self.decisions.plans
+                                    for o in others)
 
-    def _fuse_inputs(self, var, plan: Plan):
+    def _fuse_inputs(self, var, plan):
         """Which inputs FuseOps puts in ``var``'s kernel: a producer whose every reader is
         ``var`` or already in ``var``'s kernel (a chain, or a diamond that re-converges at
         ``var``, as SiLU's ``x * sigmoid(x)``) where the kinds allow it, and at most one anchor
         (the first reached)."""
         kind = (FusionKind.ANCHOR if plan.mixed
-                else fusion_kind(plan.op, self.bound[var], self.callee_kinds))
+                else fusion_kind(plan.op, self.scope.bound[var], self.callee_kinds))
         self.kernel_root[var] = var
         single, shared = [], []
-        for _, leaves in self.call_args[var]:
+        for _, leaves in self.scope.call_args[var]:
             for leaf in leaves:
-                if (not is_var(leaf) or leaf not in self.group_kind or leaf in single
-                        or leaf in shared or not fuses(self.group_kind[leaf], kind)):
+                if (not is_var(leaf) or leaf not in self.out.group_kind or leaf in single
+                        or leaf in shared or not fuses(self.out.group_kind[leaf], kind)):
                     continue
-                readers = set(self.uses.get(leaf, ()))
+                readers = set(self.out.uses.get(leaf, ()))
                 if readers == {var}:
                     single.append(leaf)
                 elif None not in readers:
                     shared.append(leaf)
         group = kind
-        anchor = next((leaf for leaf in single if self.group_kind[leaf] == FusionKind.ANCHOR),
+        anchor = next((leaf for leaf in single if self.out.group_kind[leaf] == FusionKind.ANCHOR),
                       None)
         for leaf in single:
             group, anchor = self._join(leaf, [var], var, kind, group, anchor)
         for leaf in shared:
-            readers = set(self.uses[leaf])
+            readers = set(self.out.uses[leaf])
             if all(self._kernel(reader) is var for reader in readers):
                 group, anchor = self._join(leaf, readers, var, kind, group, anchor)
-        self.group_kind[var] = group
+        self.out.group_kind[var] = group
 
     def _join(self, leaf, readers, var, kind, group, anchor):
         """Put ``leaf``'s kernel into ``var``'s (its ``readers`` read it there), unless the
         kernel already has an anchor and ``leaf``'s is another one or injective (FuseOps keeps
         one anchor per kernel and never puts data movement in front of it). Returns the
         kernel's kind and anchor."""
-        producer = self.group_kind[leaf]
+        producer = self.out.group_kind[leaf]
         if anchor is not None and (producer == FusionKind.INJECTIVE or (
                 producer == FusionKind.ANCHOR and leaf is not anchor)):
             return group, anchor
         if producer == FusionKind.ANCHOR:
             anchor = leaf
         for reader in readers:
-            self.fused.add((leaf, reader))
+            self.out.fused.add((leaf, reader))
         self.kernel_root[leaf] = var
         if kind == FusionKind.ELEMWISE and producer in (FusionKind.ANCHOR, FusionKind.INJECTIVE):
             group = FusionKind.ANCHOR if anchor is not None else producer
@@ -428,41 +420,43 @@ class KernelPlanner:
             var = self.kernel_root[var]
         return var
 
-    def _boundary_follow_mode(self, var, plan: Plan):
-        plan.mode_fixed = True
-        activations = [leaf for leaf, _ in self._float_leaves(var)
-                       if is_var(leaf) and leaf not in self.folded]
+    def _boundary_follow_mode(self, var, plan):
+        modes = self.out.modes
+        modes[var] = Mode.ORIGINAL
+        activations = [leaf for leaf, _ in self.scope.float_leaves(var)
+                       if is_var(leaf) and leaf not in self.decisions.folded]
         if op_info(plan.op).exact:
-            if activations and self.can_low.get(var, False) and all(
-                    self.arrives_low(leaf, var) for leaf in activations):
-                plan.mode = Mode.LOW
-                plan.reasons.append(Reason.of("exact_arrives_low", dtype=self.low))
+            if activations and self.decisions.can_low.get(var, False) and all(
+                    self.out.arrives_low(leaf, var) for leaf in activations):
+                modes[var] = Mode.LOW
+                self._reason(var, Reason.of("exact_arrives_low", dtype=self.scope.low))
             else:
-                plan.reasons.append(Reason.of("in_float32_registers"))
+                self._reason(var, Reason.of("in_float32_registers"))
             return
         absorbed = [leaf for leaf in activations if self._widening_absorbed(leaf, var)]
-        if absorbed and self.can_low.get(var, False):
-            plan.mode = Mode.LOW
-            plan.reasons.append(Reason.of("arrives_low", dtype=self.low, input=absorbed[0].name))
+        if absorbed and self.decisions.can_low.get(var, False):
+            modes[var] = Mode.LOW
+            self._reason(var, Reason.of("arrives_low", dtype=self.scope.low,
+                                        input=absorbed[0].name))
             return
-        self.stored_low.difference_update(absorbed)
-        plan.reasons.append(Reason.of("widened_in_kernel"))
+        self.out.stored_low.difference_update(absorbed)
+        self._reason(var, Reason.of("widened_in_kernel"))
 
     def _widening_absorbed(self, value, consumer) -> bool:
         """A value read only by ``consumer`` across a kernel boundary: a float32 copy made
         for the consumer would join the producer's kernel (FuseOps extends a kernel through a
         chain of single-use casts), so the consumer must read the stored copy as it is."""
-        return value in self.stored_low and self.uses.get(value) == [consumer] and (
-            value, consumer) not in self.fused
+        return value in self.out.stored_low and self.out.uses.get(value) == [consumer] and (
+            value, consumer) not in self.out.fused
 
-    def _computes_low(self, var, plan: Plan) -> bool:
+    def _computes_low(self, var, plan) -> bool:
         """Will the rewrite compute this float32 value in low precision?"""
-        if self.dtype_of(var) != "float32":
+        if self.scope.dtype_of(var) != "float32":
             return False
         if plan.mixed:
-            return var in self.stored_low
+            return var in self.out.stored_low
         if plan.category == Category.LOW_PRECISION:
             return True
         if plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE:
             return plan.decision.accumulation_dtype != "float32"
-        return plan.mode == Mode.LOW
+        return self.out.mode_of(var) == Mode.LOW

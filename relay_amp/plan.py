@@ -1,8 +1,8 @@
 """What the stages of one function's conversion hand each other (the algorithm is stated in
 :mod:`relay_amp.transform`): the :class:`Context` a function is converted in (its nested
-functions and If branches too), the :class:`Scope` every stage reads, a binding's draft
-:class:`Plan` while steps 1-2 decide it, and the frozen :class:`FunctionPlan` that step 3, the
-rewrite, carries out without changing."""
+functions and If branches too), the :class:`Scope` every stage reads, a binding's frozen
+:class:`BindingPlan`, and the :class:`FunctionPlan` built from the outputs of steps 1, 1b and 2
+that step 3, the rewrite, carries out without changing."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tvm.relax import If, SeqExpr
 from .dtypes import is_floating, max_finite
 from .kinds import Category, Mode
 from .op_hooks import OpSite
+from .op_registry import op_info
 from .policy import Decision, Policy
 from .reasons import Reason
 from .relax_utils import VAR_TYPES, TupleType, leaves_of, lowered_type, op_name
@@ -144,31 +145,6 @@ class Scope:
         return found
 
 
-class Plan:
-    """The draft decision for one call binding, while steps 1, 1b and 2 decide it."""
-
-    __slots__ = ("op", "name", "decision", "category", "reasons", "mode", "accumulation",
-                 "float_output", "constant_inputs", "mixed", "mode_fixed", "source")
-
-    def __init__(self, op, name: str, decision: Decision):
-        self.op = op
-        self.name = name
-        self.decision = decision
-        self.category = decision.category
-        self.reasons = list(decision.reasons)
-        self.mode = Mode.ORIGINAL
-        self.accumulation = None
-        self.float_output = True
-        self.constant_inputs = False  # every float input is a constant
-        self.mixed = False  # one kernel: low-precision I/O, float32 registers (mixed_kernels)
-        self.mode_fixed = False  # mode chosen by the kernel-boundary plan, not by demand
-        self.source = None  # an identity binding's source (Mode.IDENTITY)
-
-    def frozen(self) -> BindingPlan:
-        return BindingPlan(self.op, self.name, self.decision, self.category, tuple(self.reasons),
-                           self.mode, self.accumulation, self.mixed, self.source)
-
-
 @dataclass(frozen=True)
 class BindingPlan:
     """The decision for one call binding, as the rewrite carries it out.
@@ -192,6 +168,10 @@ class BindingPlan:
         One kernel reads low precision and computes in float32 registers (``mixed_kernels``).
     source : Expr, optional
         What an identity binding becomes.
+    float_output : bool
+        The call has a float result.
+    constant_inputs : bool
+        Every float input of the call is a constant.
     """
 
     op: str
@@ -203,6 +183,8 @@ class BindingPlan:
     accumulation: str | None
     mixed: bool
     source: object = None
+    float_output: bool = True
+    constant_inputs: bool = False
 
     def adding(self, reason: Reason, **changes) -> BindingPlan:
         """This plan with one more reason (and ``changes``), for the report row."""
@@ -277,7 +259,20 @@ class FunctionPlan:
         return self.kernels is not None and self.kernels.rounds_in_reader(value, consumer)
 
     def read_in_float32(self, param) -> bool:
-        return self.kernels is not None and self.kernels.read_in_float32(param)
+        """With kernel boundaries: does every reader of ``param`` compute float32 from it, in
+        a call this pass plans (so none reads it in low precision)?"""
+        if self.kernels is None:
+            return False
+        uses = self.kernels.uses.get(self.canonical(param))
+        if not uses or None in uses:
+            return False
+        for var in set(uses):
+            plan = self.plans.get(var)
+            if (plan is None or plan.category is None or plan.mode != Mode.ORIGINAL
+                    or plan.mixed or op_info(plan.op).integer_side
+                    or self.scope.dtype_of(var) != "float32"):
+                return False
+        return True
 
     def tuple_want(self, var, value):
         """The type a tuple binding is built in: a field in low precision where it is wanted
@@ -294,14 +289,25 @@ class FunctionPlan:
                                self.can_low.get(var, False), self.f32_ready.get(var, False))
 
     @staticmethod
-    def freeze(scope: Scope, plans: dict, demand: dict, item_demand: dict, kernels, can_low,
-               f32_ready, result_type=None, kept=()) -> FunctionPlan:
+    def build(scope: Scope, decisions, kernels, demand, kept=()) -> FunctionPlan:
+        """The plan from the three stages' outputs: each binding's decision (step 1) with the
+        mode and reasons the kernel plan (step 1b) and demand (step 2) gave it."""
+        fixed = kernels.modes if kernels is not None else {}
+        added = kernels.reasons if kernels is not None else {}
+        plans = {}
+        for var, decided in decisions.plans.items():
+            mode = demand.modes.get(var) or fixed.get(var)
+            accumulation = demand.accumulation.get(var)
+            reasons = added.get(var, ()) + demand.reasons.get(var, ())
+            if mode is None and accumulation is None and not reasons:
+                plans[var] = decided
+                continue
+            plans[var] = dataclasses.replace(
+                decided, mode=mode or decided.mode, accumulation=accumulation,
+                reasons=decided.reasons + reasons)
         return FunctionPlan(
-            scope, MappingProxyType({var: plan.frozen() for var, plan in plans.items()}),
-            MappingProxyType({var: frozenset(d) for var, d in demand.items()}),
-            MappingProxyType({key: frozenset(d) for key, d in item_demand.items()}),
-            kernels, MappingProxyType(can_low), MappingProxyType(f32_ready), result_type,
-            tuple(kept))
+            scope, MappingProxyType(plans), demand.demand, demand.item_demand, kernels,
+            decisions.can_low, decisions.f32_ready, decisions.result_type, kept)
 
 
 def range_words(value: float, low: str) -> str:
@@ -311,4 +317,4 @@ def range_words(value: float, low: str) -> str:
     return f"underflows to zero in {low}"
 
 
-__all__ = ["Context", "Scope", "Plan", "BindingPlan", "FunctionPlan", "range_words"]
+__all__ = ["Context", "Scope", "BindingPlan", "FunctionPlan", "range_words"]

@@ -1,16 +1,15 @@
 """Steps 1, 1b and 2 of the algorithm (stated in :mod:`relay_amp.transform`) for one function,
-in the order they run, each handing its output to the next: :func:`plan_function` returns the
-frozen :class:`~relay_amp.plan.FunctionPlan` that step 3 carries out."""
+in the order they run, each handing its frozen output to the next: :func:`plan_function`
+builds the :class:`~relay_amp.plan.FunctionPlan` that step 3 carries out from the three."""
 
 from __future__ import annotations
 
 from .decide import Decider
-from .demand import DemandPlanner, result_signature
+from .demand import DemandPlanner
 from .kernel_plan import KernelPlanner
 from .plan import Context, FunctionPlan, Scope
-from .reasons import Reason
 from .relax_utils import is_var
-from .signature import FP32_BOUNDARY, KeptBoundary, Signature, refuse_if_strict
+from .signature import KeptBoundary, Signature, refuse_if_strict
 
 
 def plan_function(func, signature: Signature, context: Context) -> FunctionPlan:
@@ -38,30 +37,16 @@ def plan_function(func, signature: Signature, context: Context) -> FunctionPlan:
     """
     scope = Scope(context.low, signature.params_low, context.dtype_of,
                   signature.int_inputs).read(func.body)
-    settings = context.settings
-    decisions = Decider(scope, context.policy, context.target_rule, context.constant_check,
-                        signature.observed, signature.margin, settings,
-                        signature.problems).decide(func.body, func.params)
-    result_type, kept = None, []
-    if signature.results_low:
-        kept_type, found = result_signature(scope, decisions, context.constant_check,
-                                            func.body.body, func.ret_ty)
-        for path, expr, problem in found:
-            where = "result" + "".join(f"[{i}]" for i in path)
-            value = expr.name if is_var(expr) else "constant"
-            kept.append(refuse_if_strict(signature.name, KeptBoundary(
-                "result", where, value, problem), context.low, context.policy.strict_io_dtypes))
-            plan = decisions.plans.get(expr) if is_var(expr) else None
-            if plan is not None:
-                plan.reasons.append(Reason.of(FP32_BOUNDARY, where=where, why=str(problem)))
-        if found:
-            result_type = kept_type
+    decisions = Decider(scope, context, signature).decide(func)
+    kept = tuple(refuse_if_strict(signature.name, KeptBoundary(
+        "result", "result" + "".join(f"[{i}]" for i in path),
+        expr.name if is_var(expr) else "constant", problem), context.low,
+        context.policy.strict_io_dtypes) for path, expr, problem in decisions.kept_results)
     kernels = None
-    if settings.low_precision_boundaries:
-        kernels = KernelPlanner(scope, decisions, settings, context.callee_kinds).plan(
-            func.body, low_results=signature.results_low and result_type is None)
+    if context.settings.low_precision_boundaries:
+        kernels = KernelPlanner(scope, decisions, context.settings, context.callee_kinds).plan(
+            func.body, low_results=signature.results_low and decisions.result_type is None)
     demand = DemandPlanner(scope, decisions, kernels).plan(func.body, signature.results_low,
-                                                           result_type)
-    return FunctionPlan.freeze(scope, decisions.plans, demand.demand, demand.item_demand,
-                               kernels, decisions.can_low, decisions.f32_ready, result_type,
-                               kept)
+                                                           decisions.result_type)
+    return FunctionPlan.build(scope, decisions, kernels, demand, kept)
+

@@ -13,15 +13,21 @@ from tvm import relax
 from tvm.ir import Call
 from tvm.relax import (
     Function,
+    If,
     SeqExpr,
     TensorType,
+    TupleGetItem,
     Var,
 )
 
-from .dtypes import OutOfRange, is_floating, max_finite, out_of_range_reason
+from .dtypes import OutOfRange, is_floating, max_finite, out_of_range_reason, smallest_subnormal
 from .dtypes import short_dtype as _short
-from .op_registry import op_info
+from .op_registry import ALL, op_info
+from .plan import range_words
 from .relax_utils import (
+    GenericConst,
+    TupleType,
+    is_var,
     leaves_of,
     lowered_type,
     op_name,
@@ -244,3 +250,90 @@ def integer_input(builder, param, int_param, normalization, low: str, float32_re
     return builder.call_te(normalize, int_param, relax.const(scale, "float32"),
                            relax.const(offset, "float32"),
                            primfunc_name_hint=f"relay_amp_input_{param.name}"), name, note
+
+
+class _ResultValues:
+    """What the values of a function result may be, and whether the low dtype holds them."""
+
+    def __init__(self, scope, decisions, constant_check):
+        self.low, self.canonical, self.bound = scope.low, scope.canonical, scope.bound
+        self.dtype_of, self._float_leaves = scope.dtype_of, scope.float_leaves
+        self.plans, self.hot = decisions.plans, decisions.hot
+        self.constant_check = constant_check
+
+    def _values(self, expr, path=(), depth=0) -> list:
+        """The expressions whose value (field ``path`` of) ``expr`` may be: itself, and what it
+        is bound to through vars, tuples, tuple items, If branches and ops that pass the values
+        of their one float input through."""
+        if depth > 64:
+            return []
+        kind = type(expr)
+        if kind is relax.Tuple:
+            return self._values(expr.fields[path[0]], path[1:], depth + 1) if path else []
+        if kind is TupleGetItem:
+            return self._values(expr.tuple_value, (expr.index, *path), depth + 1)
+        if kind is GenericConst:
+            return [] if path else [expr]
+        if not is_var(expr):
+            return []
+        var = self.canonical(expr)
+        found = [] if path else [var]
+        value = self.bound.get(var)
+        if value is None:
+            return found
+        value_type = type(value)
+        if value_type is If:
+            return (found + self._values(value.true_branch.body, path, depth + 1)
+                    + self._values(value.false_branch.body, path, depth + 1))
+        if value_type is Call:
+            plan = self.plans.get(var)
+            if not path and plan is not None and op_info(plan.op).values == ALL:
+                leaves = self._float_leaves(var)
+                if len(leaves) == 1:
+                    found += self._values(leaves[0][0], (), depth + 1)
+            return found
+        return found + self._values(value, path, depth + 1)
+
+    def _unholdable(self, expr) -> OutOfRange | None:
+        """Why the value of ``expr`` (a var or constant) cannot be stored in the low dtype."""
+        if type(expr) is GenericConst:
+            if self.dtype_of(expr) != "float32":
+                return None
+            bad = self.constant_check(expr)
+            if bad is None:
+                return None
+            overflow = abs(bad) > max_finite(self.low)
+            return OutOfRange(f"constant {bad:.4g} {range_words(bad, self.low)}", abs(bad),
+                              max_finite(self.low) if overflow else smallest_subnormal(self.low))
+        return self.hot.get(expr) if is_var(expr) else None
+
+    def boundary_result_type(self, result, ret_ty):
+        """The low-precision signature's result type: ``ret_ty`` with every float32 tensor leaf
+        in the low dtype, except the leaves whose value the low dtype cannot hold; and those
+        leaves as ``(path, expr, reason)``."""
+        kept = []
+
+        def walk(ty, path):
+            if isinstance(ty, TensorType):
+                if str(ty.dtype) != "float32":
+                    return ty
+                values = self._values(result, path)
+                for expr in values:
+                    problem = self._unholdable(expr)
+                    if problem is not None:  # named after the var nearest the result
+                        kept.append((path, next((v for v in values if is_var(v)), expr),
+                                     problem))
+                        return ty
+                return lowered_type(ty, self.low)
+            if isinstance(ty, TupleType):
+                return TupleType([walk(f, (*path, i)) for i, f in enumerate(ty.fields)])
+            return ty
+
+        return walk(ret_ty, ()), kept
+
+
+def result_signature(scope, decisions, constant_check, result, ret_ty):
+    """The low-precision signature's result type: ``ret_ty`` with every float32 tensor leaf in
+    the low dtype, except the leaves whose value the low dtype cannot hold; and those leaves as
+    ``(path, expr, reason)``."""
+    return _ResultValues(scope, decisions, constant_check).boundary_result_type(result, ret_ty)
