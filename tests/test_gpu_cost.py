@@ -295,72 +295,6 @@ def test_residual_streams_are_stored_low_unless_a_normalization_centres_them(dty
     assert any({"residual_added", "residual_centred"} & set(row.codes) for row in norms)
 
 
-def test_converting_again_with_cuda_defaults_changes_nothing():
-    """A converted module holds explicit casts; with kernel boundaries on, a view that only feeds
-    such a cast must not make its producer store low precision (a float16 → float32 → float16
-    round trip on the second conversion)."""
-    builder = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 4), "float32"))
-    w = relax.Var("w", relax.TensorType((4, 4), "float32"))
-    with builder.function("main", [x, w]):
-        with builder.dataflow():
-            image = builder.emit(relax.op.reshape(x, (1, 4, 1, 1)))
-            conv = builder.emit(relax.op.nn.conv2d(
-                image, relax.const(np.ones((4, 4, 1, 1), "float32"))))
-            flat = builder.emit(relax.op.reshape(conv, (1, 4)))
-            pair = builder.emit(relax.Tuple([x, flat]))
-            out = builder.emit_output(relax.op.matmul(
-                builder.emit(relax.TupleGetItem(pair, 1)), w))
-        builder.emit_func_output(out)
-    for dtype in DTYPES:
-        convert_checked(builder.get(), dtype, target=CUDA)  # asserts idempotence
-
-
-def test_kernel_boundary_cleanup_keeps_every_binding_name_in_the_report():
-    """Dataflow outputs become DataflowVars under their own names: the report still names the
-    binding of each op (TVM's CanonicalizeBindings would fold ``gv = lv`` into ``gv = matmul``)."""
-
-    @I.ir_module
-    class Before:
-        @R.function
-        def main(x: R.Tensor((2, 4), "float32"), w: R.Tensor((4, 4), "float32")):
-            with R.dataflow():
-                lv = R.matmul(x, w)
-                gv = lv
-                R.output(gv)
-            return gv
-
-    for keep_io in (True, False):  # with float32 I/O the matmul is a kernel that rounds x, w
-        new, report = convert_checked(Before, "float16", target=CUDA, keep_io_dtypes=keep_io)
-        calls = {b.var.name for b in new["main"].body.blocks[0].bindings
-                 if isinstance(b.value, relax.Call) and b.value.op.name in (
-                     "relax.matmul", "relax.call_tir")}
-        assert calls == {"lv"} and report.find("lv").op == "matmul"
-
-
-def test_a_boundary_copy_its_reader_did_not_take_is_dropped():
-    """concat reads a float32 parameter too, so it computes in float32 and reads the matmul's
-    result as it is: the low-precision copy planned for the boundary would be a dead cast."""
-    builder = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 4), "float32"))
-    w = relax.Var("w", relax.TensorType((4, 4), "float32"))
-    with builder.function("main", [x, w]):
-        with builder.dataflow():
-            product = builder.emit(relax.op.matmul(x, w))
-            joined = builder.emit(relax.op.concat([x, product], axis=1))
-            halves = builder.emit(relax.op.split(joined, 2, axis=1))
-            out = builder.emit_output(relax.TupleGetItem(halves, 0))
-        builder.emit_func_output(out)
-    new, _ = convert_checked(builder.get(), "float16", target=CUDA)
-    bindings = new["main"].body.blocks[0].bindings
-    read = set()
-    relax.analysis.post_order_visit(new["main"], lambda e: read.add(e.name)
-                                    if isinstance(e, relax.Var) else None)
-    casts = [b.var.name for b in bindings
-             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.astype"]
-    assert casts and all(name in read for name in casts)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_post_norm_residual_add_is_formed_inside_the_layer_norm_kernel(dtype):
     """In a post-norm layer the residual stream is layer_norm's input and result: the add that
@@ -410,32 +344,6 @@ def test_post_norm_transformer_from_transformers_beats_the_builtin_pass():
 
     ours, _ = convert_checked(mod, "float16", target=CUDA)
     assert error(ours) <= error(builtin_convert(mod))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_a_float32_result_another_kernel_reads_is_not_rounded(dtype):
-    """A result the function returns in float32 that a second kernel also reads (an encoder's
-    last layer_norm and its pooled mean) is written in float32, not stored low for the reader
-    and widened for the result."""
-    builder = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((2, 8, 32), "float32"))
-    gamma = relax.Var("gamma", relax.TensorType((32,), "float32"))
-    beta = relax.Var("beta", relax.TensorType((32,), "float32"))
-    with builder.function("main", [x, gamma, beta]):
-        with builder.dataflow():
-            normed = builder.emit(relax.op.nn.layer_norm(x, gamma, beta, axes=[-1]))
-            pooled = builder.emit(relax.op.mean(normed, axis=[1]))
-            result = builder.emit_output(relax.Tuple([normed, pooled]))
-        builder.emit_func_output(result)
-    mod = builder.get()
-    converted, report = convert_checked(mod, dtype, target=CUDA)
-    assert report.find(normed.name).reason("mixed_kernel").values["writes"].startswith(
-        "float32")
-    inputs = random_inputs(mod, seed=3)
-    expected = run_module(mod, inputs)
-    got = run_module(converted, inputs)
-    for want, have in zip(expected, got):
-        np.testing.assert_allclose(np.asarray(have), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
 def detector_head(ranked: bool):

@@ -1,0 +1,233 @@
+"""Step 1b, kernel boundaries (:mod:`relay_amp.kernel_plan`), on small functions with a GPU's
+kernel settings: which values FuseOps keeps in one kernel, which cross a boundary in low
+precision, which residual streams keep float32, and the mode each follow op gets from how its
+inputs arrive; then the structural tests of the conversion at kernel boundaries."""
+
+import numpy as np
+import pytest
+from helpers import convert_checked, random_inputs, run_module
+from stages import CUDA, DTYPES, Stages
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from relay_amp.kinds import Mode
+
+
+@I.ir_module
+class MatmulReluMatmulSoftmax:
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float32"),
+             v: R.Tensor((8, 8), "float32")):
+        with R.dataflow():
+            a = R.matmul(x, w)
+            b = R.nn.relu(a)
+            c = R.matmul(b, v)
+            d = R.nn.softmax(c, axis=-1)
+            R.output(d)
+        return d
+
+
+@I.ir_module
+class PostNorm:
+    @R.function
+    def main(x: R.Tensor((2, 8, 16), "float32"), w: R.Tensor((16, 16), "float32"),
+             g: R.Tensor((16,), "float32"), b: R.Tensor((16,), "float32")):
+        with R.dataflow():
+            y = R.matmul(x, w)
+            s = R.add(x, y)
+            n = R.nn.layer_norm(s, g, b, axes=[-1])
+            z = R.matmul(n, w)
+            r = R.add(n, z)
+            o = R.nn.layer_norm(r, g, b, axes=[-1])
+            R.output(o)
+        return o
+
+
+@I.ir_module
+class Residual:
+    @R.function
+    def main(x: R.Tensor((4, 16), "float32"), w: R.Tensor((16, 16), "float32")):
+        with R.dataflow():
+            a = R.matmul(x, w)
+            r = R.nn.relu(a)
+            y = R.matmul(r, w)
+            s = R.add(y, r)
+            o = R.matmul(s, w)
+            R.output(o)
+        return o
+
+
+@I.ir_module
+class Ranked:
+    @R.function
+    def main(x: R.Tensor((4, 16), "float32"), w: R.Tensor((16, 16), "float32")):
+        with R.dataflow():
+            a = R.matmul(x, w)
+            p = R.nn.softmax(a, axis=-1)
+            q = R.reshape(p, (64,))
+            i = R.argsort(q)
+            m = R.max(p)
+            R.output(i, m)
+        return (i, m)
+
+
+def names(values):
+    return sorted(value.name for value in values)
+
+
+def codes(kernels, stages, name):
+    return [reason.code for reason in kernels.reasons.get(stages.var(name), ())]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_values_between_kernels_are_stored_low(dtype):
+    """relu joins the first matmul's kernel (in float32 registers); its result and the second
+    matmul's cross a kernel boundary in low precision; softmax is a mixed kernel."""
+    stages = Stages(MatmulReluMatmulSoftmax, dtype, CUDA)
+    kernels = stages.kernels()
+    a, b = stages.var("a"), stages.var("b")
+    assert (a, b) in kernels.fused and len(kernels.fused) == 1
+    assert names(kernels.stored_low) == ["b", "c"]
+    assert kernels.modes == {b: Mode.ORIGINAL}
+    assert codes(kernels, stages, "b") == ["in_float32_registers"]
+    assert kernels.boundary_read(stages.var("c"), stages.var("d"))
+    assert not kernels.residuals and not kernels.absorbed
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_centring_normalization_forms_the_residual_add(dtype):
+    """Each residual add feeding a layer_norm is formed inside the layer_norm's kernel; the
+    stream between them (``n``, centred and added to) keeps float32, the dot products' results
+    cross in low precision."""
+    stages = Stages(PostNorm, dtype, CUDA)
+    kernels = stages.kernels()
+    assert {add.name: norm.name for add, norm in kernels.absorbed.items()} == {"s": "n",
+                                                                               "r": "o"}
+    assert codes(kernels, stages, "s") == codes(kernels, stages, "r") == ["absorbed_add"]
+    assert names(kernels.residuals) == ["n"] and codes(kernels, stages, "n") == [
+        "residual_added"]
+    assert names(kernels.stored_low) == ["y", "z"]
+
+
+def test_an_uncentred_residual_stream_is_stored_low_unless_asked_not_to():
+    """A stream no normalization centres is stored low and added in float32 registers (the
+    GPU default); with ``low_precision_residuals=False`` it keeps float32."""
+    stages = Stages(Residual, "float16", CUDA)
+    kernels = stages.kernels()
+    assert names(kernels.stored_low) == ["r", "s"] and not kernels.residuals
+    assert codes(kernels, stages, "r") == ["in_float32_registers", "residual_low"]
+    assert codes(kernels, stages, "s") == ["widened_in_kernel"]
+    stages = Stages(Residual, "float16", CUDA, low_precision_residuals=False)
+    kernels = stages.kernels()
+    assert names(kernels.stored_low) == ["s"] and names(kernels.residuals) == ["r"]
+    assert codes(kernels, stages, "r") == ["in_float32_registers", "residual_added"]
+
+
+def test_what_a_ranking_op_reads_keeps_float32():
+    stages = Stages(Ranked, "float16", CUDA)
+    kernels = stages.kernels()
+    assert "ranked" in codes(kernels, stages, "q")
+    assert stages.var("q") not in kernels.stored_low
+
+
+def test_the_kernel_plan_is_frozen():
+    stages = Stages(MatmulReluMatmulSoftmax, "float16", CUDA)
+    kernels = stages.kernels()
+    with pytest.raises(AttributeError):
+        kernels.stored_low.add(stages.var("a"))
+    with pytest.raises(TypeError):
+        kernels.modes[stages.var("a")] = Mode.LOW
+
+
+# ------------------------------------------------------------------ the conversion at boundaries
+def test_converting_again_with_cuda_defaults_changes_nothing():
+    """A converted module holds explicit casts; with kernel boundaries on, a view that only feeds
+    such a cast must not make its producer store low precision (a float16 → float32 → float16
+    round trip on the second conversion)."""
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4), "float32"))
+    w = relax.Var("w", relax.TensorType((4, 4), "float32"))
+    with builder.function("main", [x, w]):
+        with builder.dataflow():
+            image = builder.emit(relax.op.reshape(x, (1, 4, 1, 1)))
+            conv = builder.emit(relax.op.nn.conv2d(
+                image, relax.const(np.ones((4, 4, 1, 1), "float32"))))
+            flat = builder.emit(relax.op.reshape(conv, (1, 4)))
+            pair = builder.emit(relax.Tuple([x, flat]))
+            out = builder.emit_output(relax.op.matmul(
+                builder.emit(relax.TupleGetItem(pair, 1)), w))
+        builder.emit_func_output(out)
+    for dtype in DTYPES:
+        convert_checked(builder.get(), dtype, target=CUDA)  # asserts idempotence
+
+
+def test_kernel_boundary_cleanup_keeps_every_binding_name_in_the_report():
+    """Dataflow outputs become DataflowVars under their own names: the report still names the
+    binding of each op (TVM's CanonicalizeBindings would fold ``gv = lv`` into ``gv = matmul``)."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 4), "float32"), w: R.Tensor((4, 4), "float32")):
+            with R.dataflow():
+                lv = R.matmul(x, w)
+                gv = lv
+                R.output(gv)
+            return gv
+
+    for keep_io in (True, False):  # with float32 I/O the matmul is a kernel that rounds x, w
+        new, report = convert_checked(Before, "float16", target=CUDA, keep_io_dtypes=keep_io)
+        calls = {b.var.name for b in new["main"].body.blocks[0].bindings
+                 if isinstance(b.value, relax.Call) and b.value.op.name in (
+                     "relax.matmul", "relax.call_tir")}
+        assert calls == {"lv"} and report.find("lv").op == "matmul"
+
+
+def test_a_boundary_copy_its_reader_did_not_take_is_dropped():
+    """concat reads a float32 parameter too, so it computes in float32 and reads the matmul's
+    result as it is: the low-precision copy planned for the boundary would be a dead cast."""
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4), "float32"))
+    w = relax.Var("w", relax.TensorType((4, 4), "float32"))
+    with builder.function("main", [x, w]):
+        with builder.dataflow():
+            product = builder.emit(relax.op.matmul(x, w))
+            joined = builder.emit(relax.op.concat([x, product], axis=1))
+            halves = builder.emit(relax.op.split(joined, 2, axis=1))
+            out = builder.emit_output(relax.TupleGetItem(halves, 0))
+        builder.emit_func_output(out)
+    new, _ = convert_checked(builder.get(), "float16", target=CUDA)
+    bindings = new["main"].body.blocks[0].bindings
+    read = set()
+    relax.analysis.post_order_visit(new["main"], lambda e: read.add(e.name)
+                                    if isinstance(e, relax.Var) else None)
+    casts = [b.var.name for b in bindings
+             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.astype"]
+    assert casts and all(name in read for name in casts)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_float32_result_another_kernel_reads_is_not_rounded(dtype):
+    """A result the function returns in float32 that a second kernel also reads (an encoder's
+    last layer_norm and its pooled mean) is written in float32, not stored low for the reader
+    and widened for the result."""
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8, 32), "float32"))
+    gamma = relax.Var("gamma", relax.TensorType((32,), "float32"))
+    beta = relax.Var("beta", relax.TensorType((32,), "float32"))
+    with builder.function("main", [x, gamma, beta]):
+        with builder.dataflow():
+            normed = builder.emit(relax.op.nn.layer_norm(x, gamma, beta, axes=[-1]))
+            pooled = builder.emit(relax.op.mean(normed, axis=[1]))
+            result = builder.emit_output(relax.Tuple([normed, pooled]))
+        builder.emit_func_output(result)
+    mod = builder.get()
+    converted, report = convert_checked(mod, dtype, target=CUDA)
+    assert report.find(normed.name).reason("mixed_kernel").values["writes"].startswith(
+        "float32")
+    inputs = random_inputs(mod, seed=3)
+    expected = run_module(mod, inputs)
+    got = run_module(converted, inputs)
+    for want, have in zip(expected, got):
+        np.testing.assert_allclose(np.asarray(have), np.asarray(want), rtol=1e-5, atol=1e-5)
