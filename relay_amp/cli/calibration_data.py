@@ -78,7 +78,7 @@ def apply_normalization(array: np.ndarray, spec: dict) -> np.ndarray:
 
 
 @dataclass
-class Calibration:
+class CalibrationBatches:
     """Calibration data: what the float32 model and the converted model are fed, per batch."""
 
     reference: list  # batches (lists in parameter order) for the float32 model
@@ -91,7 +91,7 @@ def _feed_dtype(name: str, io: dict) -> str | None:
 
 
 def load_images(folder: str, inputs: list, normalize, io: dict, limit: int | None,
-                progress: bool) -> Calibration:
+                progress: bool) -> CalibrationBatches:
     """Batches from a folder of images for a model with one image input."""
     files = list_images(folder)
     if not files:
@@ -142,7 +142,7 @@ def load_images(folder: str, inputs: list, normalize, io: dict, limit: int | Non
     source = {"kind": "images", "path": os.path.abspath(folder), "images": len(set(files)),
               "batches": len(reference), "layout": order,
               "normalize": None if integer_model else spec}
-    return Calibration(reference, converted, source)
+    return CalibrationBatches(reference, converted, source)
 
 
 def _low(array: np.ndarray, dtype: str) -> np.ndarray:
@@ -153,7 +153,7 @@ def _low(array: np.ndarray, dtype: str) -> np.ndarray:
     return array.astype(ml_dtypes.bfloat16)
 
 
-def load_npz(path: str, inputs: list, io: dict, normalize, limit: int | None) -> Calibration:
+def load_npz(path: str, inputs: list, io: dict, normalize, limit: int | None) -> CalibrationBatches:
     """Batches from an ``.npz`` with one array per input name: the input's shape (one batch) or
     a stack of batches along a new or the batch axis."""
     try:
@@ -224,7 +224,7 @@ def load_npz(path: str, inputs: list, io: dict, normalize, limit: int | None) ->
         reference.append(ref_batch)
         converted.append(conv_batch)
     source = {"kind": "npz", "path": os.path.abspath(path), "batches": count}
-    return Calibration(reference, converted, source)
+    return CalibrationBatches(reference, converted, source)
 
 
 def io_normalization(model_input: ModelInput, normalize) -> dict:

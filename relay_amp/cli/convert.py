@@ -43,7 +43,7 @@ from .arguments import (
 )
 from .calibration_data import (
     IMAGE_EXTENSIONS,
-    Calibration,
+    CalibrationBatches,
     io_normalization,
     list_images,
     load_images,
@@ -331,7 +331,7 @@ def _runs_here(target: dict) -> bool:
     return not features and (cpu is None or cpu == tvm.target.codegen.llvm_get_system_cpu())
 
 
-def measure_accuracy(mod, converted, executable, target: dict, data: Calibration,
+def measure_accuracy(mod, converted, executable, target: dict, data: CalibrationBatches,
                      progress: bool) -> dict:
     """float32 vs the converted model on the calibration data, both run on this CPU."""
     from tvm import relax

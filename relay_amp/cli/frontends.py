@@ -163,12 +163,32 @@ _TFLITE_TYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64",
                  7: "int16", 9: "int8", 10: "float64"}
 
 
-def _import_tflite(path: str, specs: dict, notes: list) -> Imported:
+def read_tflite(path: str):
+    """The TFLite model in the flatbuffer file ``path`` (the one place ``tflite`` is used)."""
     import tflite
-    from tvm.relax.frontend.tflite import from_tflite
 
     with open(path, "rb") as handle:
-        model = tflite.Model.GetRootAsModel(handle.read(), 0)
+        return tflite.Model.GetRootAsModel(handle.read(), 0)
+
+
+def tflite_to_relax(model, shapes: dict | None = None, dtypes: dict | None = None):
+    """TVM's TFLite importer on ``model`` (from :func:`read_tflite`): its Relax module."""
+    from tvm.relax.frontend.tflite import from_tflite
+
+    imported = from_tflite(model, shapes, dtypes)
+    return imported[0] if isinstance(imported, tuple) else imported
+
+
+def exported_to_relax(program, **options):
+    """TVM's importer of a ``torch.export`` program (``from_exported_program`` with its keyword
+    ``options``): its Relax module."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    return from_exported_program(program, **options)
+
+
+def _import_tflite(path: str, specs: dict, notes: list) -> Imported:
+    model = read_tflite(path)
     try:
         graph = model.Subgraphs(0)
         declared = []
@@ -187,11 +207,10 @@ def _import_tflite(path: str, specs: dict, notes: list) -> Imported:
     for name, _, dtype in declared:
         _check_dtype(specs.get(name), dtype, name)
     try:
-        imported = from_tflite(model, {n: shapes[n] for n, _, _ in declared},
-                               {n: d for n, _, d in declared})
+        mod = tflite_to_relax(model, {n: shapes[n] for n, _, _ in declared},
+                              {n: d for n, _, d in declared})
     except IMPORT_ERRORS as err:
         raise ConvertFailure(f"TVM cannot import {path}: {one_line(err)}") from None
-    mod = imported[0] if isinstance(imported, tuple) else imported
     params = list(mod["main"].params)
     inputs = [ModelInput(p.name, name, shapes[name], dtype)
               for p, (name, _, dtype) in zip(params, declared)]
@@ -205,9 +224,6 @@ def _import_pt2(path: str, specs: dict, notes: list) -> Imported:
         raise UsageError("reading .pt2 files needs torch: pip install -r requirements.txt") \
             from None
     import tvm
-    from tvm.relax.frontend.torch import (
-        from_exported_program,
-    )
 
     from ..execution import with_function
 
@@ -217,7 +233,7 @@ def _import_pt2(path: str, specs: dict, notes: list) -> Imported:
         raise UsageError(f"cannot read {path!r} as a torch.export program ({one_line(err)}); "
                          "save one with torch.export.save") from None
     try:
-        mod = from_exported_program(program, unwrap_unit_return_tuple=True)
+        mod = exported_to_relax(program, unwrap_unit_return_tuple=True)
     except IMPORT_ERRORS as err:
         raise ConvertFailure(f"TVM cannot import {path}: {one_line(err)}") from None
     func = mod["main"]

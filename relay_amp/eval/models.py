@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cli.frontends import import_onnx
+from ..cli.frontends import import_onnx, read_tflite, tflite_to_relax
 from .data import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -614,15 +614,9 @@ def _load_yolov8(spec: ModelSpec, workdir: str, batches: int | None = None) -> L
 
 
 def _load_mediapipe(spec: ModelSpec, workdir: str, batches: int | None = None) -> LoadedModel:
-    import tflite
-    from tvm.relax.frontend.tflite import from_tflite
-
     relative = MEDIAPIPE_FILES[spec.name]
     path = _package_file("mediapipe", os.path.basename(relative))
-    with open(path, "rb") as handle:
-        model = tflite.Model.GetRootAsModel(handle.read(), 0)
-    imported = from_tflite(model)
-    mod = imported[0] if isinstance(imported, tuple) else imported
+    mod = tflite_to_relax(read_tflite(path))
     height, width = spec.input_size
     photos = photo_pixels(max(3, batches or 0), height, width,
                           distinct=True)

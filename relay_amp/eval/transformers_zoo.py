@@ -351,17 +351,16 @@ def reference_outputs(built: Built) -> list:
 
 def to_relax(built: Built):
     """``torch.export`` the wrapped module on its first batch (with its dynamic shapes, if any)
-    and import it with ``from_exported_program``; weights become constants of the module."""
-    from tvm.relax.frontend.torch import (
-        from_exported_program,
-    )
+    and import it as ``relay-amp convert`` imports a ``.pt2``; weights become constants of the
+    module."""
+    from ..cli.frontends import exported_to_relax
 
     torch = _torch()
     example = tuple(torch.from_numpy(x) for x in built.batches[0])
     with torch.no_grad():
         exported = torch.export.export(built.module, example,
                                        dynamic_shapes=built.dynamic_shapes)
-    return from_exported_program(exported, keep_params_as_input=False)
+    return exported_to_relax(exported, keep_params_as_input=False)
 
 
 __all__ = ["MODELS", "TransformerModel", "Built", "build", "to_relax", "reference_outputs",
