@@ -210,17 +210,6 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     rewriter = MixedPrecisionRewriter(mod, low, dtype_of, constants, policy.cast_params_offline,
                                       report)
 
-    def convert_function(name, func, context, results_low, entry=True):
-        """Steps 1-3 for one function: signature, plan, rewrite (and its report rows)."""
-        signature = function_signature(name, func, context, results_low, entry)
-        plan = plan_function(func, signature, context)
-        for kept in signature.kept + plan.kept:
-            report.kept(name, kept)
-        return rewriter.rewrite_function(
-            func, signature, plan,
-            nested=lambda inner_name, inner: convert_function(inner_name, inner, context, False,
-                                                              entry=False))
-
     for gvar, func in sorted(relax_functions, key=lambda item: item[0].name_hint):
         name = gvar.name_hint
         target = targets[name]
@@ -238,7 +227,8 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
         context = Context(low, policy, target_rule(target, low, policy.fallback), settings[name],
                           calibration, callee_kinds, dtype_of, constants)
         results_low = not policy.keep_io_dtypes and name not in called
-        rewriter.builder_.update_func(gvar, convert_function(name, func, context, results_low))
+        rewriter.builder_.update_func(gvar, _convert_function(name, func, context, results_low,
+                                                              rewriter, report))
 
     # 4. Finish.
     new_mod = rewriter.builder_.get()
@@ -257,6 +247,19 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
         relax.analysis.well_formed(new_mod)
         report.note("debug_guard: every low-precision result is checked for NaN/Inf")
     return new_mod, report.finish(rewriter.casts.total_casts, constants.converted)
+
+
+def _convert_function(name: str, func, context: Context, results_low: bool, rewriter,
+                      report: ReportBuilder, entry: bool = True):
+    """Steps 1-3 for one function: its signature, its plan, the rewrite by that plan (the rows
+    going to ``report``); a nested function comes back here with the same ``context``."""
+    signature = function_signature(name, func, context, results_low, entry)
+    plan = plan_function(func, signature, context)
+    for kept in signature.kept + plan.kept:
+        report.kept(name, kept)
+    return rewriter.rewrite_function(
+        func, signature, plan, nested=lambda inner_name, inner: _convert_function(
+            inner_name, inner, context, False, rewriter, report, entry=False))
 
 
 def _relax_functions(mod: tvm.IRModule) -> list:
