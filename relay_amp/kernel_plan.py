@@ -179,7 +179,7 @@ class KernelPlan:
 
 
 class KernelPlanner:
-    """Step 1b for one function: :meth:`plan` returns its :class:`KernelPlan`, and sets the
+    """Step 1b for one function: :meth:`plan` returns its :class:`KernelPlan`, frozen, with the
     mode of each follow op whose mode follows from how its inputs arrive.
 
     Parameters

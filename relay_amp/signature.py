@@ -256,9 +256,8 @@ class _ResultValues:
     """What the values of a function result may be, and whether the low dtype holds them."""
 
     def __init__(self, scope, decisions, constant_check):
-        self.low, self.canonical, self.bound = scope.low, scope.canonical, scope.bound
-        self.dtype_of, self._float_leaves = scope.dtype_of, scope.float_leaves
-        self.plans, self.hot = decisions.plans, decisions.hot
+        self.scope, self.decisions = scope, decisions
+        self.low = scope.low
         self.constant_check = constant_check
 
     def _values(self, expr, path=(), depth=0) -> list:
@@ -276,9 +275,9 @@ class _ResultValues:
             return [] if path else [expr]
         if not is_var(expr):
             return []
-        var = self.canonical(expr)
+        var = self.scope.canonical(expr)
         found = [] if path else [var]
-        value = self.bound.get(var)
+        value = self.scope.bound.get(var)
         if value is None:
             return found
         value_type = type(value)
@@ -286,9 +285,9 @@ class _ResultValues:
             return (found + self._values(value.true_branch.body, path, depth + 1)
                     + self._values(value.false_branch.body, path, depth + 1))
         if value_type is Call:
-            plan = self.plans.get(var)
+            plan = self.decisions.plans.get(var)
             if not path and plan is not None and op_info(plan.op).values == ALL:
-                leaves = self._float_leaves(var)
+                leaves = self.scope.float_leaves(var)
                 if len(leaves) == 1:
                     found += self._values(leaves[0][0], (), depth + 1)
             return found
@@ -297,7 +296,7 @@ class _ResultValues:
     def _unholdable(self, expr) -> OutOfRange | None:
         """Why the value of ``expr`` (a var or constant) cannot be stored in the low dtype."""
         if type(expr) is GenericConst:
-            if self.dtype_of(expr) != "float32":
+            if self.scope.dtype_of(expr) != "float32":
                 return None
             bad = self.constant_check(expr)
             if bad is None:
@@ -305,7 +304,7 @@ class _ResultValues:
             overflow = abs(bad) > max_finite(self.low)
             return OutOfRange(f"constant {bad:.4g} {range_words(bad, self.low)}", abs(bad),
                               max_finite(self.low) if overflow else smallest_subnormal(self.low))
-        return self.hot.get(expr) if is_var(expr) else None
+        return self.decisions.hot.get(expr) if is_var(expr) else None
 
     def boundary_result_type(self, result, ret_ty):
         """The low-precision signature's result type: ``ret_ty`` with every float32 tensor leaf
@@ -335,5 +334,5 @@ class _ResultValues:
 def result_signature(scope, decisions, constant_check, result, ret_ty):
     """The low-precision signature's result type: ``ret_ty`` with every float32 tensor leaf in
     the low dtype, except the leaves whose value the low dtype cannot hold; and those leaves as
-    ``(path, expr, reason)``."""
+    ``(path, expr, reason)``. ``decisions`` is what step 1 found (its ``plans`` and ``hot``)."""
     return _ResultValues(scope, decisions, constant_check).boundary_result_type(result, ret_ty)
