@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ..cli.arguments import UsageError, parse_target
@@ -18,7 +19,21 @@ def _sweep(args) -> int:
     if args.list:
         print(sweep.list_models())
         return 0
+    if args.merge:
+        return _merge(args)
     names = list(REGISTRY) if args.all else [m for m in args.models.split(",") if m]
+    jobs = sweep.default_jobs() if args.jobs is None else args.jobs
+    if jobs < 1:
+        print(f"relay-amp sweep: --jobs must be at least 1; got {jobs}", file=sys.stderr)
+        return 2
+    if args.shard:
+        try:
+            names = _shard(names, args)
+        except (ValueError, OSError) as err:
+            print(f"relay-amp sweep: {err}", file=sys.stderr)
+            return 2
+        print(f"relay-amp sweep: shard {args.shard}: {len(names)} models: {', '.join(names)}",
+              file=sys.stderr)
     dtypes = [d for d in args.dtypes.split(",") if d]
     for dtype in dtypes:
         if dtype not in ("float16", "bfloat16"):
@@ -40,7 +55,8 @@ def _sweep(args) -> int:
     try:
         results = sweep.run_sweep(names, dtypes, args.out, args.timeout, args.force,
                                   progress=not args.quiet, calibrated=not args.no_calibration,
-                                  target=target, batches=args.batches)
+                                  target=target, batches=args.batches, jobs=jobs,
+                                  shard=args.shard)
     except KeyError as err:
         print(f"relay-amp sweep: {err.args[0]}", file=sys.stderr)
         return 2
@@ -48,6 +64,37 @@ def _sweep(args) -> int:
     print()
     print(sweep.markdown_table(results, names))
     print(f"\nwrote {args.out}/results.json, results.csv, results.md and error.png")
+    return 0
+
+
+def _shard(names, args) -> list[str]:
+    from . import shards
+
+    index, count = shards.parse_shard(args.shard)
+    costs = {}
+    if args.balance_from:
+        with open(args.balance_from, encoding="utf-8") as handle:
+            costs = shards.model_costs(json.load(handle))
+    return shards.shard_names(names, index, count, costs)
+
+
+def _merge(args) -> int:
+    from . import shards, sweep
+
+    try:
+        results = shards.merge_results(args.merge, allow_mixed=args.allow_mixed)
+    except (OSError, ValueError) as err:
+        print(f"relay-amp sweep --merge: {err}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    sweep.write_outputs(results, args.out)
+    for problem in results["meta"].get("mixed_settings", []):
+        print(f"relay-amp sweep --merge: merged anyway: {problem}", file=sys.stderr)
+    print("\n".join(sweep.summary_lines(results)))
+    print()
+    print(sweep.markdown_table(results))
+    print(f"\nmerged {len(args.merge)} folders into {args.out}/results.json, results.csv, "
+          "results.md and error.png")
     return 0
 
 
@@ -110,6 +157,23 @@ def main(argv=None) -> int:
                             "batches if already as many); each row records how many were "
                             "measured. Finished rows measured on another count are measured "
                             "again (default: each loader's own batches, one for GluonCV)")
+    sweep.add_argument("--jobs", type=int, default=None, metavar="N",
+                       help="measure N models at once, each in its own process (default: one "
+                            "per core, fewer where memory is short: "
+                            f"{sweep_module.default_jobs()} here); timings taken while other "
+                            "models ran are marked *")
+    sweep.add_argument("--shard", default=None, metavar="I/N",
+                       help="measure part I of N of the selected models (a deterministic "
+                            "split, the same on every machine); --merge joins the parts")
+    sweep.add_argument("--balance-from", default=None, metavar="RESULTS_JSON",
+                       help="with --shard: balance the parts by each model's time in this "
+                            "earlier sweep's results.json (default: equal costs)")
+    sweep.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                       help="merge these sweeps' output folders into --out (no measuring); "
+                            "rows measured with other settings are refused")
+    sweep.add_argument("--allow-mixed", action="store_true",
+                       help="with --merge: merge rows measured with different settings "
+                            "(target, dtypes, batches, calibration, code version)")
     sweep.add_argument("--list", action="store_true", help="list the models and exit")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.set_defaults(run=_sweep)

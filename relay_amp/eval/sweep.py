@@ -6,13 +6,16 @@ finished models are kept in ``results.json`` so a sweep resumes where it stopped
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import multiprocessing
 import os
 import platform
 import re
+import resource
 import statistics
+import sys
 import tempfile
 import time
 import traceback
@@ -378,6 +381,7 @@ def gpu_cost_markdown(results: dict, order=None) -> str:
 
 def _worker(name, dtypes, path, workdir, calibrated, target, batches=None):  # a child process
     def save(result):
+        result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         with open(path + ".tmp", "w", encoding="utf-8") as handle:
             json.dump(result, handle, default=float)
         os.replace(path + ".tmp", path)
@@ -390,45 +394,168 @@ def _worker(name, dtypes, path, workdir, calibrated, target, batches=None):  # a
         raise
 
 
+#: What one model's process is assumed to need when no sweep has measured it (GiB); the
+#: registry's largest (bert_base, deeplab) peak near this on the 2026-11 re-run.
+MODEL_MEMORY_GIB = 4.0
+#: Environment variables that size a child's thread pools (TVM's, OpenMP's, BLAS's).
+THREAD_VARIABLES = ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                    "MKL_NUM_THREADS")
+
+
+def _available_memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        return None
+    return None
+
+
+def default_jobs() -> int:
+    """How many models to measure at once here: one per core, fewer where the available
+    memory does not hold :data:`MODEL_MEMORY_GIB` per model."""
+    jobs = os.cpu_count() or 1
+    memory = _available_memory_gib()
+    if memory is not None:
+        jobs = min(jobs, int(memory // MODEL_MEMORY_GIB))
+    return max(1, jobs)
+
+
+@contextlib.contextmanager
+def _thread_environment(threads: int | None):
+    """``os.environ`` with every thread pool sized to ``threads`` while a child is spawned (a
+    spawned child reads its environment at start, before any library sizes a pool)."""
+    if threads is None:
+        yield
+        return
+    saved = {name: os.environ.get(name) for name in THREAD_VARIABLES}
+    os.environ.update({name: str(threads) for name in THREAD_VARIABLES})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class _Isolated:
+    """One model measured in a child process: started, then :meth:`result` once it ended."""
+
+    def __init__(self, name, dtypes, timeout_s, calibrated, target, batches, threads=None):
+        self.name, self.dtypes = name, tuple(dtypes)
+        self.workdir = tempfile.TemporaryDirectory(prefix="relay_amp_sweep_")
+        self.path = os.path.join(self.workdir.name, "result.json")
+        context = multiprocessing.get_context("spawn")
+        self.process = context.Process(target=_worker,
+                                       args=(name, self.dtypes, self.path, self.workdir.name,
+                                             calibrated, target, batches))
+        self.timeout_s = timeout_s
+        self.started = time.monotonic()
+        with _thread_environment(threads):
+            self.process.start()
+        self.deadline = self.started + timeout_s
+        self.concurrency = 1
+
+    def result(self) -> dict:
+        """The row of an ended (or overdue: killed here) child; a timeout or crash marks the
+        variants it did not measure."""
+        status = None
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+            status = {"status": "timeout", "message": f"no result within {self.timeout_s:.0f} s"}
+        else:
+            self.process.join()
+            if self.process.exitcode != 0:
+                status = {"status": "crash",
+                          "message": f"process exited with code {self.process.exitcode}"}
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as handle:
+                result = json.load(handle)
+        else:
+            spec = get_spec(self.name)
+            result = {"model": self.name, "family": spec.family, "task": spec.task,
+                      "weights": spec.weights, "input_size": list(spec.input_size),
+                      "notes": [], "fp32": {}, "variants": {}}
+        self.workdir.cleanup()
+        if status is not None:
+            if not result["fp32"]:
+                result["fp32"] = dict(status)
+            elif result["fp32"].get("status") == "ok":
+                for variant in variant_names(self.dtypes):
+                    result["variants"].setdefault(variant, dict(status))
+        result["wall_s"] = time.monotonic() - self.started
+        result["concurrency"] = self.concurrency
+        return result
+
+
 def measure_isolated(name: str, dtypes, timeout_s: float, calibrated: bool = True,
                      target=DEFAULT_TARGET, batches: int | None = None) -> dict:
     """:func:`measure_model` in a child process; a timeout or crash marks the missing rows."""
-    context = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="relay_amp_sweep_") as workdir:
-        path = os.path.join(workdir, "result.json")
-        process = context.Process(target=_worker,
-                                  args=(name, tuple(dtypes), path, workdir, calibrated,
-                                        target, batches))
-        process.start()
-        process.join(timeout_s)
-        status = None
-        if process.is_alive():
-            process.kill()
-            process.join()
-            status = {"status": "timeout", "message": f"no result within {timeout_s:.0f} s"}
-        elif process.exitcode != 0:
-            status = {"status": "crash", "message": f"process exited with code {process.exitcode}"}
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as handle:
-                result = json.load(handle)
-        else:
-            spec = get_spec(name)
-            result = {"model": name, "family": spec.family, "task": spec.task,
-                      "weights": spec.weights, "input_size": list(spec.input_size), "notes": [],
-                      "fp32": {}, "variants": {}}
-    if status is not None:
-        if not result["fp32"]:
-            result["fp32"] = dict(status)
-        elif result["fp32"].get("status") == "ok":
-            for variant in variant_names(dtypes):
-                result["variants"].setdefault(variant, dict(status))
-    return result
+    child = _Isolated(name, dtypes, timeout_s, calibrated, target, batches)
+    child.process.join(timeout_s)
+    return child.result()
+
+
+def measure_parallel(names, dtypes, timeout_s: float, jobs: int, calibrated: bool = True,
+                     target=DEFAULT_TARGET, batches: int | None = None):
+    """Measure ``names``, ``jobs`` child processes at a time; yields each model's row as its
+    child ends, in the order they end.
+
+    Each child's thread pools get ``cores // jobs`` threads so that the children do not
+    oversubscribe the cores. Each row records ``concurrency``, the most models that were being
+    measured at once while it was (1: alone), so its timing columns can say whether they are
+    this machine's or taken under load."""
+    from multiprocessing.connection import wait
+
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1; got {jobs}")
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    waiting, running = list(names), []
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            running.append(_Isolated(waiting.pop(0), dtypes, timeout_s, calibrated, target,
+                                     batches, threads))
+        for child in running:
+            child.concurrency = max(child.concurrency, len(running))
+        now = time.monotonic()
+        wait([c.process.sentinel for c in running],
+             timeout=max(0.0, min(c.deadline for c in running) - now))
+        now = time.monotonic()
+        ended = [c for c in running if not c.process.is_alive() or now >= c.deadline]
+        for child in ended:
+            running.remove(child)
+            yield child.name, child.result()
 
 
 # ------------------------------------------------------------------------------ the sweep
+def code_version() -> str:
+    """relay_amp's version and, in a git checkout, its commit (``+dirty`` with local changes
+    under ``relay_amp/``): rows measured by different code are not merged silently."""
+    import subprocess
+
+    import relay_amp
+
+    version = f"relay_amp {relay_amp.__version__}"
+    package = os.path.dirname(os.path.abspath(relay_amp.__file__))
+    try:
+        commit = subprocess.run(["git", "-C", package, "rev-parse", "--short=12", "HEAD"],
+                                capture_output=True, text=True, timeout=10, check=True)
+        dirty = subprocess.run(["git", "-C", package, "status", "--porcelain", "--", "."],
+                               capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return version
+    return f"{version} git {commit.stdout.strip()}{'+dirty' if dirty.stdout.strip() else ''}"
+
+
 def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_s=900.0,
               force=False, progress=True, calibrated: bool = True,
-              target=DEFAULT_TARGET, batches: int | None = None) -> dict:
+              target=DEFAULT_TARGET, batches: int | None = None, jobs: int = 1,
+              shard: str | None = None) -> dict:
     """Measure ``names`` and write results.json/.csv/.md and error.png into ``out_dir``.
 
     ``batches`` asks every loader for at least that many input batches (None: each loader's
@@ -436,7 +563,11 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
     measured with the same request, or without one on at least ``batches`` batches (what the
     request would measure again); any other row of ``names`` is measured again. Without it,
     finished rows are kept whatever their count (each row records ``batches``, which results.md
-    shows, and the summary says when the counts differ)."""
+    shows, and the summary says when the counts differ).
+
+    ``jobs`` models are measured at once, each in its own process (:func:`measure_parallel`);
+    the outputs are written as each model ends. ``shard`` (``"I/N"``) only labels the results:
+    :func:`relay_amp.eval.shards.shard_names` picks the names."""
     if batches is not None and batches < 1:
         raise ValueError(f"batches must be at least 1; got {batches}")
     for name in names:
@@ -448,25 +579,46 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
         with open(path, encoding="utf-8") as handle:
             results = json.load(handle)
     results.setdefault("models", {})
+    version = code_version()
     results["meta"] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                        "machine": machine_description(), "dtypes": list(dtypes),
                        "note": "GluonCV rows use seeded weights with BatchNorm statistics "
                                "re-estimated on real photos: they measure float16/bfloat16 "
                                "agreement with float32, not ImageNet accuracy.",
                        "calibrated": calibrated,
-                       "relay_amp_target": target, "batches_requested": batches}
+                       "relay_amp_target": target, "batches_requested": batches,
+                       "jobs": jobs, "shard": shard, "code_version": version}
     todo = [n for n in names
             if force or not _finished(results["models"].get(n), dtypes, target, batches)]
-    bar = progress_bar(todo, desc="sweep", unit="model", disable=not progress)
-    for name in bar:
-        bar.set_postfix_str(name)
-        results["models"][name] = measure_isolated(name, dtypes, timeout_s, calibrated, target,
-                                                    batches=batches)
-        results["models"][name]["relay_amp_target"] = target
-        results["models"][name]["batches_requested"] = batches
-        write_outputs(results, out_dir, order=names)
+    bar = progress_bar(total=len(todo), desc="sweep", unit="model", disable=not progress)
+    children = (measure_parallel(todo, dtypes, timeout_s, jobs, calibrated, target, batches)
+                if jobs > 1 else
+                ((n, measure_isolated(n, dtypes, timeout_s, calibrated, target, batches=batches))
+                 for n in todo))
+    with bar:
+        for name, result in children:
+            result.update({"relay_amp_target": target, "batches_requested": batches,
+                           "calibrated_requested": calibrated, "dtypes": list(dtypes),
+                           "code_version": version})
+            results["models"][name] = result
+            write_outputs(results, out_dir, order=names)
+            bar.update(1)
+            if progress:
+                bar.write(progress_line(name, result), file=sys.stderr)
     write_outputs(results, out_dir, order=names)
     return results
+
+
+def progress_line(name: str, result: dict) -> str:
+    """One line per measured model: its float32 status, its variants' and its wall time."""
+    statuses = [result.get("fp32", {}).get("status", "?")]
+    statuses += [f"{v} {r.get('status', '?')}" for v, r in result.get("variants", {}).items()]
+    wall = result.get("wall_s")
+    load = result.get("concurrency", 1)
+    timing = f"{wall:.0f} s" if isinstance(wall, (int, float)) else "? s"
+    if load > 1:
+        timing += f", {load} models at once"
+    return f"{name}: float32 {', '.join(statuses)} ({timing})"
 
 
 def same_batches(result: dict, batches: int | None) -> bool:
@@ -504,7 +656,10 @@ def machine_description() -> str:
 # ------------------------------------------------------------------------------ outputs
 COLUMNS = ("model", "task", "variant", "status", "relative_l2", "max_abs", "cosine", "nonfinite",
            "agreement", "low_op_fraction", "low_mac_fraction", "casts", "round_trips",
-           "param_bytes", "convert_s", "compile_s", "latency_ms", "batches", "message")
+           "param_bytes", "convert_s", "compile_s", "latency_ms", "batches", "concurrency",
+           "message")
+#: The columns timed by the clock: taken under load where other models ran at the same time.
+TIMED_COLUMNS = ("convert_s", "compile_s", "latency_ms")
 
 
 def _agreement_text(row: dict) -> str:
@@ -527,7 +682,8 @@ def flat_rows(results: dict, order=None) -> list[dict]:
     rows = []
     for name in names:
         result = results["models"][name]
-        base = {"model": name, "task": result.get("task", ""), "batches": result.get("batches")}
+        base = {"model": name, "task": result.get("task", ""), "batches": result.get("batches"),
+                "concurrency": result.get("concurrency", 1)}
         fp32 = result.get("fp32", {})
         rows.append({**base, "variant": "fp32", **{k: fp32.get(k) for k in COLUMNS if k in fp32},
                      "agreement": "", "status": fp32.get("status", "")})
@@ -555,7 +711,8 @@ def markdown_table(results: dict, order=None) -> str:
                "latency_ms", "batches")
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in flat_rows(results, order):
-        cells = [_fmt(row.get(c)) for c in columns]
+        cells = [_fmt(row.get(c)) + ("*" if c in TIMED_COLUMNS and row.get(c) is not None
+                                         and row["concurrency"] > 1 else "") for c in columns]
         if row.get("status") not in ("ok", None, "") and row.get("message"):
             cells[2] = f"{row['status']}: {_fmt(row['message'])[:120]}"
         lines.append("| " + " | ".join(cells) + " |")
@@ -597,6 +754,11 @@ def summary_lines(results: dict) -> list[str]:
         lines.append("input batches measured per model (the batches column): " + ", ".join(
             f"{'not recorded' if count is None else count} on {len(names)}"
             for count, names in counts.items()))
+    loaded = [m.get("concurrency", 1) for m in models if m.get("concurrency", 1) > 1]
+    if loaded:
+        lines.append(f"timings marked * ({', '.join(TIMED_COLUMNS)}) of {len(loaded)} models "
+                     f"were taken while up to {max(loaded)} models were measured at once: they "
+                     "are not this machine's figures (measure alone with --jobs 1)")
     costs = [m["gpu_cost"] for m in models if "fp32" in m.get("gpu_cost", {})]
     for dtype in ("float16", "bfloat16"):
         measured = [c for c in costs if "kernels" in c.get(f"relay_amp:{dtype}", {})]
