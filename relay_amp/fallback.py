@@ -119,6 +119,37 @@ def _low_bindings(report: Report) -> list:
     return [r.name for r in report.rows if r.compute_dtype == report.dtype and r.function == "main"]
 
 
+def _low_precision_shadow(binding, dtype: str, bind):
+    """``binding``'s op computed in ``dtype`` on its float32 operands, widened back to
+    float32 (what the binding gives when it alone is converted), bound with ``bind``; None
+    where there is nothing to compute (not an op call, or an op that takes no low-precision
+    operands)."""
+    value = binding.value
+    if not isinstance(value, tvm.ir.Call) or not isinstance(value.op, tvm.ir.Op):
+        return None
+    if not isinstance(binding.var.ty, relax.TensorType):
+        return None
+    args = []
+    for arg in value.args:
+        if isinstance(arg.ty, relax.TensorType) and str(arg.ty.dtype) == "float32":
+            if isinstance(arg, type(relax.const(0.0))):
+                low = arg.value.numpy().astype(numpy_dtype(dtype))
+                args.append(relax.const(low, dtype))
+            else:
+                args.append(bind(relax.op.astype(arg, dtype), "pair_in"))
+        else:
+            args.append(arg)
+    attrs = value.attrs
+    if (attrs is not None and hasattr(attrs, "out_dtype")
+            and not op_info(op_name(value)).keeps_out_dtype):
+        attrs = replace_attrs(attrs, out_dtype="float32")
+    try:
+        shadow = bind(tvm.ir.Call(value.op, args, attrs, value.ty_args), "pair_low")
+    except TVM_ERRORS:  # the op does not take low-precision operands: nothing to measure
+        return None
+    return bind(relax.op.astype(shadow, "float32"), "pair_wide")
+
+
 # ------------------------------------------------------------------------------ paired run
 def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None) -> dict:
     """Each named binding's local relative L2 error in ``dtype``, from one paired run.
@@ -131,30 +162,11 @@ def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None)
     wanted, measured = set(names), []
 
     def pair(binding, bind):
-        value = binding.value
-        if binding.var.name not in wanted or not isinstance(value, tvm.ir.Call):
+        if binding.var.name not in wanted:
             return []
-        if not isinstance(binding.var.ty, relax.TensorType) or not isinstance(value.op, tvm.ir.Op):
+        wide = _low_precision_shadow(binding, dtype, bind)
+        if wide is None:
             return []
-        args = []
-        for arg in value.args:
-            if isinstance(arg.ty, relax.TensorType) and str(arg.ty.dtype) == "float32":
-                if isinstance(arg, type(relax.const(0.0))):
-                    low = arg.value.numpy().astype(numpy_dtype(dtype))
-                    args.append(relax.const(low, dtype))
-                else:
-                    args.append(bind(relax.op.astype(arg, dtype), "pair_in"))
-            else:
-                args.append(arg)
-        attrs = value.attrs
-        if (attrs is not None and hasattr(attrs, "out_dtype")
-                and not op_info(op_name(value)).keeps_out_dtype):
-            attrs = replace_attrs(attrs, out_dtype="float32")
-        try:
-            shadow = bind(tvm.ir.Call(value.op, args, attrs, value.ty_args), "pair_low")
-        except TVM_ERRORS:  # the op does not take low-precision operands: nothing to measure
-            return []
-        wide = bind(relax.op.astype(shadow, "float32"), "pair_wide")
         diff = bind(relax.op.subtract(wide, binding.var), "pair_diff")
         squared = bind(relax.op.multiply(diff, diff), "pair_sq")
         err = bind(relax.op.sum(squared), "pair_err", visible=True)
@@ -173,6 +185,77 @@ def local_errors(mod: tvm.IRModule, batches, names, dtype: str, run_target=None)
         totals += [float(result[1][i].numpy()) for i in range(len(stats))]
     return {name: float(np.sqrt(totals[2 * i] / totals[2 * i + 1])) if totals[2 * i + 1] > 0
             else float(np.sqrt(totals[2 * i])) for i, name in enumerate(measured)}
+
+
+def output_effects(mod: tvm.IRModule, batches, names, dtype: str, run_target=None) -> dict:
+    """Each named binding's effect on the outputs: their relative L2 error against float32 when
+    that binding alone computes in ``dtype`` and everything else in float32.
+
+    A binding's local error says little about what its rounding does downstream (a log or a
+    normalisation a few ops later amplifies it; a ReLU or a pooling hides it), so this measures
+    the outputs themselves. The float32 function gets one more parameter, a selector, and each
+    named binding becomes ``where(selector == i, its dtype shadow, itself)``: one compile, then
+    one run per binding and batch.
+
+    Returns
+    -------
+    dict
+        Binding name → relative L2 of all outputs over all ``batches``; only the bindings
+        whose op can be computed in ``dtype``.
+    """
+    func = mod["main"]
+    wanted, measured = set(names), []
+    selector = relax.Var("relay_amp_effect_selector", relax.TensorType((), "int32"))
+    builder = relax.BlockBuilder()
+    blocks = []
+    for block in func.body.blocks:
+        dataflow = isinstance(block, relax.DataflowBlock)
+        bindings: list = []
+
+        def bind(expr, label, visible=False, bindings=bindings, dataflow=dataflow):
+            value = builder.normalize(expr)
+            var = (relax.DataflowVar if dataflow and not visible else relax.Var)(label, value.ty)
+            bindings.append(relax.VarBinding(var, value))
+            return var
+
+        for binding in block.bindings:
+            if binding.var.name not in wanted or not isinstance(binding, relax.VarBinding):
+                bindings.append(binding)
+                continue
+            exact = bind(binding.value, f"{binding.var.name}_exact")
+            wide = _low_precision_shadow(relax.VarBinding(exact, binding.value), dtype, bind)
+            if wide is None:
+                bindings.append(relax.VarBinding(binding.var, exact))
+                continue
+            chosen = bind(relax.op.equal(selector, relax.const(len(measured), "int32")),
+                          f"{binding.var.name}_chosen")
+            # the binding's own var now holds the selection: every later use reads it
+            bindings.append(relax.VarBinding(
+                binding.var, builder.normalize(relax.op.where(chosen, wide, exact))))
+            measured.append(binding.var.name)
+        blocks.append((relax.DataflowBlock if dataflow else relax.BindingBlock)(bindings))
+    if not measured:
+        return {}
+    body = relax.SeqExpr(blocks, func.body.body)
+    probe = relax.Function([*func.params, selector], body, func.ret_ty, func.is_pure,
+                           func.attrs)
+    vm = compile_module(relax.transform.Normalize()(with_function(mod, "main", probe)),
+                        run_target)
+    from .execution import run
+
+    squared = np.zeros(len(measured), np.float64)
+    norm = 0.0
+    for batch in batches:
+        inputs = list(batch.values()) if isinstance(batch, dict) else list(batch)
+        reference = run(vm, [*inputs, np.array(-1, "int32")])
+        norm += sum(float(np.sum(np.square(r.astype(np.float64)))) for r in reference)
+        for i in range(len(measured)):
+            outputs = run(vm, [*inputs, np.array(i, "int32")])
+            squared[i] += sum(float(np.sum(np.square(o.astype(np.float64)
+                                                     - r.astype(np.float64))))
+                              for o, r in zip(outputs, reference))
+    scale = norm if norm > 0 else 1.0
+    return {name: float(np.sqrt(squared[i] / scale)) for i, name in enumerate(measured)}
 
 
 # ------------------------------------------------------------------------------ the searches

@@ -511,3 +511,31 @@ def test_transformer_builds_extend_their_batches(name, count, default):
               for b in more.batches}
     assert len(shapes) == (2 if name == "bert_base" else 1)  # bert alternates two lengths
     assert len({b[0].tobytes() for b in more.batches}) == count
+
+
+def _untimed(value):
+    """A result without what the clock or the machine's load gives (seconds, latency, memory,
+    how many models ran at once)."""
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items()
+                if not k.endswith(("_s", "_ms", "_mib")) and k not in ("seconds", "concurrency")}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
+def test_two_real_models_sharded_and_merged_match_one_parallel_run(tmp_path):
+    from relay_amp.eval import shards
+
+    names = ["cifar_resnet20_v1", "cifar_resnet20_v2"]
+    one = sweep.run_sweep(names, ("float16",), str(tmp_path / "one"), progress=False, jobs=2)
+    assert all(one["models"][n]["concurrency"] == 2 for n in names)
+    folders = [str(tmp_path / f"shard{i}") for i in (1, 2)]
+    for index, folder in enumerate(folders, 1):
+        sweep.run_sweep(shards.shard_names(names, index, 2), ("float16",), folder,
+                        progress=False, jobs=1, shard=f"{index}/2")
+    merged = shards.merge_results(folders)
+    for name in names:
+        row = merged["models"][name]
+        assert row["fp32"]["status"] == "ok" and row["concurrency"] == 1
+        assert _untimed(row) == _untimed(one["models"][name])
