@@ -1,12 +1,15 @@
 """Accuracy-driven fallback: the smallest float32 set that meets a tolerance.
 
-relay_amp's method needs one *paired run*: a copy of the float32 function computes, next to every
-binding that the conversion puts in low precision, the same op in low precision on the exact
-float32 operands, and returns each binding's local relative error. Bindings are ranked by that
-error; an exponential and then a binary search over the ranking finds the shortest prefix that,
-kept in float32, meets the tolerance. A planted sensitive op costs two or three full
-evaluations. :func:`bisect_fallback` is the baseline users know (ONNX's auto-mixed-precision
-bisects node segments), implemented in the same harness so that the evaluation counts compare.
+relay_amp's method measures each low-precision binding's *effect on the outputs*: one compile
+of the float32 function with a selector, under which exactly one binding computes in low
+precision on float32 surroundings, then one run per binding (:func:`output_effects`). A
+binding's local error would mislead: the rounding that hurts is often harmless where it
+happens and amplified a few ops later (a log, a normalisation), and a large local error can be
+hidden downstream. Bindings are ranked by effect; an exponential and then a binary search over
+the ranking finds the shortest prefix that, kept in float32, meets the tolerance.
+:func:`local_errors` (one paired run, each op's own error) remains for diagnostics.
+:func:`bisect_fallback` is the baseline users know (ONNX's auto-mixed-precision bisects node
+segments), implemented in the same harness so that the evaluation counts compare.
 """
 
 from __future__ import annotations
@@ -48,9 +51,27 @@ class SearchResult:
     low_bindings: int
     seconds: float
     history: list  # (number of float32 bindings, metric value) per evaluation
+    #: Multiply-accumulates the chosen float32 bindings keep in float32, and the module's.
+    fp32_macs: int = 0
+    total_macs: int = 0
+    #: The bindings whose rounding moves the outputs most: ``(name, output error when it
+    #: alone computes low)``, largest first (:func:`output_effects`).
+    contributors: list = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def explain(self) -> str:
+        """One line: what stayed float32, its share of the MACs, and why."""
+        if not self.fp32_bindings:
+            return (f"search: tolerance {self.tolerance:g} met ({self.metric_value:.3g}) with "
+                    "no binding kept in float32")
+        share = self.fp32_macs / self.total_macs if self.total_macs else 0.0
+        top = ", ".join(f"{name} ({effect:.2g})" for name, effect in self.contributors[:3])
+        return (f"search: {len(self.fp32_bindings)} binding(s) kept in float32 "
+                f"({100 * share:.1f}% of MACs) to meet {self.tolerance:g} "
+                f"({self.metric_value:.3g}); largest output error of one binding alone in low "
+                f"precision: {top}")
 
 
 class _Harness:
@@ -194,8 +215,9 @@ def output_effects(mod: tvm.IRModule, batches, names, dtype: str, run_target=Non
     A binding's local error says little about what its rounding does downstream (a log or a
     normalisation a few ops later amplifies it; a ReLU or a pooling hides it), so this measures
     the outputs themselves. The float32 function gets one more parameter, a selector, and each
-    named binding becomes ``where(selector == i, its dtype shadow, itself)``: one compile, then
-    one run per binding and batch.
+    named binding becomes ``where(selector == i, its dtype shadow, itself)`` (the binding's own
+    var holds the selection, so every later use reads it): one compile, then one run per
+    binding and batch.
 
     Returns
     -------
@@ -206,34 +228,20 @@ def output_effects(mod: tvm.IRModule, batches, names, dtype: str, run_target=Non
     func = mod["main"]
     wanted, measured = set(names), []
     selector = relax.Var("relay_amp_effect_selector", relax.TensorType((), "int32"))
-    builder = relax.BlockBuilder()
-    blocks = []
-    for block in func.body.blocks:
-        dataflow = isinstance(block, relax.DataflowBlock)
-        bindings: list = []
 
-        def bind(expr, label, visible=False, bindings=bindings, dataflow=dataflow):
-            value = builder.normalize(expr)
-            var = (relax.DataflowVar if dataflow and not visible else relax.Var)(label, value.ty)
-            bindings.append(relax.VarBinding(var, value))
-            return var
+    def select(binding, bind):
+        if binding.var.name not in wanted or not isinstance(binding, relax.VarBinding):
+            return None
+        exact = bind(binding.value, f"{binding.var.name}_exact")
+        wide = _low_precision_shadow(relax.VarBinding(exact, binding.value), dtype, bind)
+        if wide is None:
+            return exact
+        chosen = bind(relax.op.equal(selector, relax.const(len(measured), "int32")),
+                      f"{binding.var.name}_chosen")
+        measured.append(binding.var.name)
+        return relax.op.where(chosen, wide, exact)
 
-        for binding in block.bindings:
-            if binding.var.name not in wanted or not isinstance(binding, relax.VarBinding):
-                bindings.append(binding)
-                continue
-            exact = bind(binding.value, f"{binding.var.name}_exact")
-            wide = _low_precision_shadow(relax.VarBinding(exact, binding.value), dtype, bind)
-            if wide is None:
-                bindings.append(relax.VarBinding(binding.var, exact))
-                continue
-            chosen = bind(relax.op.equal(selector, relax.const(len(measured), "int32")),
-                          f"{binding.var.name}_chosen")
-            # the binding's own var now holds the selection: every later use reads it
-            bindings.append(relax.VarBinding(
-                binding.var, builder.normalize(relax.op.where(chosen, wide, exact))))
-            measured.append(binding.var.name)
-        blocks.append((relax.DataflowBlock if dataflow else relax.BindingBlock)(bindings))
+    blocks, _ = instrument(func, lambda binding, bind: [], replace=select)
     if not measured:
         return {}
     body = relax.SeqExpr(blocks, func.body.body)
@@ -255,7 +263,10 @@ def output_effects(mod: tvm.IRModule, batches, names, dtype: str, run_target=Non
                                                      - r.astype(np.float64))))
                               for o, r in zip(outputs, reference))
     scale = norm if norm > 0 else 1.0
-    return {name: float(np.sqrt(squared[i] / scale)) for i, name in enumerate(measured)}
+    effects = np.sqrt(squared / scale)
+    # an overflow (Inf/NaN in the outputs) is the largest effect there is
+    effects[~np.isfinite(effects)] = np.inf
+    return {name: float(effects[i]) for i, name in enumerate(measured)}
 
 
 # ------------------------------------------------------------------------------ the searches
@@ -331,28 +342,31 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
             final = output_policy.with_dtype(dtype).exclude(*fp32)
             converted, report = convert(mod, dtype, policy=final, target=harness.target,
                                         calibration=harness.calibration)
-        errors = locals_by_name
         rows = []
         for row in report.rows:
             if row.name in fp32 and row.function == "main":
                 reason = Reason.of("search_fallback", dtype=dtype,
-                                   error=errors.get(row.name, float("nan")),
+                                   error=effects.get(row.name, float("nan")),
                                    rank=fp32.index(row.name) + 1)
                 row = dataclasses.replace(row, reasons=(reason,))
             rows.append(row)
         report.rows = rows
-        report.search = SearchResult("sensitivity", float(tolerance), value, value <= tolerance,
-                                     harness.evaluations, list(fp32), len(_low_bindings(report)),
-                                     time.perf_counter() - start, harness.history)
+        main_ops = [r for r in report.ops if r.function == "main"]
+        report.search = SearchResult(
+            "output effect", float(tolerance), value, value <= tolerance, harness.evaluations,
+            list(fp32), len(_low_bindings(report)), time.perf_counter() - start,
+            harness.history, fp32_macs=sum(r.macs for r in main_ops if r.name in fp32),
+            total_macs=sum(r.macs for r in main_ops),
+            contributors=[(name, effects[name]) for name in ranked[:5]])
         return converted, report
 
-    locals_by_name: dict = {}
+    effects: dict = {}
+    ranked: list = []
     value = harness.score([])
     if value <= tolerance:
         return finish([], value)
-    locals_by_name = local_errors(mod, batches, candidates, dtype, run_target)
-    ranked = sorted(locals_by_name, key=lambda n: -locals_by_name[n])
-    ranked = [n for n in ranked if locals_by_name[n] > 0]
+    effects = output_effects(mod, batches, candidates, dtype, run_target)
+    ranked = sorted((n for n in effects if effects[n] > 0), key=lambda n: -effects[n])
     # exponential search for a prefix that meets the tolerance, then binary search below it
     good, bad = None, 0
     k = 1

@@ -1,6 +1,7 @@
-"""Instrumentation: bindings appended after a function's own, the one loop behind the debug
-guards (:func:`relay_amp.add_debug_guards`), calibration (:func:`relay_amp.calibrate`) and the
-local errors of the accuracy search (:func:`relay_amp.fallback.local_errors`)."""
+"""Instrumentation: bindings appended after a function's own (or replacing one), the one loop
+behind the debug guards (:func:`relay_amp.add_debug_guards`), calibration
+(:func:`relay_amp.calibrate`), and the local errors and output effects of the accuracy search
+(:func:`relay_amp.fallback.local_errors`, :func:`relay_amp.fallback.output_effects`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from tvm import relax
 Bind = Callable[..., relax.Var]
 
 
-def instrument(func: relax.Function, probe: Callable, params_probe: Callable | None = None):
+def instrument(func: relax.Function, probe: Callable, params_probe: Callable | None = None,
+               replace: Callable | None = None):
     """``func``'s blocks with ``probe``'s bindings after each binding.
 
     Parameters
@@ -27,6 +29,10 @@ def instrument(func: relax.Function, probe: Callable, params_probe: Callable | N
     params_probe : callable, optional
         ``params_probe(param, bind) -> list of Var``, for each parameter, in a block of its own
         ahead of the function's.
+    replace : callable, optional
+        ``replace(binding, bind) -> Expr or None``: a new value for the binding's own var
+        (every later use reads it), with what it needs bound by ``bind`` ahead of it; None
+        keeps the binding.
 
     Returns
     -------
@@ -59,7 +65,9 @@ def instrument(func: relax.Function, probe: Callable, params_probe: Callable | N
         bindings = []
         bind = binder(bindings, dataflow)
         for binding in block.bindings:
-            bindings.append(binding)
+            value = replace(binding, bind) if replace is not None else None
+            bindings.append(binding if value is None else
+                            relax.VarBinding(binding.var, builder.normalize(value)))
             stats.extend(probe(binding, bind) or ())
         blocks.append((relax.DataflowBlock if dataflow else relax.BindingBlock)(bindings))
     return blocks, stats
