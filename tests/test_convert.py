@@ -302,7 +302,10 @@ def _runs(work: Path) -> dict:
     tflite_cpu = [*CLI, "convert", str(work / "tiny.tflite"), "--dtype", "float16",
                   "--target", "host", "--calibrate", str(work / "tflite.npz"), "--quiet",
                   "-o", str(work / "tflite_cpu")]
-    runs = {"onnx_cuda": Run(onnx_cuda), "tflite_cpu": Run(tflite_cpu)}
+    warn = [*CLI, "convert", str(work / "tiny.onnx"), "--dtype", "float16",
+            "--target", "llvm -mattr=+avx512fp16", "--calibrate", str(work / "images"),
+            "--normalize", "imagenet", "--warn-above", "1e-9", "--quiet", "-o", str(work / "warn")]
+    runs = {"onnx_cuda": Run(onnx_cuda), "tflite_cpu": Run(tflite_cpu), "warn": Run(warn)}
     if torch is not None:
         runs["pt2"] = Run([*CLI, "convert", str(work / "tiny.pt2"), "--dtype", "bfloat16",
                            "--target", "llvm", "--input", "x:2,3,8,8", "--quiet",
@@ -333,6 +336,7 @@ def bad_cases(work: Path) -> list:
         (convert_args("--dtype", "float16", "--fp32-ops", "nn.sofmax"),
          "did you mean 'nn.softmax'"),
         (convert_args("--dtype", "float16", "--input", "input.1:1,3,a,8"), "bad shape"),
+        (convert_args("--dtype", "float16", "--warn-above", "0"), "--warn-above 0"),
         (convert_args("--dtype", "float16", "--input", "images:1,3,8,8"),
          "its inputs are input.1"),
         (convert_args("--dtype", "float16", model=sym),
@@ -447,6 +451,7 @@ def test_tflite_for_this_cpu_with_npz_and_the_library_runs(runs, work):
     assert {p.name for p in folder.iterdir()} == OUTPUTS | {"accuracy.json"}
     assert err == ""  # --quiet: no progress bars, no warnings
     report = json.loads((folder / "report.json").read_text())
+    assert report["accuracy_warning"] is None  # measured, within --warn-above's 0.01
     assert report["model"]["format"] == "tflite"
     storage = [r for r in report["conversion"]["rows"] if r["rule"].startswith("storage")]
     if storage:  # a CPU without AVX512-FP16: the summary says so and how to get float16 compute
@@ -473,6 +478,22 @@ def test_tflite_for_this_cpu_with_npz_and_the_library_runs(runs, work):
     assert relay_amp.agreement([want], [got]).relative_l2 < 1e-2
 
 
+def test_lost_accuracy_is_a_warning_naming_the_bindings_that_lose_it(runs, work):
+    out, err = runs["warn"].ok()
+    report = json.loads((work / "warn" / "report.json").read_text())
+    # --quiet: no progress bars; --warn-above 1e-9: the one warning, on stderr
+    assert err.strip() == report["accuracy_warning"] and "\n" not in err.strip()
+    assert err.startswith("warning: accuracy lost: relative L2")
+    contributors = json.loads((work / "warn" / "accuracy.json").read_text())["contributors"]
+    low = {r["name"] for r in report["conversion"]["rows"]
+           if "float16" in (r["compute_dtype"], *r["output_dtype"].split("+"))}
+    assert contributors and {name for name, _ in contributors} <= low
+    assert [e for _, e in contributors] == sorted((e for _, e in contributors), reverse=True)
+    assert f"{contributors[0][0]} ({contributors[0][1]:.2g})" in err
+    assert f"--exclude {contributors[0][0]}" in err
+    assert "accuracy lost" in (work / "warn" / "report.md").read_text()
+
+
 @pytest.mark.skipif(torch is None, reason="torch is not installed (pip install -r "
                                           "requirements.txt)")
 def test_pt2_with_a_symbolic_batch_for_llvm(runs, work):
@@ -480,7 +501,8 @@ def test_pt2_with_a_symbolic_batch_for_llvm(runs, work):
 
     import relay_amp
 
-    runs["pt2"].ok()
+    out, _ = runs["pt2"].ok()
+    assert "accuracy not measured: add --calibrate" in out  # no data: it says so and how
     folder = work / "pt2_llvm"
     assert {p.name for p in folder.iterdir()} == OUTPUTS  # no calibration: no accuracy.json
     report = json.loads((folder / "report.json").read_text())

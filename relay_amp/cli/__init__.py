@@ -41,7 +41,8 @@ def _convert(args) -> int:
             calibrate=args.calibrate, tolerance=args.tolerance, metric=args.metric,
             max_evaluations=args.max_evaluations, inputs=inputs, normalize=args.normalize,
             policy=args.policy, fp32_ops=args.fp32_ops, exclude=args.exclude,
-            max_samples=args.max_samples, progress=not args.quiet,
+            max_samples=args.max_samples, warn_above=args.warn_above,
+            progress=not args.quiet,
             command="relay-amp convert " + " ".join(shlex.quote(a) for a in args.argv))
         saved = convert.convert_model(options)
     except CommandError as err:
@@ -59,6 +60,8 @@ def _convert(args) -> int:
     if search:
         print(f"tolerance {search['tolerance']:g} met with {len(search['fp32_bindings'])} "
               f"binding(s) kept in float32 ({search['evaluations']} evaluations)")
+    if saved.get("accuracy_warning"):
+        print(saved["accuracy_warning"], file=sys.stderr if accuracy else sys.stdout)
     files = sorted(os.listdir(args.out))
     print(f"wrote {os.path.join(args.out, '')}: {', '.join(files)}")
     return 0
@@ -124,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the error --tolerance bounds (default: %(default)s)")
     convert.add_argument("--max-evaluations", type=int, default=16,
                          help="full evaluations the --tolerance search may use "
+                              "(default: %(default)s)")
+    convert.add_argument("--warn-above", type=float, default=0.01, metavar="ERROR",
+                         help="with --calibrate: warn when the relative L2 error against "
+                              "float32 is above this, naming the bindings that cause it "
                               "(default: %(default)s)")
     convert.add_argument("--max-samples", type=int, default=None,
                          help="use at most this many images or batches of --calibrate data")

@@ -79,6 +79,7 @@ class Options:
     fp32_ops: list = field(default_factory=list)
     exclude: list = field(default_factory=list)
     max_samples: int | None = None
+    warn_above: float = 0.01
     progress: bool = True
     command: str = ""
 
@@ -121,6 +122,20 @@ def _exclusion_names(values: list) -> tuple[list, list]:
     return names, patterns
 
 
+def _check_numbers(options: Options) -> None:
+    for flag, value in (("--tolerance", options.tolerance), ("--warn-above", options.warn_above)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{flag} {value:g}: give a positive number, e.g. {flag} 0.01 "
+                             "(relative L2 error against float32)")
+    if options.tolerance is not None and options.calibrate is None:
+        raise UsageError("--tolerance needs data to measure on: add --calibrate DIR (images) "
+                         "or --calibrate FILE.npz")
+    if options.max_evaluations < 1:
+        raise UsageError("--max-evaluations must be at least 1")
+    if options.max_samples is not None and options.max_samples < 1:
+        raise UsageError("--max-samples must be at least 1")
+
+
 def check_options(options: Options) -> Checked:
     """Every check that needs no model import; raises :class:`UsageError`."""
     from ..policy import Policy
@@ -139,17 +154,7 @@ def check_options(options: Options) -> Checked:
     if options.dtype is None and options.policy is None:
         raise UsageError("give --dtype float16 or --dtype bfloat16 (or a --policy file that "
                          "names one)")
-    if options.tolerance is not None:
-        if not (math.isfinite(options.tolerance) and options.tolerance > 0):
-            raise UsageError(f"--tolerance {options.tolerance:g}: give a positive number, e.g. "
-                             "--tolerance 0.01 (relative L2 error against float32)")
-        if options.calibrate is None:
-            raise UsageError("--tolerance needs data to measure on: add --calibrate DIR (images) "
-                             "or --calibrate FILE.npz")
-    if options.max_evaluations < 1:
-        raise UsageError("--max-evaluations must be at least 1")
-    if options.max_samples is not None and options.max_samples < 1:
-        raise UsageError("--max-samples must be at least 1")
+    _check_numbers(options)
     calibration_kind = None
     if options.calibrate is not None:
         if not os.path.exists(options.calibrate):
@@ -370,6 +375,48 @@ def measure_accuracy(mod, converted, executable, target: dict, data: Calibration
             "outputs": per_output, "per_batch": per_batch}
 
 
+def contributors(mod, report, data: CalibrationBatches, dtype: str, progress: bool,
+                 count: int = 5) -> list:
+    """The bindings whose rounding moves the outputs most, ``[name, output error with it alone
+    in dtype]``, largest first: the search's where it ran, else measured on the calibration
+    data (:func:`relay_amp.fallback.output_effects`)."""
+    from ..fallback import output_effects
+
+    if report.search is not None and report.search.contributors:
+        return [list(item) for item in report.search.contributors[:count]]
+    # a target that only stores low precision rounds the outputs it stores: those count too
+    low = [r.name for r in report.ops if r.function == "main"
+           and (r.compute_dtype == dtype or dtype in r.output_dtype.split("+"))]
+    with _stage(f"accuracy: what moves the outputs ({len(low)} bindings)", progress):
+        effects = output_effects(mod, data.reference, low, dtype)
+    ranked = sorted(effects, key=lambda name: -effects[name])[:count]
+    return [[name, effects[name]] for name in ranked]
+
+
+def accuracy_warning(accuracy: dict | None, warn_above: float) -> str | None:
+    """The line that says the conversion lost accuracy, naming what lost it; or, without
+    calibration data, that nothing was measured and how to measure it. None: measured, within
+    ``warn_above``."""
+    if accuracy is None:
+        return ("accuracy not measured: add --calibrate DIR (images) or FILE.npz (an array per "
+                "input) to measure the error against float32, and --tolerance to bound it")
+    if accuracy["relative_l2"] <= warn_above and not accuracy["nonfinite"]:
+        return None
+    worst = accuracy.get("contributors") or []
+    names = ", ".join(f"{name} ({effect:.2g})" for name, effect in worst[:3])
+    error = (f"{accuracy['nonfinite']} NaN/Inf values" if accuracy["nonfinite"] else
+             f"relative L2 {accuracy['relative_l2']:.3g} against float32, above {warn_above:g}")
+    text = f"warning: accuracy lost: {error}"
+    if not names:
+        text += ("; no binding computes or stores low precision to attribute it to (constants "
+                 "stored low and rounded inputs are not bindings)")
+    else:
+        text += (f"; the bindings whose rounding alone moves the outputs most: {names}; keep "
+                 f"them in float32 with --exclude {','.join(n for n, _ in worst[:3])}, or let "
+                 "--tolerance find the fewest")
+    return text
+
+
 def _json_safe(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
@@ -521,6 +568,8 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
         if options.tolerance is not None:
             accuracy["tolerance"] = options.tolerance
             accuracy["metric"] = options.metric
+        if accuracy["relative_l2"] > options.warn_above or accuracy["nonfinite"]:
+            accuracy["contributors"] = contributors(mod, report, data, dtype, progress)
         timings["accuracy_s"] = time.perf_counter() - start
         with open(os.path.join(work, "accuracy.json"), "w", encoding="utf-8") as handle:
             json.dump(_json_safe(accuracy), handle, indent=2)
@@ -545,6 +594,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
         "tolerance": options.tolerance,
         "accuracy": ({k: v for k, v in accuracy.items() if k not in ("per_batch", "outputs")}
                      if accuracy else None),
+        "accuracy_warning": accuracy_warning(accuracy, options.warn_above),
         "timings_s": timings,
         "notes": notes,
         "advice": advice,

@@ -71,13 +71,22 @@ def markdown_report(saved: dict) -> str:
                   f"| {_fmt(acc['relative_l2'])} | {_fmt(acc['max_abs'])} | "
                   f"{_fmt(acc['cosine'])} | {acc['nonfinite']} | "
                   f"{_fmt(acc['worst_batch_relative_l2'])} |", ""]
+    if saved.get("accuracy_warning"):
+        lines += [f"**{_md_cell(saved['accuracy_warning'])}**", ""]
     search = conversion.get("search")
     if search:
         lines += ["## Accuracy-driven fallback", "",
                   f"Tolerance {search['tolerance']:g} ({'met' if search['met'] else 'not met'}: "
                   f"{search['metric_value']:.3g}) with {len(search['fp32_bindings'])} binding(s) "
                   f"kept in float32 ({', '.join(search['fp32_bindings']) or 'none'}), "
-                  f"{search['evaluations']} evaluations, {search['seconds']:.1f} s.", ""]
+                  f"{search['evaluations']} evaluations, {search['seconds']:.1f} s."]
+        if search.get("total_macs"):
+            share = search["fp32_macs"] / search["total_macs"]
+            lines.append(f"They hold {100 * share:.1f}% of the MACs.")
+        if search.get("contributors"):
+            lines.append("Output error with one binding alone in low precision, largest first: "
+                         + ", ".join(f"{n} {_fmt(e)}" for n, e in search["contributors"]) + ".")
+        lines.append("")
     if conversion.get("notes") or saved.get("notes"):
         lines += ["## Notes", ""]
         lines += [f"- {_md_cell(n)}" for n in saved.get("notes", []) + conversion["notes"]]
@@ -148,6 +157,8 @@ def format_report(saved: dict, rules=(), ops=(), compute=None, limit=None) -> st
         lines.append(f"accuracy on {accuracy['batches']} calibration batches: relative L2 "
                      f"{_fmt(accuracy['relative_l2'])}, max abs {_fmt(accuracy['max_abs'])}, "
                      f"cosine {_fmt(accuracy['cosine'])}, NaN/Inf {accuracy['nonfinite']}")
+    if saved.get("accuracy_warning"):
+        lines.append(saved["accuracy_warning"])
     filters = [f"rule contains {' or '.join(map(repr, rules))}" if rules else "",
                f"op in {', '.join(ops)}" if ops else "",
                f"compute {compute}" if compute else ""]
