@@ -289,7 +289,8 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
                          dtype: str = "float16", target=None, max_evaluations: int = 16,
                          policy: Policy | None = None, calibrated: bool | Calibration = True,
                          run_target=None, on_evaluation=None,
-                         output_policy: Policy | None = None) -> tuple[tvm.IRModule, Report]:
+                         output_policy: Policy | None = None,
+                         ranking: str = "effect") -> tuple[tvm.IRModule, Report]:
     """Convert ``mod`` so that it meets ``tolerance`` on ``inputs`` with few float32 ops.
 
     Parameters
@@ -317,6 +318,10 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
         The policy the returned module is converted with, the bindings the search keeps in
         float32 excluded on top: the search's own policy plus what its inputs cannot exercise
         (``input_dtypes`` a model is fed in production, say). Default: ``policy``.
+    ranking : {"effect", "local"}
+        What orders the candidates: each binding's effect on the outputs
+        (:func:`output_effects`, the default) or its local error (:func:`local_errors`, the
+        earlier method, kept for comparison).
 
     Returns
     -------
@@ -331,6 +336,9 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
         The tolerance was not met within ``max_evaluations``.
     """
     start = time.perf_counter()
+    rankings = {"effect": output_effects, "local": local_errors}
+    if ranking not in rankings:
+        raise ValueError(f"ranking must be one of {sorted(rankings)}; got {ranking!r}")
     harness, candidates, batches = _prepare(mod, inputs, tolerance, metric, dtype, target,
                                             max_evaluations, policy, calibrated, run_target,
                                             on_evaluation)
@@ -345,7 +353,7 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
         rows = []
         for row in report.rows:
             if row.name in fp32 and row.function == "main":
-                reason = Reason.of("search_fallback", dtype=dtype,
+                reason = Reason.of("search_fallback", measure=measures[ranking],
                                    error=effects.get(row.name, float("nan")),
                                    rank=fp32.index(row.name) + 1)
                 row = dataclasses.replace(row, reasons=(reason,))
@@ -353,19 +361,24 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
         report.rows = rows
         main_ops = [r for r in report.ops if r.function == "main"]
         report.search = SearchResult(
-            "output effect", float(tolerance), value, value <= tolerance, harness.evaluations,
+            {"effect": "output effect", "local": "local error"}[ranking], float(tolerance),
+            value, value <= tolerance, harness.evaluations,
             list(fp32), len(_low_bindings(report)), time.perf_counter() - start,
             harness.history, fp32_macs=sum(r.macs for r in main_ops if r.name in fp32),
             total_macs=sum(r.macs for r in main_ops),
-            contributors=[(name, effects[name]) for name in ranked[:5]])
+            contributors=[(name, effects[name]) for name in ranked[:5]
+                          if ranking == "effect"])
         return converted, report
+
+    measures = {"effect": f"output error with it alone in {dtype}",
+                "local": f"local {dtype} error"}
 
     effects: dict = {}
     ranked: list = []
     value = harness.score([])
     if value <= tolerance:
         return finish([], value)
-    effects = output_effects(mod, batches, candidates, dtype, run_target)
+    effects = rankings[ranking](mod, batches, candidates, dtype, run_target)
     ranked = sorted((n for n in effects if effects[n] > 0), key=lambda n: -effects[n])
     # exponential search for a prefix that meets the tolerance, then binary search below it
     good, bad = None, 0

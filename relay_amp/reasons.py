@@ -104,8 +104,8 @@ TEXT = {
     "attention_pinned": (None, "result pinned to {dtype} (TVM's legalization of a scaled "
                                "attention returns float32)"),
     # the accuracy-driven search (relay_amp.fallback)
-    "search_fallback": ("fp32", "auto_mixed_precision fallback (output error {error:.3g} "
-                                "with it alone in {dtype}, rank {rank})"),
+    "search_fallback": ("fp32", "auto_mixed_precision fallback ({measure} {error:.3g}, "
+                                "rank {rank})"),
 }
 
 

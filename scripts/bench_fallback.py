@@ -1,4 +1,5 @@
-"""Fallback search benchmark: relay_amp's paired-run sensitivity search vs segment bisection.
+"""Fallback search benchmark: relay_amp's output-effect search vs its local-error ranking vs
+segment bisection.
 
 python scripts/bench_fallback.py --models palm_detection_full,light_squeezenet \
     --out results/fallback.json
@@ -20,10 +21,16 @@ def main(argv=None) -> int:
                         "ppocr_mobile_v2_cls,light_squeezenet,light_shufflenet")
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--out", default="results/fallback.json")
+    parser.add_argument("--methods", default="relay_amp,relay_amp_local,bisection",
+                        help="which searches (default: %(default)s)")
     args = parser.parse_args(argv)
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(methods) - {key for key, _ in bench_fallback.METHODS})
+    if unknown:
+        parser.error(f"unknown method(s): {', '.join(unknown)}")
     rows = []
     for name in progress_bar(args.models.split(","), desc="fallback", unit="model"):
-        rows.append(bench_fallback.measure(name, args.dtype))
+        rows.append(bench_fallback.measure(name, args.dtype, methods=methods))
         with open(args.out, "w", encoding="utf-8") as handle:
             json.dump(rows, handle, indent=1, default=float)
     print(bench_fallback.table(rows))

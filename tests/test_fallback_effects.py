@@ -128,3 +128,13 @@ def test_effects_leave_the_module_alone_and_measure_an_overflow(model):
                              "float16")
     assert effects["squared"] == np.inf and effects["scaled"] < 1e-3
     assert mod["main"].same_as(before)
+
+
+def test_ranked_by_local_error_the_same_search_keeps_the_macs_in_float32(model):
+    mod, batches, _ = model
+    _, report = relay_amp.auto_mixed_precision(mod, batches, 1e-3, ranking="local")
+    assert report.search.method == "local error" and report.search.contributors == []
+    assert report.low_precision_mac_fraction() < 0.5  # what the effect ranking avoids
+    assert "local float16 error" in report.find("real").rule
+    with pytest.raises(ValueError, match="ranking"):
+        relay_amp.auto_mixed_precision(mod, batches, 1e-3, ranking="global")

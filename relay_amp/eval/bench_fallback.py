@@ -44,8 +44,11 @@ def load(name: str):
     return loaded.mod, loaded.batches
 
 
-def measure(name: str, dtype: str = "float16", max_bisection: int = 60) -> dict:
-    """Both searches on one model, at a tolerance of half the calibrated conversion's error."""
+def measure(name: str, dtype: str = "float16", max_bisection: int = 60,
+            methods=("relay_amp", "relay_amp_local", "bisection")) -> dict:
+    """The searches on one model, at a tolerance of half the calibrated conversion's error:
+    relay_amp's (bindings ranked by their effect on the outputs), the same search ranked by
+    local error (its earlier method), and segment bisection."""
     from ..calibrate import calibrate
 
     mod, batches = load(name)
@@ -56,32 +59,48 @@ def measure(name: str, dtype: str = "float16", max_bisection: int = 60) -> dict:
     tolerance = baseline_error.relative_l2 / 2
     row = {"model": name, "dtype": dtype, "low_bindings": len(report.converted),
            "full_conversion_error": baseline_error.relative_l2, "tolerance": tolerance}
-    try:
-        _, found = fallback.auto_mixed_precision(mod, batches, tolerance, dtype=dtype,
-                                                 max_evaluations=30)
-        row["relay_amp"] = found.search.to_dict()
-    except RuntimeError as err:
-        row["relay_amp"] = {"met": False, "message": str(err)}
-    row["bisection"] = fallback.bisect_fallback(mod, batches, tolerance, dtype=dtype,
-                                                max_evaluations=max_bisection).to_dict()
+    for method, ranking in (("relay_amp", "effect"), ("relay_amp_local", "local")):
+        if method not in methods:
+            continue
+        try:
+            _, found = fallback.auto_mixed_precision(mod, batches, tolerance, dtype=dtype,
+                                                     max_evaluations=30, ranking=ranking)
+            row[method] = {**found.search.to_dict(),
+                           "low_mac_fraction": found.low_precision_mac_fraction()}
+        except RuntimeError as err:
+            row[method] = {"met": False, "message": str(err)}
+    if "bisection" in methods:
+        row["bisection"] = fallback.bisect_fallback(mod, batches, tolerance, dtype=dtype,
+                                                    max_evaluations=max_bisection).to_dict()
     return row
 
 
+#: The table's columns: a row's key and its heading.
+METHODS = (("relay_amp", "relay_amp (output effect)"),
+           ("relay_amp_local", "relay_amp ranked by local error"),
+           ("bisection", "bisection"))
+
+
 def table(rows) -> str:
-    lines = ["| model | low-precision ops | full-conversion error | tolerance | relay_amp: met / "
-             "fp32 ops / evaluations / s | bisection: met / fp32 ops / evaluations / s |",
-             "|---|---|---|---|---|---|"]
+    """Markdown: per model and method, met / float32 ops / evaluations / seconds (and the
+    float32 share of the MACs where recorded)."""
+    methods = [(key, title) for key, title in METHODS if any(key in row for row in rows)]
+    lines = ["| model | low-precision ops | full-conversion error | tolerance | "
+             + " | ".join(f"{title}: met / fp32 ops / evaluations / s" for _, title in methods)
+             + " |", "|---|---|---|---|" + "---|" * len(methods)]
     for row in rows:
         cells = []
-        for key in ("relay_amp", "bisection"):
-            result = row[key]
+        for key, _ in methods:
+            result = row.get(key, {})
             if "evaluations" in result:
-                cells.append(f"{'yes' if result['met'] else 'no'} / "
-                             f"{len(result['fp32_bindings'])} / {result['evaluations']} / "
-                             f"{result['seconds']:.0f}")
+                cell = (f"{'yes' if result['met'] else 'no'} / {len(result['fp32_bindings'])} / "
+                        f"{result['evaluations']} / {result['seconds']:.0f}")
+                if result.get("total_macs"):
+                    cell += f" ({100 * result['fp32_macs'] / result['total_macs']:.1f}% MACs)"
+                cells.append(cell)
             else:
-                cells.append(f"no: {result.get('message', '')[:60]}")
+                cells.append(f"no: {result.get('message', 'not run')[:60]}")
         lines.append(f"| {row['model']} | {row['low_bindings']} | "
                      f"{row['full_conversion_error']:.3g} | {row['tolerance']:.3g} | "
-                     f"{cells[0]} | {cells[1]} |")
+                     + " | ".join(cells) + " |")
     return "\n".join(lines)
