@@ -219,7 +219,7 @@ def _rebind_builder(te_func, recorder, builder) -> int:
     infers its output shape with it), and TVM offers no way to legalize an op into a TE
     function without a builder: relay_amp legalizes with a recorder (which cannot cross the
     FFI), so the function gets the real builder back here, the one place relay_amp touches a
-    closure of TVM's. tests/test_kernels.py fails if matmul's legalization stops closing over
+    closure of TVM's. tests/pass/test_kernels.py fails if matmul's legalization stops closing over
     its builder (then this is not needed) or closes over it in a way this does not reach."""
     changed = 0
     for cell in getattr(te_func, "__closure__", None) or ():

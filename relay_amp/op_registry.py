@@ -3,7 +3,7 @@ conversion uses about it, as TVM keeps per-op attributes with each op.
 
 A record (:class:`OpInfo`) says which built-in group puts the op in a category and why (the
 reason the report quotes), whether the op is exact in any dtype, what TVM's FuseOps does with it
-(measured on TVM 0.27 with LegalizeOps + AnnotateTIROpPattern; tests/test_gpu_cost.py
+(measured on TVM 0.27 with LegalizeOps + AnnotateTIROpPattern; tests/eval/test_gpu_cost.py
 re-measures a sample), whether it ranks its inputs, centres them or forms a residual sum, which
 values its result holds, how many multiply-accumulates it does, what TVM cannot compile in a
 low-precision dtype, and the few hooks (:mod:`relay_amp.op_hooks`) by which it departs from the
@@ -513,7 +513,7 @@ def fuses(producer: FusionKind, consumer: FusionKind) -> bool:
     producer's only use). ``producer`` is the kind of the producer's kernel: an elementwise op
     fused into a convolution's epilogue is ``ANCHOR``. This restates FuseOps' rule
     (``src/relax/transform/fuse_ops.cc``), which TVM exposes to no caller: the kernel plan must
-    know before the rewrite what FuseOps will do after it. tests/test_gpu_cost_shapes.py runs
+    know before the rewrite what FuseOps will do after it. tests/pass/test_gpu_cost_shapes.py runs
     TVM's own FuseOps on what that plan produces (a BERT layer as torch.export writes it, an NHWC
     residual block, a YOLO head ...) and fails if a planned boundary turns into a standalone
     cast kernel or an extra kernel, which is what a change of FuseOps' rule would do."""

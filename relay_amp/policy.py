@@ -638,7 +638,7 @@ def _check_names(names, regex: bool, where: str) -> list[str]:
 # ...`` (a JSON string or a dict alike), and a PassContext object takes no Python attributes
 # (``PassContext.current()`` is a fresh wrapper each call). So the stack lives here, in this one
 # place: amp_config pushes, current_policy reads (ToMixedPrecision when it is built, convert when
-# it is called). tests/test_policy.py::test_pass_context_cannot_carry_the_policy fails once TVM
+# it is called). tests/pass/test_policy.py::test_pass_context_cannot_carry_the_policy fails once TVM
 # lets a package register the key; then move amp_config onto PassContext.
 _CONFIG = threading.local()
 

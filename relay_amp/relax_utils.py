@@ -109,7 +109,7 @@ class BuiltBlock:
     ``block`` holds it afterwards. This is the one place relay_amp uses TVM's private
     BlockBuilder calls (``_begin_binding_block``, ``_begin_dataflow_block``, ``_end_block``):
     a mutator rebuilding a SeqExpr block by block has no public way to end a block and get it
-    back. ``tests/test_layout.py`` fails if TVM renames them."""
+    back. ``tests/house/test_layout.py`` fails if TVM renames them."""
 
     PRIVATE_CALLS = ("_begin_binding_block", "_begin_dataflow_block", "_end_block")
 
@@ -147,6 +147,6 @@ def same_dtypes(a, b) -> bool:
 #: ScheduleError, and a Python error raised inside a callback comes back as one), and the
 #: legalizations, written in Python, fail on an operand they cannot read with AttributeError or
 #: an assert. relay_amp catches exactly these where it asks TVM and falls back (keeps the op as
-#: it is); tests/test_tvm_errors.py triggers them. KeyError and IndexError are not among them:
+#: it is); tests/pass/test_tvm_errors.py triggers them. KeyError and IndexError are not among them:
 #: there they are relay_amp's own bugs.
 TVM_ERRORS = (RuntimeError, ValueError, TypeError, AttributeError, AssertionError)

@@ -132,7 +132,7 @@ def _bfloat16_groups():
     ``in_dtype="float16"`` written into the rule, and TVM offers no parameter for the dtype.
     While this is active that lookup answers with the bfloat16 intrinsics, so the schedule is
     dlight's own, not a copy. This is the one place relay_amp reaches into dlight;
-    ``tests/test_tensor_cores.py`` fails if TVM changes how the rule finds its intrinsics."""
+    ``tests/pass/test_tensor_cores.py`` fails if TVM changes how the rule finds its intrinsics."""
     from tvm.s_tir.tensor_intrin import cuda
 
     register_bfloat16_intrinsics()

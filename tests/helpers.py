@@ -9,6 +9,23 @@ from tvm.script import relax as R
 import relay_amp
 from relay_amp import execution
 
+#: ImageNet's per-channel mean and std on the 0-255 scale (uint8 images straight in).
+IMAGENET_UINT8 = {"mean": [255.0 * m for m in (0.485, 0.456, 0.406)],
+                  "std": [255.0 * s for s in (0.229, 0.224, 0.225)]}
+
+
+def host_normalize(batch):
+    """``uint8`` NCHW images as a float32 pipeline feeds them: ``(x - mean) / std`` per
+    channel (:data:`IMAGENET_UINT8`)."""
+    mean = np.array(IMAGENET_UINT8["mean"], "float32")[:, None, None]
+    std = np.array(IMAGENET_UINT8["std"], "float32")[:, None, None]
+    return ((batch.astype("float32") - mean) / std).astype("float32")
+
+
+def builtin_convert(mod):
+    """TVM's own ``relax.transform.ToMixedPrecision`` (float16, float32 outputs): the baseline."""
+    return tvm.relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+
 
 def convert_checked(mod, dtype, **kwargs):
     """Convert, and check the invariants every conversion must keep."""

@@ -4,7 +4,7 @@ import pathlib
 import re
 import runpy
 
-README = (pathlib.Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+README = (pathlib.Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
 
 
 def _blocks(language):

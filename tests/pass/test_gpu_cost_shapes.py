@@ -11,11 +11,10 @@ float32 or as uint8."""
 import numpy as np
 import pytest
 import tvm
-from helpers import convert_checked, run_module
+from helpers import IMAGENET_UINT8, convert_checked, run_module
 from tvm import relax
 
 import relay_amp
-from relay_amp.eval.data import IMAGENET_UINT8
 from relay_amp.gpu_cost import gpu_cost, lower_for_cuda
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}

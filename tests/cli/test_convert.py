@@ -26,7 +26,7 @@ from relay_amp.cli import report as saved_report
 
 pytestmark = pytest.mark.zoo  # the model zoo: pip install -r requirements.txt
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "relay_amp.cli"]
 OUTPUTS = {"model.so", "report.md", "report.json", "policy.json"}
 

@@ -1,9 +1,9 @@
 """Golden conversions: the converted module of every case below, as TVMScript, is what
-``tests/golden/<case>.<dtype>.<target>.txt`` holds. A restructuring of the pass must leave them
+``tests/eval/golden/<case>.<dtype>.<target>.txt`` holds. A restructuring of the pass must leave them
 as they are, and a test failure shows the diff; a change that means to alter conversions
-rewrites the files (``python tests/test_golden.py --update``), so the commit shows what changed.
+rewrites the files (``python tests/eval/test_golden.py --update``), so the commit shows what changed.
 
-Cases: the module-level modules of the test files, the benchmark's synthetic graphs, small
+Cases: the module-level modules of the pass's test files (tests/pass), the benchmark's synthetic graphs, small
 BERT/ViT/LLaMA stacks and the sweep's default models (converted as the sweep converts them:
 calibrated, uint8 input), each in float16 and bfloat16, without a target and for CUDA. The
 text leaves constant values out (TVMScript's metadata), so float32 results of an MXNet
@@ -30,7 +30,7 @@ DTYPES = ("float16", "bfloat16")
 
 
 def _test_file_modules():
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parent / "pass"))
     for stem in TEST_FILES:
         module = importlib.import_module(stem)
         for name, value in sorted(vars(module).items()):
@@ -79,14 +79,14 @@ def conversions(sources=(_test_file_modules, _graphs, _sweep_defaults)) -> dict:
 def _check(now: dict, recorded: dict) -> None:
     assert sorted(now) == sorted(recorded), (
         f"cases changed (new: {sorted(set(now) - set(recorded))}, gone: "
-        f"{sorted(set(recorded) - set(now))}): run python tests/test_golden.py --update")
+        f"{sorted(set(recorded) - set(now))}): run python tests/eval/test_golden.py --update")
     changed = sorted(case for case in now if now[case] != recorded[case])
     shown = []
     for case in changed[:4]:
         diff = difflib.unified_diff(recorded[case].splitlines(), now[case].splitlines(),
                                     f"recorded/{case}", f"now/{case}", lineterm="", n=1)
         shown.extend(list(diff)[:40])
-    assert not changed, (f"{len(changed)} conversions differ from tests/golden: {changed}\n"
+    assert not changed, (f"{len(changed)} conversions differ from tests/eval/golden: {changed}\n"
                          + "\n".join(shown))
 
 
@@ -106,7 +106,7 @@ def test_sweep_conversions_are_as_recorded():
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--update"]:
-        sys.exit("usage: python tests/test_golden.py --update")
+        sys.exit("usage: python tests/eval/test_golden.py --update")
     GOLDEN.mkdir(exist_ok=True)
     texts = conversions()
     for stale in set(p.name for p in GOLDEN.glob("*.txt")) - set(texts):

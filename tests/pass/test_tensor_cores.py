@@ -14,7 +14,6 @@ from tvm import relax
 
 import relay_amp
 from relay_amp import tensor_cores
-from relay_amp.eval import gpu_bench
 from relay_amp.pipeline import SM_COUNT, sm_count
 
 NVCC = shutil.which("nvcc")
@@ -72,21 +71,6 @@ def test_matmuls_use_tensor_cores_for_every_spelling_of_the_arch(spelling, dtype
         assert _ptx_tensor_core_inputs(source, tmp_path, arch) == {PTX[dtype]}
 
 
-@pytest.mark.parametrize("spelling", list(TARGETS))
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_a_converted_bert_layer_runs_its_matmuls_on_tensor_cores(spelling, dtype, tmp_path):
-    layer = gpu_bench.bert_encoder(layers=1, hidden=128, heads=2, ffn=256, seq=128)
-    converted, report = relay_amp.convert(layer.mod, dtype, target=TARGETS[spelling])
-    assert any("run on tensor cores" in note for note in report.notes)
-    source = _cuda_source(converted, TARGETS[spelling])
-    assert _fragment_dtypes(source) == {FRAGMENT[dtype]}
-    on_tensor_cores = {re.search(r"void (?:__launch_bounds__\(\d+\) )?(\w+)\(", kernel).group(1)
-                       for kernel in source.split("__global__")[1:] if "mma_sync" in kernel}
-    assert len(on_tensor_cores) >= 3  # the projections, the MLP's up and (split-K) down
-    if NVCC is not None and spelling in ("sm_90a", "h100 tag"):
-        assert _ptx_tensor_core_inputs(source, tmp_path, "sm_90a") == {PTX[dtype]}
-
-
 def test_targets_without_tensor_cores_for_the_dtype_are_named_and_get_none():
     assert _fragment_dtypes(_cuda_source(_matmul("bfloat16"), {"kind": "cuda",
                                                                "arch": "sm_75"})) == set()
@@ -142,6 +126,7 @@ def test_the_arch_is_read_as_a_number_everywhere():
     assert tensor_cores.arch_number(tvm.target.Target("llvm")) is None
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not tvm.cuda(0).exist, reason="needs a CUDA GPU to run the kernel")
 def test_a_bfloat16_tensor_core_matmul_matches_numpy_on_a_gpu():
     import ml_dtypes

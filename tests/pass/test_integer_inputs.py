@@ -4,13 +4,12 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from helpers import convert_checked, run_module
+from helpers import IMAGENET_UINT8, convert_checked, host_normalize, run_module
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
 from relay_amp import execution
-from relay_amp.eval.data import IMAGENET_UINT8, ImageBatches, normalize, sample_images
 
 
 @I.ir_module
@@ -78,27 +77,6 @@ def test_no_float32_copy_of_the_input_exists():
     assert (1, 3, 16, 16) not in shapes
 
 
-def test_loader_and_uint8_model_match_host_normalized_float32(dtype):
-    photos = sample_images(4, 64)
-    batches = list(ImageBatches(photos, size=16, batch_size=1))
-    rng = np.random.default_rng(0)
-    weight = rng.normal(0, 0.3, (8, 3, 3, 3)).astype("float32")
-    converted, _ = relay_amp.convert(Conv, dtype, input_dtypes={"data": "uint8"},
-                                     input_normalization={"data": IMAGENET_UINT8})
-    reference_vm = execution.compile_module(Conv)
-    converted_vm = execution.compile_module(converted)
-    reference, outputs = [], []
-    for batch in batches:
-        assert batch.dtype == np.uint8 and batch.shape == (1, 3, 16, 16)
-        host = normalize(batch.transpose(0, 2, 3, 1))  # the float32 pipeline normalizes on host
-        reference += execution.run(reference_vm, [host, weight])
-        outputs += execution.run(converted_vm, [batch, weight])
-    agreement = execution.agreement(reference, outputs)
-    assert agreement.nonfinite == 0
-    assert agreement.relative_l2 < {"float16": 1e-3, "bfloat16": 1e-2}[dtype], agreement
-
-
-
 @I.ir_module
 class DataBatchNorm:  # GluonCV's v2 ResNets: an inference batch_norm on the input first
     @R.function
@@ -133,7 +111,7 @@ def test_input_read_only_in_float32_is_cast_to_float32(dtype):
     inputs = [rng.normal(0, 0.3, (8, 3, 3, 3)).astype("float32"),
               rng.normal(0, 0.5, 3).astype("float32"), rng.uniform(0.5, 2, 3).astype("float32")]
     reference = execution.run(execution.compile_module(DataBatchNorm),
-                              [normalize(batch.transpose(0, 2, 3, 1)), *inputs])
+                              [host_normalize(batch), *inputs])
     error = execution.agreement(reference, execution.run(execution.compile_module(new),
                                                          [batch, *inputs])).relative_l2
     twice = execution.agreement(reference, execution.run(execution.compile_module(untargeted),

@@ -2,14 +2,13 @@
 
 import numpy as np
 import pytest
-from helpers import random_inputs, run_module
+from helpers import builtin_convert, random_inputs, run_module
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
 import relay_amp
 from relay_amp import execution
-from relay_amp.eval.stats import builtin_convert
 
 TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2}
 

@@ -249,7 +249,7 @@ def test_accuracy_doc_appends_a_section_per_further_sweep(tmp_path):
     extra = tmp_path / "extra.json"
     extra.write_text(json.dumps(results))
     out = tmp_path / "ACCURACY.md"
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "accuracy_doc.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "accuracy_doc.py")
     done = subprocess.run([sys.executable, script, "--results", str(main), "--out", str(out),
                            "--fallback", str(tmp_path / "none.json"),
                            "--section", f"Transformers={extra}"],

@@ -16,7 +16,7 @@ from tvm.script import relax as R
 import relay_amp
 from relay_amp.cli import arguments, progress
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @I.ir_module

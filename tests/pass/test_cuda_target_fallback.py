@@ -11,7 +11,6 @@ from tvm.script import relax as R
 
 from relay_amp import kernels
 from relay_amp.dtypes import numpy_dtype
-from relay_amp.eval import conformance
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 TOLERANCE = {"float16": 2e-3, "bfloat16": 2e-2}
@@ -84,21 +83,3 @@ def test_the_recorder_refuses_a_legalization_beyond_call_te():
     assert emitter.emit_mixed("einsum", call, [pair], "float32", "y", False) is None
     assert emitter.not_emitted.code == "kernel_not_emitted"
     assert "lookup_binding" in emitter.not_emitted.values["why"]
-
-
-@pytest.mark.zoo
-@pytest.mark.parametrize("name", ["test_nllloss_NCd1_expanded",
-                                  "test_nllloss_NCd1d2_reduction_mean_expanded"])
-def test_the_onnx_cases_that_crashed_pass_in_the_cuda_modes(name):
-    path = next(p for p in conformance.case_dirs(["node"]) if p.endswith("/" + name))
-    row = conformance.run_case(path, modes=("cuda", "cuda_low_io"))
-    for mode in ("cuda", "cuda_low_io"):
-        outcome, results = conformance.mode_outcome(row, mode)
-        assert outcome == "pass", results
-
-
-def test_the_cuda_modes_convert_for_cuda_with_and_without_low_precision_io():
-    assert conformance.MODES["cuda"].target == conformance.MODES["cuda_low_io"].target == CUDA
-    assert conformance.MODES["cuda_low_io"].low_io and not conformance.MODES["cuda"].low_io
-    assert conformance.MODES["default"].target is None
-    assert {"cuda/float16", "cuda_low_io/bfloat16"} <= set(conformance.units())

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tvm
-from helpers import convert_checked
+from helpers import builtin_convert, convert_checked
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
@@ -237,8 +237,6 @@ def test_builtin_pass_round_trips_where_we_do_not():
                     if source in casts and str(casts[source].ty.dtype) == str(value.ty.dtype):
                         found += 1
         return found
-
-    from relay_amp.eval.stats import builtin_convert
 
     ours, _ = relay_amp.convert(Before, "float16")
     assert round_trips(ours) == 0
@@ -747,8 +745,6 @@ def test_outer_converts_where_the_builtin_pass_crashes(dtype):
             return gv1
 
     check(Before, Expected, dtype)
-    from relay_amp.eval.stats import builtin_convert
-
     with pytest.raises(Exception, match="attr_map"):
         builtin_convert(Before)
 

@@ -88,3 +88,30 @@ def test_readme_layout_names_every_module():
                and f"`{p.name}`" not in layout]
     assert not missing, f"README's Layout section does not name {missing}"
 
+
+
+TESTS = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_the_pass_tests_import_no_harness_and_no_command():
+    files = sorted((TESTS / "pass").glob("*.py"))
+    assert len(files) >= 20
+    offenders = {}
+    for path in [*files, TESTS / "helpers.py", TESTS / "stages.py"]:
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        bad = sorted(n for n in names if n.startswith(("relay_amp.eval", "relay_amp.cli")))
+        if bad:
+            offenders[path.name] = bad
+    assert offenders == {}
+
+
+def test_tests_live_in_the_folder_of_what_they_test():
+    assert sorted(p.name for p in TESTS.glob("test_*.py")) == []
+    assert {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))
+            } >= {"pass", "cli", "eval", "house"}
