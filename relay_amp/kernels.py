@@ -67,15 +67,16 @@ class KernelEmitter:
         return result
 
     def emit_absorbing(self, op: str, call, args, operands, out_dtype, name: str,
-                               output: bool):
-        """``op`` on the sum of ``operands`` (the absorbed add), formed in float32 in the same
-        kernel; ``args`` are the op's other operands (``args[0]`` is the add)."""
+                               output: bool, add_op: str = "add"):
+        """``op`` on the sum of ``operands`` (the absorbed ``add_op``, a ``residual_add`` of the
+        op registry), formed in float32 in the same kernel; ``args`` are the op's other operands
+        (``args[0]`` is the add)."""
         from tvm import topi
 
         def widened_sum(*tensors):
             total = topi.cast(tensors[0], "float32")
             for tensor in tensors[1:]:
-                total = topi.add(total, topi.cast(tensor, "float32"))
+                total = getattr(topi, add_op)(total, topi.cast(tensor, "float32"))
             return total
 
         low = self.low
@@ -84,7 +85,8 @@ class KernelEmitter:
             name, output, out_dtype, prologue=(0, widened_sum, operands)))
         if kernel is None:  # the add as its own kernel, then the op
             widened = [self.casts.cast(o, "float32") for o in operands]
-            total = self.casts.emit_named(relax.op.add(*widened), f"{name}_sum", False)
+            total = self.casts.emit_named(getattr(relax.op, add_op)(*widened), f"{name}_sum",
+                                          False)
             return self.emit_mixed(op, call, [total, *args[1:]], out_dtype, name, output)
         return kernel
 

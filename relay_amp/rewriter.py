@@ -274,7 +274,7 @@ class MixedPrecisionRewriter(PyExprMutator):
             add_call, add_plan, operands = self._absorbed.pop(absorbed)
             out_dtype = self._mixed_out_dtype(var, output)
             kernel = self.emitter.emit_absorbing(plan.op, call, new_args, operands, out_dtype,
-                                                 var.name, output)
+                                                 var.name, output, add_op=add_plan.op)
             plan = plan.adding(Reason.of(
                 "absorbing_kernel", operands=" + ".join(o.name for o in operands),
                 writes=" and ".join(as_tuple(out_dtype))))

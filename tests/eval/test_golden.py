@@ -1,12 +1,13 @@
 """Golden conversions: the converted module of every case below, as TVMScript, is what
-``tests/eval/golden/<case>.<dtype>.<target>.txt`` holds. A restructuring of the pass must leave them
-as they are, and a test failure shows the diff; a change that means to alter conversions
-rewrites the files (``python tests/eval/test_golden.py --update``), so the commit shows what changed.
+``tests/eval/golden/<case>.<dtype>.<target>.txt`` holds. A restructuring of the pass must leave
+them as they are, and a test failure shows the diff; a change that means to alter conversions
+rewrites the files (``python tests/eval/test_golden.py --update``), so the commit shows what
+changed.
 
-Cases: the module-level modules of the pass's test files (tests/pass), the benchmark's synthetic graphs, small
-BERT/ViT/LLaMA stacks and the sweep's default models (converted as the sweep converts them:
-calibrated, uint8 input), each in float16 and bfloat16, without a target and for CUDA. The
-text leaves constant values out (TVMScript's metadata), so float32 results of an MXNet
+Cases: the module-level modules of the pass's test files (tests/pass), the benchmark's synthetic
+graphs, small BERT/ViT/LLaMA stacks and the sweep's default models (converted as the sweep
+converts them: calibrated, uint8 input), each in float16 and bfloat16, without a target and for
+CUDA. The text leaves constant values out (TVMScript's metadata), so float32 results of an MXNet
 re-estimation that differ in the last bit between CPUs do not change it.
 """
 
