@@ -1,9 +1,10 @@
 """The ``relay-amp`` command.
 
 ``relay-amp convert MODEL -o OUT`` converts a model file and compiles it (:mod:`.convert`);
-``relay-amp report OUT/report.json`` prints a saved report (:mod:`.report`). ``sweep`` and
-``bench`` measure the pass on the model zoo: they belong to the evaluation harness
-(:mod:`relay_amp.eval.commands`), which this command hands them to unparsed.
+``relay-amp report OUT/report.json`` prints a saved report (:mod:`.report`). Other subcommands
+(``sweep`` and ``bench``, which measure the pass on the model zoo) are plugins: the evaluation
+harness registers them as entry points of the group ``relay_amp.commands`` (pyproject.toml),
+and this command hands them their arguments unparsed. It never imports the harness itself.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ import sys
 
 from .arguments import CommandError, Interrupted, UsageError, error_exit, parse_input, split_list
 
-#: The harness's subcommands: name -> help.
-HARNESS_COMMANDS = {
-    "sweep": "measure models: float32 vs relay_amp float16/bfloat16 vs TVM's pass",
-    "bench": "conversion speed and scaling, casts, bytes, CPU latency vs TVM's pass",
-}
+#: The entry-point group of subcommands that other packages (the harness) provide.
+PLUGIN_GROUP = "relay_amp.commands"
+
+
+def plugin_commands() -> dict:
+    """Subcommand name -> its entry point (``main(argv) -> exit code``), not yet loaded."""
+    from importlib.metadata import entry_points
+
+    return {point.name: point for point in entry_points(group=PLUGIN_GROUP)}
 
 
 def _one_line_errors(parser: argparse.ArgumentParser, name: str) -> None:
@@ -80,10 +85,8 @@ def _report(args) -> int:
     return 0
 
 
-def _harness(argv: list) -> int:
-    from ..eval import commands  # the model zoo's imports stay out of convert and report
-
-    return commands.main(argv)
+def _plugin(point, argv: list) -> int:
+    return point.load()(argv)  # loaded only when asked for: convert and report stay light
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,8 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
         "compile it (convert), print a saved report (report), measure the pass on the model zoo "
         "(sweep, bench).")
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, text in HARNESS_COMMANDS.items():
-        commands.add_parser(name, help=text, add_help=False)  # main() hands these on
+    for name, point in plugin_commands().items():  # main() hands these on
+        provider = point.value.split(":")[0]
+        commands.add_parser(name, help=f"provided by {provider} (relay-amp {name} --help)",
+                            add_help=False)
     convert = commands.add_parser(
         "convert", help="convert your model file: a compiled library, its report and policy out",
         description="Convert an ONNX, TFLite or torch.export (.pt2) model to float16/bfloat16 "
@@ -163,8 +168,9 @@ def main(argv=None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] in HARNESS_COMMANDS:
-            code = _harness(argv)
+        plugins = plugin_commands()
+        if argv and argv[0] in plugins:
+            code = _plugin(plugins[argv[0]], argv)
         else:
             args = build_parser().parse_args(argv)
             args.argv = argv[1:]

@@ -165,7 +165,11 @@ _TFLITE_TYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64",
 
 def read_tflite(path: str):
     """The TFLite model in the flatbuffer file ``path`` (the one place ``tflite`` is used)."""
-    import tflite
+    try:
+        import tflite
+    except ImportError:
+        raise UsageError("reading .tflite files needs the tflite package: pip install tflite "
+                         "(or pip install -r requirements.txt)") from None
 
     with open(path, "rb") as handle:
         return tflite.Model.GetRootAsModel(handle.read(), 0)

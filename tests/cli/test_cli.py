@@ -147,3 +147,12 @@ def test_a_corrupt_model_file_is_one_error_line_not_a_traceback(tmp_path):
                                 capture_output=True, text=True, cwd=ROOT)
         assert result.returncode in (1, 2), result.stderr  # unreadable, or TVM cannot import
         assert result.stderr.startswith("relay-amp convert: ") and result.stderr.count("\n") == 1
+
+
+def test_a_tflite_file_without_the_tflite_package_is_a_clear_usage_error(tmp_path, monkeypatch):
+    from relay_amp.cli import frontends
+    from relay_amp.cli.arguments import UsageError
+
+    monkeypatch.setitem(sys.modules, "tflite", None)  # import tflite raises ImportError
+    with pytest.raises(UsageError, match="needs the tflite package: pip install tflite"):
+        frontends.read_tflite(str(tmp_path / "model.tflite"))

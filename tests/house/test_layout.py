@@ -115,3 +115,17 @@ def test_tests_live_in_the_folder_of_what_they_test():
     assert sorted(p.name for p in TESTS.glob("test_*.py")) == []
     assert {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))
             } >= {"pass", "cli", "eval", "house"}
+
+
+def test_the_command_never_imports_the_harness_it_hands_sweep_and_bench_to():
+    """No import loop between the command and the harness: relay_amp.cli finds the harness's
+    subcommands as entry points; only the harness imports the command's helpers."""
+    from relay_amp import cli
+
+    command = sorted((PACKAGE / "cli").glob("*.py"))
+    offenders = {p.name: sorted(n for n in _imported_modules(p) if n.startswith("relay_amp.eval"))
+                 for p in command}
+    assert {k: v for k, v in offenders.items() if v} == {}
+    plugins = cli.plugin_commands()
+    assert {"sweep", "bench"} <= set(plugins)
+    assert {plugins[n].value for n in ("sweep", "bench")} == {"relay_amp.eval.commands:main"}
