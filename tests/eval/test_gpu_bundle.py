@@ -118,6 +118,7 @@ def test_bundle_models_are_built_per_batch_size():
         gpu_bundle.build_bundle("unused", ["bert_base"], kind="llvm", batches=(0,))
 
 
+@pytest.mark.zoo  # torch and transformers: requirements.txt
 @pytest.mark.parametrize("model", small_models(), ids=lambda m: m.name)
 def test_the_runner_times_the_pytorch_counterpart(model):
     pytest.importorskip("transformers", reason="the PyTorch counterparts are built with it")

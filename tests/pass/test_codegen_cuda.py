@@ -115,6 +115,7 @@ def _libnvrtc():
 
 
 @needs_nvcc
+@pytest.mark.zoo  # NVRTC comes with the full development set (requirements.txt)
 @pytest.mark.parametrize("idiom", sorted(IDIOMS))
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_patched_source_also_compiles_under_nvrtc(dtype, idiom):
