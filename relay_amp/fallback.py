@@ -282,7 +282,24 @@ def _prepare(mod, inputs, tolerance, metric, dtype, target, max_evaluations, pol
     harness = _Harness(mod, batches, metric, dtype, policy, target, calibration, run_target,
                        on_evaluation)
     _, first = harness.convert([])
+    harness.first = first
     return harness, _low_bindings(first), batches
+
+
+def _costs(mod: tvm.IRModule, report: Report) -> dict:
+    """What keeping each binding of ``main`` in float32 costs: its multiply-accumulates plus
+    its output's elements (so that, between ops without MACs, the smaller is cheaper)."""
+    macs = {r.name: r.macs for r in report.ops if r.function == "main"}
+    costs = {}
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            ty = binding.var.ty
+            elements = 1
+            if isinstance(ty, relax.TensorType) and ty.shape is not None:
+                for dim in ty.shape.values:
+                    elements *= int(dim) if isinstance(dim, tvm.tirx.IntImm) else 1
+            costs[binding.var.name] = macs.get(binding.var.name, 0) + elements
+    return costs
 
 
 def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="relative_l2",
@@ -366,8 +383,8 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
             list(fp32), len(_low_bindings(report)), time.perf_counter() - start,
             harness.history, fp32_macs=sum(r.macs for r in main_ops if r.name in fp32),
             total_macs=sum(r.macs for r in main_ops),
-            contributors=[(name, effects[name]) for name in ranked[:5]
-                          if ranking == "effect"])
+            contributors=sorted(((n, effects[n]) for n in ranked if ranking == "effect"),
+                                key=lambda item: -item[1])[:5])
         return converted, report
 
     measures = {"effect": f"output error with it alone in {dtype}",
@@ -379,7 +396,11 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
     if value <= tolerance:
         return finish([], value)
     effects = rankings[ranking](mod, batches, candidates, dtype, run_target)
-    ranked = sorted((n for n in effects if effects[n] > 0), key=lambda n: -effects[n])
+    # output errors of independent roundings add in quadrature: each binding kept float32
+    # removes about its effect squared, for its cost in MACs (a greedy knapsack order)
+    costs = _costs(mod, harness.first) if ranking == "effect" else {}
+    ranked = sorted((n for n in effects if effects[n] > 0),
+                    key=lambda n: (-effects[n] ** 2 / max(costs.get(n, 1), 1), n))
     # exponential search for a prefix that meets the tolerance, then binary search below it
     good, bad = None, 0
     k = 1
