@@ -1,6 +1,9 @@
 """What a stage test needs to run one stage on ``main`` of a TVMScript module: its context,
 signature and scope, made as :func:`relay_amp.convert` makes them (no harness)."""
 
+from tvm.script import ir as I
+from tvm.script import relax as R
+
 from relay_amp.casts import Constants
 from relay_amp.decide import Decider
 from relay_amp.demand import DemandPlanner
@@ -14,6 +17,20 @@ from relay_amp.targets import as_target, kernel_settings, target_rule
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 DTYPES = ("float16", "bfloat16")
+
+
+@I.ir_module
+class MatmulReluMatmulSoftmax:
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float32"),
+             v: R.Tensor((8, 8), "float32")):
+        with R.dataflow():
+            a = R.matmul(x, w)
+            b = R.nn.relu(a)
+            c = R.matmul(b, v)
+            d = R.nn.softmax(c, axis=-1)
+            R.output(d)
+        return d
 
 
 class Stages:

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from test_sweep_parallel import _InProcess
 
 from relay_amp.eval import metrics, ocr, sweep
 from relay_amp.eval.models import REGISTRY, get_spec
@@ -372,24 +373,6 @@ def test_measure_model_asks_the_loader_for_batches_and_records_the_count(monkeyp
     default = sweep.measure_model("resnet18_v1", ("float16",), target=None)
     assert asked[-1] == ("resnet18_v1", None)
     assert default["batches"] == 1 and default["batches_requested"] is None
-
-
-class _InProcess:
-    """A stand-in for a spawned process that runs its target at start (so monkeypatches hold)."""
-
-    exitcode = 0
-
-    def __init__(self, target, args):
-        self.target, self.args = target, args
-
-    def start(self):
-        self.target(*self.args)
-
-    def join(self, timeout=None):
-        pass
-
-    def is_alive(self):
-        return False
 
 
 def test_batches_reach_the_child_and_other_counts_are_measured_again(tmp_path, monkeypatch):

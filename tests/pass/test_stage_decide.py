@@ -5,7 +5,7 @@ keeps float32; its output is frozen."""
 import dataclasses
 
 import pytest
-from stages import CUDA, DTYPES, Stages
+from stages import CUDA, DTYPES, MatmulReluMatmulSoftmax, Stages
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -15,20 +15,6 @@ from relay_amp.signature import FP32_BOUNDARY
 
 #: An x86 CPU without avx512fp16 or avx512bf16: dot products only store the low dtype.
 STORAGE_ONLY = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}
-
-
-@I.ir_module
-class MatmulReluMatmulSoftmax:
-    @R.function
-    def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float32"),
-             v: R.Tensor((8, 8), "float32")):
-        with R.dataflow():
-            a = R.matmul(x, w)
-            b = R.nn.relu(a)
-            c = R.matmul(b, v)
-            d = R.nn.softmax(c, axis=-1)
-            R.output(d)
-        return d
 
 
 @I.ir_module

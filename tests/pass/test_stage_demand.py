@@ -3,7 +3,7 @@ consumers want (what an operand must be), and the mode, accumulation and reason 
 binding whose mode steps 1 and 1b left open."""
 
 import pytest
-from stages import CUDA, DTYPES, Stages
+from stages import CUDA, DTYPES, MatmulReluMatmulSoftmax, Stages
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -23,20 +23,6 @@ class TwoBranches:
             g = R.matmul(f, x)
             R.output(d, g)
         return (d, g)
-
-
-@I.ir_module
-class MatmulReluMatmulSoftmax:
-    @R.function
-    def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float32"),
-             v: R.Tensor((8, 8), "float32")):
-        with R.dataflow():
-            a = R.matmul(x, w)
-            b = R.nn.relu(a)
-            c = R.matmul(b, v)
-            d = R.nn.softmax(c, axis=-1)
-            R.output(d)
-        return d
 
 
 def wanted(stages, demand, name):

@@ -6,26 +6,12 @@ inputs arrive; then the structural tests of the conversion at kernel boundaries.
 import numpy as np
 import pytest
 from helpers import convert_checked, random_inputs, run_module
-from stages import CUDA, DTYPES, Stages
+from stages import CUDA, DTYPES, MatmulReluMatmulSoftmax, Stages
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 from relay_amp.kinds import Mode
-
-
-@I.ir_module
-class MatmulReluMatmulSoftmax:
-    @R.function
-    def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float32"),
-             v: R.Tensor((8, 8), "float32")):
-        with R.dataflow():
-            a = R.matmul(x, w)
-            b = R.nn.relu(a)
-            c = R.matmul(b, v)
-            d = R.nn.softmax(c, axis=-1)
-            R.output(d)
-        return d
 
 
 @I.ir_module
