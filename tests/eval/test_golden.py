@@ -99,6 +99,7 @@ def test_conversions_are_as_recorded():
 
 
 @pytest.mark.zoo
+@pytest.mark.slow
 def test_sweep_conversions_are_as_recorded():
     """The sweep's default models, calibrated, with uint8 input."""
     recorded = {path.name: path.read_text() for path in GOLDEN.glob("sweep.*.txt")}

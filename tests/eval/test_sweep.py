@@ -507,6 +507,7 @@ def _untimed(value):
     return value
 
 
+@pytest.mark.slow
 def test_two_real_models_sharded_and_merged_match_one_parallel_run(tmp_path):
     from relay_amp.eval import shards
 
