@@ -143,10 +143,14 @@ def output_agreement(reference: list, outputs: list, extra: dict) -> dict:
     counts every output."""
     from ..execution import agreement
 
+    per_output = [agreement([batch[i] for batch in reference],
+                            [batch[i] for batch in outputs]).relative_l2
+                  for i in range(len(reference[0]))]
     chosen = extra.get("error_outputs")
     if not chosen:
-        return agreement([o for batch in reference for o in batch],
-                         [o for batch in outputs for o in batch]).as_dict()
+        return {**agreement([o for batch in reference for o in batch],
+                            [o for batch in outputs for o in batch]).as_dict(),
+                "relative_l2_per_output": per_output}
     own = [i for i in range(len(reference[0])) if i not in chosen]
     every = agreement([batch[i] for batch in reference for i in own],
                       [batch[i] for batch in outputs for i in own]).as_dict()
@@ -155,6 +159,7 @@ def output_agreement(reference: list, outputs: list, extra: dict) -> dict:
     return {"relative_l2": max(a.relative_l2 for a in each),
             "max_abs": max(a.max_abs for a in each), "cosine": min(a.cosine for a in each),
             "relative_l2_each": [a.relative_l2 for a in each],
+            "relative_l2_per_output": per_output,
             "nonfinite": every["nonfinite"] + sum(a.nonfinite for a in each),
             **{f"output_{key}": value for key, value in every.items() if key != "nonfinite"}}
 
@@ -749,6 +754,7 @@ def summary_lines(results: dict) -> list[str]:
         lines.append(f"relay_amp float16 error ÷ built-in's: median "
                      f"{statistics.median(r for r, _ in ratios):.3g}, largest {largest:.3g} "
                      f"({worst}), above 1.1 on {sum(r > 1.1 for r, _ in ratios)}")
+    lines += per_output_lines(both)
     counts = batch_counts(results)
     if counts:
         lines.append("input batches measured per model (the batches column): " + ", ".join(
@@ -768,6 +774,30 @@ def summary_lines(results: dict) -> list[str]:
                          f"kernels <= float32, no standalone cast) met on {met}/{len(measured)} "
                          "models")
     return lines
+
+
+def per_output_ratios(ours: dict, theirs: dict) -> list:
+    """relay_amp's error ÷ the built-in's on each output of one model (``relative_l2_per_output``
+    of both rows); an output the built-in gets exact and relay_amp not counts as infinite, one
+    both get exact is left out."""
+    mine, base = ours.get("relative_l2_per_output"), theirs.get("relative_l2_per_output")
+    if not mine or not base or len(mine) != len(base):
+        return []
+    return [(i, a / b if b else float("inf")) for i, (a, b) in enumerate(zip(mine, base))
+            if a or b]
+
+
+def per_output_lines(both: list) -> list:
+    """The summary's per-output criterion: relay_amp float16 error ≤ 1.1 × the built-in's on
+    every output of every model where both ran (not only the model's aggregate)."""
+    ratios = [(ratio, name, i) for name, ours, theirs in both
+              for i, ratio in per_output_ratios(ours, theirs)]
+    if not ratios:
+        return []
+    largest, name, index = max(ratios)
+    return [f"per output: relay_amp float16 error ÷ built-in's above 1.1 on "
+            f"{sum(r > 1.1 for r, _, _ in ratios)} of {len(ratios)} outputs; largest "
+            f"{largest:.3g} ({name} output {index})"]
 
 
 def batch_counts(results: dict) -> dict:

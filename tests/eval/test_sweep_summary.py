@@ -1,0 +1,39 @@
+"""The sweep's per-output errors: a small output's error is not hidden by a large one's, and
+the summary states the per-output criterion (relay_amp ≤ 1.1 × the built-in's on every output)."""
+
+import numpy as np
+import pytest
+
+from relay_amp.eval import sweep
+
+
+def test_each_output_has_its_own_error_beside_the_aggregate():
+    rng = np.random.default_rng(0)
+    big = [rng.normal(0, 100, (4, 64)).astype("float32") for _ in range(2)]
+    small = [rng.uniform(0, 1, (1, 1)).astype("float32") for _ in range(2)]
+    reference = [[b, s] for b, s in zip(big, small)]
+    outputs = [[b, s * 1.01] for b, s in zip(big, small)]  # 1% off on the small output only
+    row = sweep.output_agreement(reference, outputs, {})
+    assert row["relative_l2"] < 1e-4  # the aggregate hides it
+    assert row["relative_l2_per_output"][0] == 0
+    assert row["relative_l2_per_output"][1] == pytest.approx(0.01, rel=1e-3)
+
+
+def _model(ours, theirs):
+    return {"fp32": {"status": "ok"}, "variants": {
+        "relay_amp:float16": {"status": "ok", "relative_l2": max(ours),
+                              "relative_l2_per_output": ours},
+        "tvm:float16": {"status": "ok", "relative_l2": max(theirs),
+                        "relative_l2_per_output": theirs}}}
+
+
+def test_the_summary_states_the_per_output_criterion():
+    results = {"models": {"a": _model([1e-3, 2e-3], [2e-3, 1e-3]),
+                          "b": _model([5e-4, 0.0], [1e-3, 0.0]),
+                          "c": _model([1e-4], [0.0])}}
+    lines = sweep.summary_lines(results)
+    line = next(text for text in lines if text.startswith("per output:"))
+    # a: 0.5 and 2.0; b: 0.5 (its exact output left out); c: infinite (the built-in is exact)
+    assert line == ("per output: relay_amp float16 error ÷ built-in's above 1.1 on 2 of 4 "
+                    "outputs; largest inf (c output 0)")
+    assert sweep.per_output_ratios({"relative_l2_per_output": [1.0]}, {}) == []
