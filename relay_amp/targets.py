@@ -59,6 +59,8 @@ class TargetCaps:
     half_fma: str = ""  # that instruction, for the report
     #: Kernels are bound by memory traffic (GPUs): the kernel settings default to on.
     memory_bound: bool = False
+    #: Why bfloat16 is refused where ``bf16_supported`` is False: the target's own limitation.
+    bf16_limitation: str = ""
 
     def computes(self, dtype: str) -> bool:
         return self.fp16_compute if dtype == "float16" else self.bf16_compute
@@ -94,10 +96,12 @@ def target_caps(target: tvm.target.Target) -> TargetCaps:
         match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
         if not match:
             return TargetCaps("cuda (no arch)", True, False, bf16_supported=False,
-                              memory_bound=True)
+                              memory_bound=True, bf16_limitation="without an arch, CUDA "
+                              "bfloat16 arithmetic cannot be assumed (it needs sm_80 or newer)")
         sm = int(match.group(1))
         return TargetCaps(f"cuda {arch}", sm >= 53, sm >= 80, bf16_supported=sm >= 80,
-                          memory_bound=True)
+                          memory_bound=True, bf16_limitation=f"{arch} has no bfloat16 "
+                          "arithmetic (CUDA has it from sm_80)")
     if kind == "llvm":
         triple = str(attrs["mtriple"]) if "mtriple" in attrs else ""
         cpu = str(attrs["mcpu"]) if "mcpu" in attrs else "generic"
@@ -118,10 +122,20 @@ def target_caps(target: tvm.target.Target) -> TargetCaps:
         cpu = str(attrs["mcpu"]) if "mcpu" in attrs else ""
         bf16 = bool(re.match(r"gfx(90a|94\d|95\d|11\d\d|12\d\d)", cpu))
         return TargetCaps(f"rocm {cpu}".strip(), True, bf16, bf16_supported=bf16,
-                          memory_bound=True)
+                          memory_bound=True, bf16_limitation=f"{cpu or 'this GPU'} has no "
+                          "bfloat16 arithmetic (gfx90a, gfx94x, gfx95x, gfx11xx and gfx12xx "
+                          "have it)")
     if kind in ("vulkan", "metal", "opencl", "webgpu"):
-        return TargetCaps(kind, True, False, bf16_supported=False, memory_bound=True)
+        return TargetCaps(kind, True, False, bf16_supported=False, memory_bound=True,
+                          bf16_limitation=_shader_bf16_limitation(kind))
     return TargetCaps(kind, False, False)
+
+
+def _shader_bf16_limitation(kind: str) -> str:
+    if tvm.get_global_func(f"target.build.{kind}", allow_missing=True) is None:
+        return f"this TVM build has no {kind} code generator (target.build.{kind})"
+    return (f"TVM's {kind} code generator has no bfloat16 type: it stores bfloat16 as 16-bit "
+            "integers and computes in float32, so bfloat16 saves bytes but no arithmetic")
 
 
 def target_rule(target, dtype: str, fallback: str | None):
@@ -137,8 +151,8 @@ def target_rule(target, dtype: str, fallback: str | None):
     caps = target_caps(target)
     if dtype == "bfloat16" and not caps.bf16_supported and fallback is None:
         raise UnsupportedDtypeError(
-            f"target {caps.name} has no bfloat16 support (CUDA needs sm_80 or newer); convert "
-            "to float16, or pass Policy(fallback='storage') to store weights in bfloat16 and "
+            f"target {caps.name} has no bfloat16 support: {caps.bf16_limitation}; convert to "
+            "float16, or pass Policy(fallback='storage') to store weights in bfloat16 and "
             "compute in float32"
         )
     if caps.computes(dtype):

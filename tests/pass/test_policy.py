@@ -374,3 +374,32 @@ def test_bad_target_is_a_clear_error():
         relay_amp.convert(Net, "float16", target={"kind": "no-such-kind"})
     with pytest.raises(TypeError, match="target must be"):
         relay_amp.convert(Net, "float16", target=42)
+
+
+@pytest.mark.parametrize("target, limitation", [
+    ({"kind": "cuda", "arch": "sm_75"},
+     "sm_75 has no bfloat16 arithmetic (CUDA has it from sm_80)"),
+    ({"kind": "cuda"}, "sm_50 has no bfloat16 arithmetic"),  # TVM's default arch here
+    ({"kind": "rocm", "mcpu": "gfx908"}, "gfx908 has no bfloat16 arithmetic"),
+    ({"kind": "opencl"}, "TVM's opencl code generator has no bfloat16 type: it stores bfloat16 "
+                         "as 16-bit integers and computes in float32"),
+    ({"kind": "metal"}, "TVM's metal code generator has no bfloat16 type"),
+    ({"kind": "webgpu"}, "TVM's webgpu code generator has no bfloat16 type"),
+])
+def test_a_bfloat16_refusal_names_the_targets_own_limitation(target, limitation):
+    with pytest.raises(relay_amp.UnsupportedDtypeError) as caught:
+        relay_amp.convert(Net, "bfloat16", target=target)
+    assert limitation in str(caught.value)
+    assert "CUDA" not in str(caught.value) or target["kind"] == "cuda"
+
+
+def test_a_shader_target_this_tvm_cannot_build_says_so(monkeypatch):
+    import tvm
+
+    vulkan = tvm.target.Target({"kind": "vulkan"})
+    if tvm.get_global_func("target.build.vulkan", allow_missing=True) is None:  # the PyPI wheel
+        assert relay_amp.target_caps(vulkan).bf16_limitation == (
+            "this TVM build has no vulkan code generator (target.build.vulkan)")
+    monkeypatch.setattr(tvm, "get_global_func", lambda name, allow_missing=False: print)
+    assert relay_amp.target_caps(vulkan).bf16_limitation.startswith(
+        "TVM's vulkan code generator has no bfloat16 type")
