@@ -36,6 +36,9 @@ from .rewriter import replace_attrs
 from .transform import convert, resolve_policy
 
 METRICS = ("relative_l2", "max_abs")
+#: Input batches the ranking measures on (the search's evaluations use them all): each is one
+#: run of the model per candidate binding, and a ranking needs no more.
+RANKING_BATCHES = 2
 
 
 @dataclasses.dataclass
@@ -395,7 +398,7 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
     value = harness.score([])
     if value <= tolerance:
         return finish([], value)
-    effects = rankings[ranking](mod, batches, candidates, dtype, run_target)
+    effects = rankings[ranking](mod, batches[:RANKING_BATCHES], candidates, dtype, run_target)
     # output errors of independent roundings add in quadrature: each binding kept float32
     # removes about its effect squared, for its cost in MACs (a greedy knapsack order)
     costs = _costs(mod, harness.first) if ranking == "effect" else {}

@@ -380,7 +380,7 @@ def contributors(mod, report, data: CalibrationBatches, dtype: str, progress: bo
     """The bindings whose rounding moves the outputs most, ``[name, output error with it alone
     in dtype]``, largest first: the search's where it ran, else measured on the calibration
     data (:func:`relay_amp.fallback.output_effects`)."""
-    from ..fallback import output_effects
+    from ..fallback import RANKING_BATCHES, output_effects
 
     if report.search is not None and report.search.contributors:
         return [list(item) for item in report.search.contributors[:count]]
@@ -388,7 +388,7 @@ def contributors(mod, report, data: CalibrationBatches, dtype: str, progress: bo
     low = [r.name for r in report.ops if r.function == "main"
            and (r.compute_dtype == dtype or dtype in r.output_dtype.split("+"))]
     with _stage(f"accuracy: what moves the outputs ({len(low)} bindings)", progress):
-        effects = output_effects(mod, data.reference, low, dtype)
+        effects = output_effects(mod, data.reference[:RANKING_BATCHES], low, dtype)
     ranked = sorted(effects, key=lambda name: -effects[name])[:count]
     return [[name, effects[name]] for name in ranked]
 
