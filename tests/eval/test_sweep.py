@@ -273,7 +273,10 @@ def test_error_measured_on_the_named_outputs_and_every_output_kept():
     reference = [[np.array([1.0, 2.0]), np.array([3.0, 4.0])]]
     swapped = [[np.array([2.0, 1.0]), np.array([3.0, 4.4])]]  # detections swap; inputs move
     every = sweep.output_agreement(reference, swapped, {})
-    assert set(every) == {"relative_l2", "max_abs", "cosine", "nonfinite"}
+    assert set(every) == {"relative_l2", "max_abs", "cosine", "nonfinite",
+                          "relative_l2_per_output"}
+    assert every["relative_l2_per_output"] == [pytest.approx(np.sqrt(2 / 5)),
+                                               pytest.approx(0.4 / 5.0)]
     named = sweep.output_agreement(reference, swapped, {"error_outputs": [1]})
     assert named["relative_l2"] == pytest.approx(0.4 / 5.0)
     assert named["max_abs"] == pytest.approx(0.4)
