@@ -275,7 +275,8 @@ def output_effects(mod: tvm.IRModule, batches, names, dtype: str, run_target=Non
 # ------------------------------------------------------------------------------ the searches
 def _prepare(mod, inputs, tolerance, metric, dtype, target, max_evaluations, policy, calibrated,
              run_target, on_evaluation=None):
-    """Check the arguments; return the harness, the low-precision candidates and the batches."""
+    """Check the arguments; return the harness, the low-precision candidates, the batches and
+    the report of the conversion without float32 bindings."""
     batches = _check(mod, inputs, tolerance, max_evaluations)
     policy = resolve_policy(dtype, policy)
     if isinstance(calibrated, Calibration):
@@ -285,8 +286,7 @@ def _prepare(mod, inputs, tolerance, metric, dtype, target, max_evaluations, pol
     harness = _Harness(mod, batches, metric, dtype, policy, target, calibration, run_target,
                        on_evaluation)
     _, first = harness.convert([])
-    harness.first = first
-    return harness, _low_bindings(first), batches
+    return harness, _low_bindings(first), batches, first
 
 
 def _costs(mod: tvm.IRModule, report: Report) -> dict:
@@ -359,7 +359,7 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
     rankings = {"effect": output_effects, "local": local_errors}
     if ranking not in rankings:
         raise ValueError(f"ranking must be one of {sorted(rankings)}; got {ranking!r}")
-    harness, candidates, batches = _prepare(mod, inputs, tolerance, metric, dtype, target,
+    harness, candidates, batches, first = _prepare(mod, inputs, tolerance, metric, dtype, target,
                                             max_evaluations, policy, calibrated, run_target,
                                             on_evaluation)
 
@@ -401,7 +401,7 @@ def auto_mixed_precision(mod: tvm.IRModule, inputs, tolerance: float, metric="re
     effects = rankings[ranking](mod, batches[:RANKING_BATCHES], candidates, dtype, run_target)
     # output errors of independent roundings add in quadrature: each binding kept float32
     # removes about its effect squared, for its cost in MACs (a greedy knapsack order)
-    costs = _costs(mod, harness.first) if ranking == "effect" else {}
+    costs = _costs(mod, first) if ranking == "effect" else {}
     ranked = sorted((n for n in effects if effects[n] > 0),
                     key=lambda n: (-effects[n] ** 2 / max(costs.get(n, 1), 1), n))
     # exponential search for a prefix that meets the tolerance, then binary search below it
@@ -441,7 +441,7 @@ def bisect_fallback(mod: tvm.IRModule, inputs, tolerance: float, metric="relativ
     and recurses, each trial a full conversion + compile + run. Returns the search result.
     """
     start = time.perf_counter()
-    harness, candidates, _ = _prepare(mod, inputs, tolerance, metric, dtype, target,
+    harness, candidates, _, _ = _prepare(mod, inputs, tolerance, metric, dtype, target,
                                       max_evaluations, policy, calibrated, run_target)
 
     def trial(low: list) -> bool:
