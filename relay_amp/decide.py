@@ -17,7 +17,6 @@ from tvm.relax import (
     SeqExpr,
     TupleGetItem,
 )
-from tvm.tirx import IntImm
 
 from .dtypes import is_floating, out_of_range_reason, out_of_range_value
 from .kinds import LOW_CATEGORIES, Category, FusionKind, Mode
@@ -28,6 +27,7 @@ from .policy import Decision
 from .reasons import Reason
 from .relax_utils import (
     GenericConst,
+    element_count,
     is_var,
     leaves_of,
     op_name,
@@ -136,10 +136,7 @@ def _governs_many(operand, result) -> bool:
 
 def _elements(var) -> int | None:
     """Elements of a static-shape tensor var, else None."""
-    shape = getattr(getattr(var.ty, "shape", None), "values", None)
-    if shape is None or not all(isinstance(d, IntImm) for d in shape):
-        return None
-    return int(np.prod([int(d) for d in shape])) if shape else 1
+    return element_count(var.ty)
 
 
 class Decider:

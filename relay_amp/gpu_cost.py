@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 import tvm
 from tvm import relax
 
-from .relax_utils import TVM_ERRORS
+from .relax_utils import TVM_ERRORS, element_count
 
 _FLOAT_PREFIXES = ("float", "bfloat")
 _CONSTANT = type(relax.const(0.0))
@@ -75,7 +75,7 @@ def _tensor_bytes(ty, sizes=None, limit=None) -> tuple[int, int]:
     tensor with an extent left unknown counts 0), or of the tensors of a tuple type. ``limit``
     caps the element count (a gathered tensor)."""
     if isinstance(ty, relax.TensorType):
-        count = _elements(ty, sizes)
+        count = element_count(ty, sizes)
         if count is None:
             return 0, 0
         if limit is not None:
@@ -87,37 +87,6 @@ def _tensor_bytes(ty, sizes=None, limit=None) -> tuple[int, int]:
         found = [_tensor_bytes(field, sizes) for field in ty.fields]
         return sum(s for s, _ in found), sum(f for _, f in found)
     return 0, 0
-
-
-def _elements(ty, sizes) -> int | None:
-    if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    count = 1
-    for dim in ty.shape.values:
-        extent = _evaluate(dim, sizes or {})
-        if extent is None:
-            return None
-        count *= extent
-    return count
-
-
-_ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
-               "FloorDiv": lambda a, b: a // b, "FloorMod": lambda a, b: a % b,
-               "Max": max, "Min": min}
-
-
-def _evaluate(expr, sizes: dict) -> int | None:
-    """An extent's value: a constant, a symbolic variable in ``sizes``, or arithmetic of them;
-    None if anything in it is unknown."""
-    if isinstance(expr, tvm.tirx.IntImm):
-        return int(expr)
-    if isinstance(expr, tvm.tirx.Var):
-        return sizes.get(expr.name)
-    operation = _ARITHMETIC.get(type(expr).__name__)
-    if operation is None:
-        return None
-    a, b = _evaluate(expr.a, sizes), _evaluate(expr.b, sizes)
-    return None if a is None or b is None else operation(a, b)
 
 
 def _gathered_params(func) -> set:
@@ -192,7 +161,7 @@ def module_cost(lowered: tvm.IRModule, symbolic: dict | None = None) -> GpuCost:
                 args = value.args[1].fields if isinstance(value.args[1], relax.Tuple) else []
                 if callee.name_hint not in gathers:
                     gathers[callee.name_hint] = _gathered_params(lowered[callee])
-                out_elements = max((_elements(t, symbolic) or 0 for t in _tensor_types(
+                out_elements = max((element_count(t, symbolic) or 0 for t in _tensor_types(
                     binding.var.ty)), default=0)
                 for index, tensor in enumerate(list(args) + [binding.var]):
                     limit = out_elements if index in gathers[callee.name_hint] else None

@@ -22,6 +22,8 @@ from .op_registry import fuses, fusion_kind, op_info
 from .plan import Scope
 from .reasons import Reason
 from .relax_utils import (
+    GenericConst,
+    element_count,
     is_var,
 )
 from .targets import UNCENTRED, KernelSettings
@@ -29,6 +31,15 @@ from .targets import UNCENTRED, KernelSettings
 #: A float32 value read by more dot products than this, each rounding it in its own kernel,
 #: moves more bytes than one cast kernel and low-precision reads (4k > 4 + 2 + 2k for k > 3).
 MAX_ROUNDING_READERS = 3
+
+#: The share of a function's float32 bytes at kernel boundaries that the values feeding its
+#: results may keep in float32 (:meth:`KernelPlanner.result_feeders`): a result's error is
+#: the error of what feeds it, and a few hundred bytes of a model that moves megabytes save
+#: no time. Below the 0.005 of the float32 bytes that a cost table reports to three decimals.
+RESULT_FEEDER_BUDGET = 0.004
+
+#: The size a symbolic extent (a sequence length) is given where bytes are compared.
+SYMBOLIC_EXTENT = 128
 
 
 @dataclass(frozen=True)
@@ -237,6 +248,7 @@ class KernelPlanner:
                 self.out.group_kind[var] = FusionKind.OPAQUE  # inside its normalization's kernel
             elif var not in self.decisions.folded:
                 self._fuse_inputs(var, plan)
+        feeders = {} if low_results else self.result_feeders(items, results)
         for _, var, _ in items:
             plan = self.decisions.plans.get(var)
             if plan is None or var in self.decisions.folded or var in self.out.absorbed:
@@ -251,6 +263,9 @@ class KernelPlanner:
                     and self.out.all_read_stored(var)
                     and not self._keeps_residual(var, plan)
                     and not self._ranked(var, plan)):
+                if var in feeders:
+                    self._reason(var, feeders[var])
+                    continue
                 self.out.stored_low.add(var)
                 if var in self.uncentred_streams:
                     self._reason(var, Reason.of(
@@ -259,6 +274,63 @@ class KernelPlanner:
             if self._computes_low(var, plan):
                 self.out.low_values.add(var)
         return self.out.frozen()
+
+    def result_feeders(self, items, results) -> dict:
+        """The values that keep float32 between kernels because they feed a function result:
+        each value a result is computed from through elementwise and data-movement follow ops
+        (a sigmoid, a reshape, a concatenation), smallest first, while the bytes that keeping
+        them float32 adds stay within :data:`RESULT_FEEDER_BUDGET` of the function's float32
+        bytes at kernel boundaries. Returns var -> its reason."""
+        plans, found, stack = self.decisions.plans, {}, list(results)
+        seen = set(stack)
+        while stack:
+            var = stack.pop()
+            plan = plans.get(var)
+            if plan is None:
+                continue
+            if var not in results:
+                found[var] = self._saving(var)
+            kind = fusion_kind(plan.op, self.scope.bound[var], self.callee_kinds)
+            if plan.category == Category.FOLLOW and kind in (FusionKind.ELEMWISE,
+                                                             FusionKind.INJECTIVE):
+                for leaf, _ in self.scope.float_leaves(var):
+                    if is_var(leaf) and leaf not in seen:
+                        seen.add(leaf)
+                        stack.append(leaf)
+        traffic = self._boundary_traffic(items, results)
+        budget, spent, kept = RESULT_FEEDER_BUDGET * traffic, 0, {}
+        for var, saving in sorted(found.items(), key=lambda item: item[1]):
+            if saving == 0 or spent + saving > budget:
+                break
+            spent += saving
+            kept[var] = Reason.of("feeds_result", dtype=self.scope.low, saving=saving,
+                                  share=saving / traffic, budget=RESULT_FEEDER_BUDGET)
+        return kept
+
+    def _crossing(self, var) -> list:
+        return [c for c in self.out.uses.get(var, ()) if (var, c) not in self.out.fused]
+
+    def _saving(self, var) -> int:
+        """Bytes a low-precision copy of float32 ``var`` saves: half its writes and reads."""
+        crossing = self._crossing(var)
+        return _float32_bytes(var) // 2 * (1 + len(crossing)) if crossing else 0
+
+    def _boundary_traffic(self, items, results) -> int:
+        """The function's bytes at kernel boundaries with every value float32: each value a
+        kernel writes for another kernel or as a result, once written and once per kernel that
+        reads it, and each constant and parameter once per reading op."""
+        plans, total = self.decisions.plans, 0
+        for _, var, _ in items:
+            if var not in self.scope.call_args or var in self.decisions.folded:
+                continue
+            crossing = self._crossing(var)
+            if crossing or var in results:
+                total += _float32_bytes(var) * (1 + len(crossing))
+            for _, leaves in self.scope.call_args[var]:
+                total += sum(_float32_bytes(leaf) for leaf in leaves
+                             if type(leaf) is GenericConst or (is_var(leaf)
+                                                                and leaf not in plans))
+        return total
 
     def _keeps_residual(self, var, plan) -> bool:
         """A residual stream keeps float32 between kernels: a value computed in float32
@@ -460,3 +532,13 @@ class KernelPlanner:
         if plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE:
             return plan.decision.accumulation_dtype != "float32"
         return self.out.mode_of(var) == Mode.LOW
+
+
+def _float32_bytes(expr) -> int:
+    """The bytes of a float tensor as float32 (symbolic extents at :data:`SYMBOLIC_EXTENT`);
+    0 for anything else."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or not str(ty.dtype).startswith(("float", "bfloat")):
+        return 0
+    count = element_count(ty, unknown=SYMBOLIC_EXTENT)
+    return 4 * count if count else 0

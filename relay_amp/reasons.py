@@ -65,6 +65,10 @@ TEXT = {
                                "off)"),
     "ranked": (None, "stored float32 between kernels: {consumer} ({op}) orders it, and rounding "
                      "swaps values that differ in their last digits"),
+    "feeds_result": (None, "stored float32 between kernels: it feeds a function result through "
+                           "elementwise and data-movement ops, and a {dtype} copy would save "
+                           "{saving} bytes, {share:.2%} of the function's at kernel boundaries "
+                           "(the results' share is {budget:.1%}; low_precision_boundaries)"),
     "absorbed_add": (None, "computed in float32 inside {kernel}'s kernel ({op}), so the sum is "
                            "never stored"),
     "exact_arrives_low": (None, "runs {dtype}: its inputs arrive in {dtype} and it is exact "

@@ -46,6 +46,41 @@ class DtypeCache:
         return entry[1]
 
 
+_ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
+               "FloorDiv": lambda a, b: a // b, "FloorMod": lambda a, b: a % b,
+               "Max": max, "Min": min}
+
+
+def element_count(ty, sizes=None, unknown: int | None = None) -> int | None:
+    """Elements of a tensor type: its extents' product, symbolic extents taken from ``sizes``
+    (name -> int), an extent named in none of them counted as ``unknown``; None where an extent
+    stays unknown or the shape is not known."""
+    shape = getattr(ty, "shape", None)
+    if shape is None or not isinstance(shape, relax.ShapeExpr):
+        return None
+    count = 1
+    for dim in shape.values:
+        extent = _evaluate(dim, sizes or {}, unknown)
+        if extent is None:
+            return None
+        count *= extent
+    return count
+
+
+def _evaluate(expr, sizes: dict, unknown: int | None) -> int | None:
+    """An extent's value: a constant, a symbolic variable (``sizes``, else ``unknown``), or
+    arithmetic of them; None if anything in it is unknown."""
+    if isinstance(expr, tvm.tirx.IntImm):
+        return int(expr)
+    if isinstance(expr, tvm.tirx.Var):
+        return sizes.get(expr.name, unknown)
+    operation = _ARITHMETIC.get(type(expr).__name__)
+    if operation is None:
+        return None
+    a, b = _evaluate(expr.a, sizes, unknown), _evaluate(expr.b, sizes, unknown)
+    return None if a is None or b is None else operation(a, b)
+
+
 def op_name(call: Call) -> str | None:
     if type(call.op) is tvm.ir.Op:  # noqa: E721
         name = call.op.name
