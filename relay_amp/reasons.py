@@ -29,9 +29,11 @@ TEXT = {
     "unknown_op": ("kept", "unknown op {op}, its dtypes are left as they are"),
     # the target's defaults (relay_amp.targets)
     "target_fast": (None, "target {target} computes {dtype} fast"),
-    "target_native_accumulation": (None, "target {target} accumulates in float16: its half "
-                                         "FMA ({instruction}) would otherwise widen every "
-                                         "element"),
+    "target_float32_accumulation": (None, "accumulates in float32, the accurate default: "
+                                          "the target's float16 FMA ({instruction}) would sum "
+                                          "in float16, faster and less accurate; "
+                                          "Policy.set_accumulation_dtype({op!r}, 'float16') "
+                                          "chooses it"),
     "target_storage_only": ("storage", "target {target} has no fast {dtype} arithmetic, so "
                                        "{op} computes in float32 with its weights stored in "
                                        "{dtype}"),

@@ -53,8 +53,9 @@ class TargetCaps:
     fp16_compute: bool
     bf16_compute: bool
     bf16_supported: bool = True  # False: bfloat16 is an error without an explicit fallback
-    #: The CPU's float16 FMA (aarch64 ``fmla v.8h``, x86 ``vfmadd...ph``) accumulates in float16:
-    #: float32 accumulation would widen every element, so dot products accumulate in float16.
+    #: The CPU's float16 FMA (aarch64 ``fmla v.8h``, x86 ``vfmadd...ph``) accumulates in float16.
+    #: Dot products still accumulate in float32 by default (the accurate choice, measured on
+    #: the registry: docs/ARM.md); ``Policy.set_accumulation_dtype(op, "float16")`` takes it.
     fp16_native_accumulation: bool = False
     half_fma: str = ""  # that instruction, for the report
     #: Kernels are bound by memory traffic (GPUs): the kernel settings default to on.
@@ -156,19 +157,19 @@ def target_rule(target, dtype: str, fallback: str | None):
             "compute in float32"
         )
     if caps.computes(dtype):
-        native = dtype == "float16" and caps.fp16_native_accumulation
+        half_fma = dtype == "float16" and caps.fp16_native_accumulation
 
         def fast(op: str, decision: Decision) -> Decision:
             if decision.category not in LOW_CATEGORIES:
                 return decision
-            if (native and decision.category == Category.LOW_PRECISION_FP32_ACCUMULATE
+            reasons = decision.reasons + (Reason.of("target_fast", target=caps.name,
+                                                    dtype=dtype),)
+            if (half_fma and decision.category == Category.LOW_PRECISION_FP32_ACCUMULATE
                     and not decision.accumulation_from_user):
-                return Decision(decision.category, decision.reasons + (Reason.of(
-                    "target_native_accumulation", target=caps.name,
-                    instruction=caps.half_fma),), "float16")
-            return Decision(decision.category, decision.reasons + (
-                Reason.of("target_fast", target=caps.name, dtype=dtype),),
-                            decision.accumulation_dtype, decision.accumulation_from_user)
+                reasons += (Reason.of("target_float32_accumulation",
+                                      instruction=caps.half_fma, op=op),)
+            return Decision(decision.category, reasons, decision.accumulation_dtype,
+                            decision.accumulation_from_user)
         return fast
 
     def storage_only(op: str, decision: Decision) -> Decision:

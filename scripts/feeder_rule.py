@@ -33,7 +33,9 @@ def measure(name: str) -> dict:
     mod = loaded.mod
     sizes = symbolic_sizes(mod, loaded.batches[0]) if loaded.batches else {}
     fp32 = gpu_cost(mod, TARGET, sizes)
-    row = {"model": name, "float32": fp32.as_dict()}
+    ret = mod["main"].body.ty
+    outputs = len(ret.fields) if hasattr(ret, "fields") else 1
+    row = {"model": name, "outputs": outputs, "float32": fp32.as_dict()}
     budget = kernel_plan.RESULT_FEEDER_BUDGET
     converted = {}
     for label, value in (("rule", budget), ("rule off", 0.0)):

@@ -34,25 +34,30 @@ def assembly(mod, target):
     return "\n".join(m.inspect_source("asm") for m in modules if m.kind == "llvm")
 
 
-def test_fullfp16_uses_native_half_instructions():
+def test_fullfp16_accumulates_in_float32_by_default():
+    """The default sums dot products in float32 (the accurate choice): LLVM widens the half
+    operands, no half FMA; the report says so and how to choose float16 accumulation."""
     converted, report = relay_amp.convert(ConvMatmul, "float16", target=FULLFP16)
     conv = report.find("lv")
-    assert (conv.compute_dtype, conv.accumulation_dtype) == ("float16", "float16")
-    assert conv.reason("target_native_accumulation").values["instruction"] == "fmla v.8h"
-    asm = assembly(converted, FULLFP16)
-    assert len(re.findall(r"\bfmla\s+v\d+\.8h", asm)) >= 8  # vector half FMA in conv/matmul
-    assert len(HALF_ARITHMETIC.findall(asm)) >= 16
-
-
-def test_float32_accumulation_widens_every_element():
-    """What the target default avoids: with float32 accumulation LLVM converts per element."""
-    policy = relay_amp.Policy("float16").set_accumulation_dtype("nn.conv2d", "float32") \
-        .set_accumulation_dtype("matmul", "float32")
-    converted, report = relay_amp.convert(ConvMatmul, policy=policy, target=FULLFP16)
-    assert report.find("lv").accumulation_dtype == "float32"  # the user's choice wins
+    assert (conv.compute_dtype, conv.accumulation_dtype) == ("float16", "float32")
+    reason = conv.reason("target_float32_accumulation")
+    assert reason.values["instruction"] == "fmla v.8h"
+    assert "set_accumulation_dtype('nn.conv2d', 'float16')" in reason.text()
     asm = assembly(converted, FULLFP16)
     assert len(re.findall(r"\bfmla\s+v\d+\.8h", asm)) == 0
     assert len(re.findall(r"\bfcvt", asm)) > 50
+
+
+def test_float16_accumulation_when_asked_uses_native_half_instructions():
+    policy = relay_amp.Policy("float16").set_accumulation_dtype("nn.conv2d", "float16") \
+        .set_accumulation_dtype("matmul", "float16")
+    converted, report = relay_amp.convert(ConvMatmul, policy=policy, target=FULLFP16)
+    conv = report.find("lv")
+    assert (conv.compute_dtype, conv.accumulation_dtype) == ("float16", "float16")
+    assert "target_float32_accumulation" not in conv.codes  # the user's choice wins
+    asm = assembly(converted, FULLFP16)
+    assert len(re.findall(r"\bfmla\s+v\d+\.8h", asm)) >= 8  # vector half FMA in conv/matmul
+    assert len(HALF_ARITHMETIC.findall(asm)) >= 16
 
 
 def test_without_fullfp16_no_half_arithmetic_is_emitted():

@@ -356,7 +356,9 @@ def test_x86_without_avx512fp16_stores_weights_low_and_computes_float32():
     assert report.constants_converted == 1
     sapphire = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "sapphirerapids"}
     _, report = relay_amp.convert(Before, "float16", target=sapphire)
-    assert report.find("gv").compute_dtype == "float16"
+    row = report.find("gv")
+    assert (row.compute_dtype, row.accumulation_dtype) == ("float16", "float32")
+    assert row.reason("target_float32_accumulation").values["instruction"] == "vfmadd231ph"
 
 
 def test_target_from_context_and_function_attribute():
