@@ -29,8 +29,9 @@ pytestmark = pytest.mark.arm
 
 #: float32 on the emulated CPU against the same float32 model compiled for and run on this host.
 FLOAT32_TOLERANCE = 1e-5
-#: Low precision against the float32 host run (relative L2 over all outputs).
-TOLERANCE = {"float16": 2e-3, "bfloat16": 2e-2}
+#: Low precision against the float32 host run (relative L2 over all outputs): the project's
+#: tolerances for float32 accumulation, the aarch64 default (tests/pass/test_numeric.py).
+TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2}
 TARGET_FP32 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
 TARGETS = {"float32": TARGET_FP32, "float16": TARGET_FP16, "bfloat16": TARGET_BF16}
 
