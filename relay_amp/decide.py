@@ -18,6 +18,7 @@ from tvm.relax import (
     TupleGetItem,
 )
 
+from . import plan as plan_module
 from .dtypes import is_floating, out_of_range_reason, out_of_range_value
 from .kinds import LOW_CATEGORIES, Category, FusionKind, Mode
 from .op_hooks import OpSite
@@ -28,6 +29,7 @@ from .reasons import Reason
 from .relax_utils import (
     GenericConst,
     element_count,
+    float32_bytes,
     is_var,
     leaves_of,
     op_name,
@@ -169,6 +171,7 @@ class Decider:
         self.folded: set = set()
         self.hot: dict = {}
         self.deciding: dict = {}  # var -> (consumer, its op): the value decides a discrete result
+        self.heads: dict = {}  # small dot product that makes a result -> its reason
         self._decisions: dict = {}  # op -> its decision, where the op alone decides
 
     def decide(self, func) -> Decisions:
@@ -223,6 +226,8 @@ class Decider:
             if problem is not None:
                 self.hot[param] = problem
         self._mark_deciding(seq)
+        if params:
+            self._mark_heads(seq)
         for binding, var, value in self.scope.bindings(seq):
             self._forward_binding(binding, var, value)
 
@@ -260,6 +265,49 @@ class Decider:
                     self.deciding[item] = (var, op)
                     stack.extend(self.scope.canonical(leaf) for arg in producer.args
                                  for leaf in leaves_of(arg) if is_var(leaf))
+
+    def _mark_heads(self, seq: SeqExpr):
+        """The dot products that compute a function result through elementwise and
+        data-movement ops only (a score's sigmoid, a head's reshape) and keep float32, smallest
+        first, while their float32 operands stay within :data:`relay_amp.plan.RESULT_BUDGET` of
+        the function's float32 bytes (its constants and parameters, once per op that reads
+        them, and each value it computes, written and read once)."""
+        items = self.scope.bindings(seq)
+        bound = {var: value for _, var, value in items}
+        heads, stack, seen = {}, list(self.scope.leaves(seq.body)), set()
+        while stack:
+            var = stack.pop()
+            if not is_var(var) or var in seen or var not in bound:
+                continue
+            seen.add(var)
+            value = bound[var]
+            if type(value) is not Call or var not in self.scope.call_args:
+                stack.extend(self.scope.canonical(leaf) for leaf in (
+                    leaves_of(value) if type(value) is relax.Tuple else
+                    [value.tuple_value] if type(value) is TupleGetItem else [value]))
+                continue
+            op = op_name(value)
+            category = self._decide(op, var.name, value).category
+            record = op_info(op)
+            if category in LOW_CATEGORIES and record.macs is not None:
+                heads[var] = sum(float32_bytes(leaf) for leaf, _ in self.scope.float_leaves(var))
+            elif category == Category.FOLLOW and record.fusion in (FusionKind.ELEMWISE,
+                                                                   FusionKind.INJECTIVE):
+                stack.extend(leaf for leaf, _ in self.scope.float_leaves(var))
+        if not heads:
+            return
+        total = sum(2 * float32_bytes(var) + sum(
+            float32_bytes(leaf) for _, leaves in self.scope.call_args[var] for leaf in leaves
+            if type(leaf) is GenericConst or leaf in self.params)
+            for _, var, value in items if type(value) is Call and var in self.scope.call_args)
+        share = plan_module.RESULT_BUDGET
+        spent = 0
+        for var, size in sorted(heads.items(), key=lambda item: item[1]):
+            if spent + size > share * total:
+                break
+            spent += size
+            self.heads[var] = Reason.of("result_head", size=size, share=size / total,
+                                        budget=share)
 
     @staticmethod
     def _discrete(var) -> bool:
@@ -338,10 +386,9 @@ class Decider:
         var_dtype = self.scope.dtype_of(var)
         out_dtypes = {var_dtype} if var_dtype else {tensor_dtype(t) for t in type_leaves(var.ty)}
         plan.float_output = any(is_floating(d) for d in out_dtypes)
-        if var in self.deciding:
-            consumer, consumer_op = self.deciding[var]
-            return self._keep(plan, Reason.of("decides_discrete", consumer=consumer.name,
-                                              op=consumer_op))
+        kept = self._kept_for_result(var, category)
+        if kept is not None:
+            return self._keep(plan, kept)
         record = op_info(op)
         if record.identity is not None:
             identity = record.identity(self.scope.site(
@@ -387,6 +434,15 @@ class Decider:
             if original not in ("", "void", "float32", self.low):
                 return self._keep(plan, Reason.of("foreign_out_dtype", dtype=original))
         return plan
+
+    def _kept_for_result(self, var, category) -> Reason | None:
+        """Why ``var`` computes float32 for what its result decides or makes, or None."""
+        if var in self.deciding:
+            consumer, consumer_op = self.deciding[var]
+            return Reason.of("decides_discrete", consumer=consumer.name, op=consumer_op)
+        if var in self.heads and category in LOW_CATEGORIES:
+            return self.heads[var]
+        return None
 
     def _keep(self, plan: _Draft, reason: Reason) -> _Draft:
         plan.category = Category.FP32

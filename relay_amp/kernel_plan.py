@@ -17,13 +17,14 @@ from tvm.relax import (
     TupleGetItem,
 )
 
+from . import plan as plan_module
 from .kinds import STORING_KINDS, Category, FusionKind, Mode
 from .op_registry import fuses, fusion_kind, op_info
 from .plan import Scope
 from .reasons import Reason
 from .relax_utils import (
     GenericConst,
-    element_count,
+    float32_bytes,
     is_var,
 )
 from .targets import UNCENTRED, KernelSettings
@@ -31,15 +32,6 @@ from .targets import UNCENTRED, KernelSettings
 #: A float32 value read by more dot products than this, each rounding it in its own kernel,
 #: moves more bytes than one cast kernel and low-precision reads (4k > 4 + 2 + 2k for k > 3).
 MAX_ROUNDING_READERS = 3
-
-#: The share of a function's float32 bytes at kernel boundaries that the values feeding its
-#: results may keep in float32 (:meth:`KernelPlanner.result_feeders`): a result's error is
-#: the error of what feeds it, and a few hundred bytes of a model that moves megabytes save
-#: no time. Below the 0.005 of the float32 bytes that a cost table reports to three decimals.
-RESULT_FEEDER_BUDGET = 0.004
-
-#: The size a symbolic extent (a sequence length) is given where bytes are compared.
-SYMBOLIC_EXTENT = 128
 
 
 @dataclass(frozen=True)
@@ -279,8 +271,8 @@ class KernelPlanner:
         """The values that keep float32 between kernels because they feed a function result:
         each value a result is computed from through elementwise and data-movement follow ops
         (a sigmoid, a reshape, a concatenation), smallest first, while the bytes that keeping
-        them float32 adds stay within :data:`RESULT_FEEDER_BUDGET` of the function's float32
-        bytes at kernel boundaries. Returns var -> its reason."""
+        them float32 adds stay within :data:`relay_amp.plan.RESULT_BUDGET` of the function's
+        float32 bytes at kernel boundaries. Returns var -> its reason."""
         plans, found, stack = self.decisions.plans, {}, list(results)
         seen = set(stack)
         while stack:
@@ -298,13 +290,14 @@ class KernelPlanner:
                         seen.add(leaf)
                         stack.append(leaf)
         traffic = self._boundary_traffic(items, results)
-        budget, spent, kept = RESULT_FEEDER_BUDGET * traffic, 0, {}
+        share = plan_module.RESULT_BUDGET
+        budget, spent, kept = share * traffic, 0, {}
         for var, saving in sorted(found.items(), key=lambda item: item[1]):
             if saving == 0 or spent + saving > budget:
                 break
             spent += saving
             kept[var] = Reason.of("feeds_result", dtype=self.scope.low, saving=saving,
-                                  share=saving / traffic, budget=RESULT_FEEDER_BUDGET)
+                                  share=saving / traffic, budget=share)
         return kept
 
     def _crossing(self, var) -> list:
@@ -313,7 +306,7 @@ class KernelPlanner:
     def _saving(self, var) -> int:
         """Bytes a low-precision copy of float32 ``var`` saves: half its writes and reads."""
         crossing = self._crossing(var)
-        return _float32_bytes(var) // 2 * (1 + len(crossing)) if crossing else 0
+        return float32_bytes(var) // 2 * (1 + len(crossing)) if crossing else 0
 
     def _boundary_traffic(self, items, results) -> int:
         """The function's bytes at kernel boundaries with every value float32: each value a
@@ -325,9 +318,9 @@ class KernelPlanner:
                 continue
             crossing = self._crossing(var)
             if crossing or var in results:
-                total += _float32_bytes(var) * (1 + len(crossing))
+                total += float32_bytes(var) * (1 + len(crossing))
             for _, leaves in self.scope.call_args[var]:
-                total += sum(_float32_bytes(leaf) for leaf in leaves
+                total += sum(float32_bytes(leaf) for leaf in leaves
                              if type(leaf) is GenericConst or (is_var(leaf)
                                                                 and leaf not in plans))
         return total
@@ -533,12 +526,3 @@ class KernelPlanner:
             return plan.decision.accumulation_dtype != "float32"
         return self.out.mode_of(var) == Mode.LOW
 
-
-def _float32_bytes(expr) -> int:
-    """The bytes of a float tensor as float32 (symbolic extents at :data:`SYMBOLIC_EXTENT`);
-    0 for anything else."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or not str(ty.dtype).startswith(("float", "bfloat")):
-        return 0
-    count = element_count(ty, unknown=SYMBOLIC_EXTENT)
-    return 4 * count if count else 0

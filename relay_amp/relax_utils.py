@@ -67,6 +67,20 @@ def element_count(ty, sizes=None, unknown: int | None = None) -> int | None:
     return count
 
 
+#: The size a symbolic extent (a sequence length) is given where bytes are compared.
+SYMBOLIC_EXTENT = 128
+
+
+def float32_bytes(expr) -> int:
+    """The bytes of a float tensor as float32 (symbolic extents at :data:`SYMBOLIC_EXTENT`);
+    0 for anything else."""
+    ty = expr.ty
+    if type(ty) is not TensorType or not str(ty.dtype).startswith(("float", "bfloat")):
+        return 0
+    count = element_count(ty, unknown=SYMBOLIC_EXTENT)
+    return 4 * count if count else 0
+
+
 def _evaluate(expr, sizes: dict, unknown: int | None) -> int | None:
     """An extent's value: a constant, a symbolic variable (``sizes``, else ``unknown``), or
     arithmetic of them; None if anything in it is unknown."""

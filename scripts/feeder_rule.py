@@ -1,7 +1,9 @@
-"""What the result-feeder rule (``relay_amp.kernel_plan.RESULT_FEEDER_BUDGET``) changes on every
-registry model: each model converted for CUDA sm_90 (float16, float32 I/O, uncalibrated, as the
-GPU cost table of docs/PERFORMANCE.md) with the rule and with its budget at 0 (the rule off, the
-earlier behaviour), the GPU cost of both, and which bindings the rule kept float32.
+"""What the results' rules (``relay_amp.plan.RESULT_BUDGET``: small dot products that make a
+result, reason ``result_head``, and values that feed one across a kernel boundary,
+``feeds_result``) change on every registry model: each model converted for CUDA sm_90 (float16,
+float32 I/O, uncalibrated, as the GPU cost table of docs/PERFORMANCE.md) with the rules and with
+their budget at 0 (the rules off, the earlier behaviour), the GPU cost of both, and which
+bindings the rules kept float32.
 
     python scripts/feeder_rule.py --out results/feeder_rule.json [--models a,b]
 
@@ -25,7 +27,7 @@ def measure(name: str) -> dict:
     import tvm_ffi
 
     import relay_amp
-    from relay_amp import kernel_plan
+    from relay_amp import plan
     from relay_amp.eval import models
     from relay_amp.gpu_cost import gpu_cost, symbolic_sizes
 
@@ -36,16 +38,17 @@ def measure(name: str) -> dict:
     ret = mod["main"].body.ty
     outputs = len(ret.fields) if hasattr(ret, "fields") else 1
     row = {"model": name, "outputs": outputs, "float32": fp32.as_dict()}
-    budget = kernel_plan.RESULT_FEEDER_BUDGET
+    budget = plan.RESULT_BUDGET
     converted = {}
     for label, value in (("rule", budget), ("rule off", 0.0)):
-        kernel_plan.RESULT_FEEDER_BUDGET = value
+        plan.RESULT_BUDGET = value
         try:
             converted[label], report = relay_amp.convert(mod, "float16", target=TARGET)
         finally:
-            kernel_plan.RESULT_FEEDER_BUDGET = budget
+            plan.RESULT_BUDGET = budget
         cost = gpu_cost(converted[label], TARGET, sizes)
-        kept = [r.name for r in report.rows if "feeds_result" in r.codes]
+        kept = [f"{r.name} ({code})" for r in report.rows for code in r.codes
+                if code in ("feeds_result", "result_head")]
         row[label] = {**cost.as_dict(), "bytes_ratio": cost.bytes / fp32.bytes, "kept": kept}
     row["changed"] = not tvm_ffi.structural_equal(converted["rule"], converted["rule off"])
     row["moved"] = row["rule"]["bytes_ratio"] - row["rule off"]["bytes_ratio"]

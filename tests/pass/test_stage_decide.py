@@ -18,6 +18,24 @@ STORAGE_ONLY = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}
 
 
 @I.ir_module
+class PresenceScore:
+    """A hand model's tail: pooled features, then a one-column dense layer whose sigmoid is a
+    result (a presence score), beside a wide dense layer whose result is the other output."""
+
+    @R.function
+    def main(x: R.Tensor((1, 8, 8, 256), "float32"), w: R.Tensor((256, 1), "float32"),
+             u: R.Tensor((256, 4096), "float32")):
+        with R.dataflow():
+            f = R.nn.relu(x)
+            p = R.mean(f, axis=[1, 2])
+            c = R.matmul(p, w)
+            s = R.sigmoid(c)
+            y = R.matmul(p, u)
+            R.output(s, y)
+        return (s, y)
+
+
+@I.ir_module
 class Thresholds:
     @R.function
     def main(x: R.Tensor((4, 8), "float32"), s: R.Tensor((), "float32")):
@@ -115,3 +133,23 @@ def test_decisions_are_frozen():
         plan.mode = Mode.LOW
     with pytest.raises(TypeError):
         decisions.can_low[stages.var("a")] = False
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_small_dot_product_that_makes_a_result_computes_float32(dtype, monkeypatch):
+    """The presence score's dot product reads 2 KiB of float32 operands, within the results'
+    share of the function's bytes: it computes float32 (reason ``result_head``). The wide
+    layer's operands (4 MiB) are not: it computes in the low dtype. With the share at 0 both
+    do."""
+    from relay_amp import plan
+
+    stages = Stages(PresenceScore, dtype, CUDA)
+    decisions = stages.decide()
+    score, wide = decisions.plans[stages.var("c")], decisions.plans[stages.var("y")]
+    assert score.category == Category.FP32
+    assert [r.code for r in score.reasons] == ["result_head"]
+    assert score.reasons[0].values["size"] == 2 * 256 * 4
+    assert wide.category == Category.LOW_PRECISION_FP32_ACCUMULATE
+    monkeypatch.setattr(plan, "RESULT_BUDGET", 0.0)
+    again = Stages(PresenceScore, dtype, CUDA).decide()
+    assert again.plans[stages.var("c")].category == Category.LOW_PRECISION_FP32_ACCUMULATE

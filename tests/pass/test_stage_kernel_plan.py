@@ -220,57 +220,56 @@ def test_a_float32_result_another_kernel_reads_is_not_rounded(dtype):
 
 
 @I.ir_module
-class SmallHead:
-    """``c`` (a column of scores) crosses a kernel boundary to two readers; one is the
-    sigmoid that makes a result. ``a`` feeds results only through dot products."""
+class SmallScores:
+    """``c`` (a column of scores) crosses a kernel boundary to two elementwise readers that
+    make results; it is computed from the wide ``a``, so its dot product is no small head."""
 
     @R.function
-    def main(x: R.Tensor((256, 64), "float32"), w: R.Tensor((64, 64), "float32"),
-             v: R.Tensor((64, 1), "float32"), u: R.Tensor((1, 64), "float32")):
+    def main(x: R.Tensor((256, 256), "float32"), w: R.Tensor((256, 256), "float32"),
+             v: R.Tensor((256, 1), "float32")):
         with R.dataflow():
             a = R.matmul(x, w)
             b = R.matmul(a, w)
             c = R.matmul(a, v)
             s = R.sigmoid(c)
-            d = R.matmul(c, u)
-            R.output(b, s, d)
-        return (b, s, d)
+            t = R.tanh(c)
+            R.output(b, s, t)
+        return (b, s, t)
 
 
 @I.ir_module
-class WideHead:
-    """As :class:`SmallHead`, with the scores as wide as the features: a copy of ``c`` in low
-    precision saves a large share of the function's bytes."""
+class WideScores:
+    """As :class:`SmallScores`, with the scores as wide as the features: a copy of ``c`` in
+    low precision saves a large share of the function's bytes."""
 
     @R.function
-    def main(x: R.Tensor((256, 64), "float32"), w: R.Tensor((64, 64), "float32"),
-             u: R.Tensor((64, 64), "float32")):
+    def main(x: R.Tensor((256, 256), "float32"), w: R.Tensor((256, 256), "float32")):
         with R.dataflow():
             a = R.matmul(x, w)
             b = R.matmul(a, w)
             c = R.matmul(a, w)
             s = R.sigmoid(c)
-            d = R.matmul(c, u)
-            R.output(b, s, d)
-        return (b, s, d)
+            t = R.tanh(c)
+            R.output(b, s, t)
+        return (b, s, t)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_small_value_that_feeds_a_result_keeps_float32(dtype, monkeypatch):
-    """The scores ``c`` feed the result ``s`` through an elementwise op and their low copy
-    would save 1.5 KiB of about 400 KiB: stored float32, with the reason; ``a``, which feeds
-    the results only through dot products, is stored low. On inputs where nothing else rounds,
-    ``s`` is then float32's exactly; with the results' budget at 0 (the rule off) ``c`` is
-    stored low too, and ``s`` moves."""
-    from relay_amp import kernel_plan
+    """The scores ``c`` feed the results ``s`` and ``t`` through elementwise ops and their low
+    copy would save 1.5 KiB of about 2 MiB: stored float32, with the reason; ``a``, which feeds
+    the results only through dot products, is stored low. On inputs where nothing else
+    rounds, ``s`` is then float32's exactly; with the results' budget at 0 (the rule off) ``c``
+    is stored low too, and ``s`` moves."""
+    from relay_amp import plan
 
-    stages = Stages(SmallHead, dtype, CUDA)
+    stages = Stages(SmallScores, dtype, CUDA)
     kernels = stages.kernels()
     assert names(kernels.stored_low) == ["a"]
     reason = kernels.reasons[stages.var("c")][-1]
     assert reason.code == "feeds_result"
     assert reason.values["saving"] == 256 * 2 * 3  # 2 bytes an element, written once, read twice
-    assert 0 < reason.values["share"] < kernel_plan.RESULT_FEEDER_BUDGET
+    assert 0 < reason.values["share"] < plan.RESULT_BUDGET
     assert "feeds a function result" in reason.text()
 
     # x, w in {-1, 0, 1} and v seven-bit multiples of 1/1024: exact in float16 and bfloat16,
@@ -278,21 +277,21 @@ def test_a_small_value_that_feeds_a_result_keeps_float32(dtype, monkeypatch):
     # move the result s
     rng = np.random.default_rng(3)
     inputs = [rng.integers(-high, high + 1, size=shape).astype("float32") * scale
-              for shape, high, scale in (((256, 64), 1, 1), ((64, 64), 1, 1),
-                                         ((64, 1), 127, 1 / 1024), ((1, 64), 1, 1))]
-    expected = run_module(SmallHead, inputs)[1]
-    kept = run_module(convert_checked(SmallHead, dtype, target=CUDA)[0], inputs)[1]
+              for shape, high, scale in (((256, 256), 1, 1), ((256, 256), 1, 1),
+                                         ((256, 1), 127, 1 / 1024))]
+    expected = run_module(SmallScores, inputs)[1]
+    kept = run_module(convert_checked(SmallScores, dtype, target=CUDA)[0], inputs)[1]
     np.testing.assert_array_equal(kept, expected)
-    monkeypatch.setattr(kernel_plan, "RESULT_FEEDER_BUDGET", 0.0)
-    assert names(Stages(SmallHead, dtype, CUDA).kernels().stored_low) == ["a", "c"]
-    rounded = run_module(convert_checked(SmallHead, dtype, target=CUDA)[0], inputs)[1]
+    monkeypatch.setattr(plan, "RESULT_BUDGET", 0.0)
+    assert names(Stages(SmallScores, dtype, CUDA).kernels().stored_low) == ["a", "c"]
+    rounded = run_module(convert_checked(SmallScores, dtype, target=CUDA)[0], inputs)[1]
     assert np.abs(rounded - expected).max() > 0
 
 
 def test_a_wide_value_that_feeds_a_result_is_stored_low():
     """Keeping the wide scores float32 would cost more than the results' budget of the
     function's bytes: they are stored low, as every other value between kernels."""
-    stages = Stages(WideHead, "float16", CUDA)
+    stages = Stages(WideScores, "float16", CUDA)
     kernels = stages.kernels()
     assert names(kernels.stored_low) == ["a", "c"]
     assert "feeds_result" not in codes(kernels, stages, "c")
