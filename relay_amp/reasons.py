@@ -28,7 +28,8 @@ TEXT = {
     "own_dtype": ("kept", "{op} fixes its own dtype"),
     "unknown_op": ("kept", "unknown op {op}, its dtypes are left as they are"),
     # the target's defaults (relay_amp.targets)
-    "target_fast": (None, "target {target} computes {dtype} fast"),
+    "target_fast": (None, "target {target} has {dtype} arithmetic (what TVM's build makes of "
+                          "it: the table in relay_amp.targets)"),
     "target_float32_accumulation": (None, "accumulates in float32, the accurate default: "
                                           "the target's float16 FMA ({instruction}) would sum "
                                           "in float16, faster and less accurate; "

@@ -1,25 +1,69 @@
-"""Target defaults: which low-precision dtypes a TVM target computes fast.
+"""Target defaults: which low-precision dtypes relay_amp converts for a TVM target, and what
+TVM 0.27's build makes of them.
 
-=========================  ==================================  ==================================
-target                     float16 compute                     bfloat16 compute
-=========================  ==================================  ==================================
-cuda ``arch`` sm_XY        sm_53 and newer (tensor cores on    sm_80 and newer; older arches are
-                           sm_70+); older: weights stored      an error unless the policy's
-                           float16, compute float32            ``fallback="storage"``
-llvm aarch64               ``+fullfp16`` (or an ``mcpu`` that  ``+bf16`` (or an ``mcpu`` with it)
-                           has it)
-llvm x86                   ``avx512fp16``                      ``avx512bf16`` or ``amx-bf16``
-llvm, other                never                               never
-rocm                       always                              gfx90a, gfx94x, gfx95x, gfx11xx,
-                                                               gfx12xx
-vulkan, metal, opencl,     always                              never (error, or ``fallback``)
-webgpu
-other kinds (c, ...)       never                               never
-=========================  ==================================  ==================================
+*Converts* means the report's compute dtype is the low-precision one (dot products accumulate in
+float32 unless the policy asks otherwise); *storage* means ops keep float32 compute with their
+weights stored in the low-precision dtype. The rest of each cell is what the code ``tvm.compile``
+generates does in the dot products (matmuls, convolutions) of a convnet block, a BERT layer and a
+LLaMA layer, measured by ``tests/pass/test_target_table.py``: *float32 arithmetic* means the
+kernels read the low-precision values, widen them and multiply and accumulate in float32, so the
+bytes halve but the arithmetic is no faster. ``nn.attention`` (no ``out_dtype``: float16
+accumulation in the report) is legalized by TVM into batch matmuls that compute in float16 (half
+FMAs) on every target that builds, except with ``relay_amp.cuda_pipeline``, which decomposes it
+into matmuls that accumulate in float32.
 
-Where a dtype cannot be computed fast, the default never slows the model down: dot-product ops
-keep float32 compute and only their weights are stored in the low-precision dtype. CPU features
-are read from LLVM itself (``llvm_cpu_has_features``), so any ``mcpu`` or ``mattr`` works.
+=====================  =====================================  ======================================
+target                 float16                                bfloat16
+=====================  =====================================  ======================================
+cuda sm_XY             converts on sm_53+. With               converts on sm_80+: bfloat16 tensor
+                       ``relay_amp.cuda_pipeline`` on         cores (WMMA, float32 accumulators) as
+                       sm_70+, matmuls and convolutions       for float16, other dot products
+                       whose extents (batch aside) all        float32 arithmetic. Older arches: an
+                       exceed 64 run on tensor cores (WMMA    error unless the policy's
+                       16x16x16, float16 inputs, float32      ``fallback="storage"``
+                       accumulators); smaller ones,
+                       attention's matmuls (head size <= 64)
+                       and every dot product on sm_53 to
+                       sm_69: float32 arithmetic on CUDA
+                       cores. TVM's own CUDA pipeline
+                       computes ``nn.attention`` in float16.
+                       Older arches: storage
+llvm aarch64           converts with ``+fullfp16`` (or an     converts with ``+bf16`` (or an
+                       ``mcpu`` that has it): float32         ``mcpu`` with it), but LLVM emits no
+                       arithmetic by default (``fcvt``        BFDOT, BFMMLA or BFMLAL: values
+                       widening, float32 FMAs); half FMAs     widened with integer shifts, float32
+                       (``fmadd h``, ``fmla v.8h``) with      arithmetic. Without: storage
+                       float16 accumulation asked
+                       (``Policy.set_accumulation_dtype``).
+                       Without: storage
+llvm x86               converts with ``avx512fp16``: as on    converts with ``avx512bf16`` or
+                       aarch64 (``vcvtsh2ss`` widening,       ``amx-bf16``, but no VDPBF16PS or AMX:
+                       float32 FMAs;                          values widened with integer shifts,
+                       ``vfmadd*sh``/``vfmadd*ph`` with       float32 arithmetic. Without: storage
+                       float16 accumulation asked). Without:
+                       storage
+llvm, other            storage                                storage
+rocm                   converts: float32 arithmetic in dot    converts on gfx90a, gfx94x, gfx95x,
+                       products (no MFMA, WMMA or half FMA;   gfx11xx and gfx12xx: values widened
+                       measured on gfx90a, gfx942 and         with integer shifts, float32
+                       gfx1100). The build needs a ROCm       arithmetic; other GPUs: an error
+                       installation (device bitcode,          unless ``fallback="storage"``
+                       ``ld.lld``)
+vulkan                 converts, but this TVM wheel has no    an error (or ``fallback``): no code
+                       Vulkan code generator: the build       generator
+                       fails
+metal, opencl, webgpu  converts: float32 arithmetic in dot    an error (or ``fallback``): TVM's code
+                       products on float16 storage (OpenCL    generators have no bfloat16 type
+                       needs ``cl_khr_fp16``, WebGPU
+                       ``shader-f16``)
+c, other kinds         storage                                storage
+=====================  =====================================  ======================================
+
+Where a dtype does not convert, dot-product ops keep float32 compute and only their weights are
+stored in the low-precision dtype (storage). TVM's build may undo that: the CUDA build folds the
+widening of constant weights at build time, so its library holds them in float32; on CPUs a cast
+kernel widens them on every run. CPU features are read from LLVM itself
+(``llvm_cpu_has_features``), so any ``mcpu`` or ``mattr`` works.
 
 GPU targets (cuda, rocm, vulkan, metal, opencl, webgpu) are *memory-bound*: most kernels of a
 model spend their time moving the tensors at their boundaries, so the kernel settings of
@@ -53,7 +97,8 @@ class TargetCaps:
     fp16_compute: bool
     bf16_compute: bool
     bf16_supported: bool = True  # False: bfloat16 is an error without an explicit fallback
-    #: The CPU's float16 FMA (aarch64 ``fmla v.8h``, x86 ``vfmadd...ph``) accumulates in float16.
+    #: The CPU's float16 FMA (aarch64 ``fmadd h``/``fmla v.8h``, x86 ``vfmadd*sh``/``vfmadd*ph``)
+    #: accumulates in float16.
     #: Dot products still accumulate in float32 by default (the accurate choice, measured on
     #: the registry: docs/ARM.md); ``Policy.set_accumulation_dtype(op, "float16")`` takes it.
     fp16_native_accumulation: bool = False
@@ -112,12 +157,12 @@ def target_caps(target: tvm.target.Target) -> TargetCaps:
         if triple.startswith(("aarch64", "arm64")):
             fp16 = _llvm_has("fullfp16", target)
             return TargetCaps(name, fp16, _llvm_has("bf16", target),
-                              fp16_native_accumulation=fp16, half_fma="fmla v.8h")
+                              fp16_native_accumulation=fp16, half_fma="fmadd h / fmla v.8h")
         if triple.startswith(("x86_64", "i686", "i386")):
             fp16 = _llvm_has("avx512fp16", target)
             return TargetCaps(name, fp16,
                               _llvm_has("avx512bf16", target) or _llvm_has("amx-bf16", target),
-                              fp16_native_accumulation=fp16, half_fma="vfmadd231ph")
+                              fp16_native_accumulation=fp16, half_fma="vfmadd*sh / vfmadd*ph")
         return TargetCaps(name, False, False)
     if kind == "rocm":
         cpu = str(attrs["mcpu"]) if "mcpu" in attrs else ""

@@ -41,7 +41,7 @@ def test_fullfp16_accumulates_in_float32_by_default():
     conv = report.find("lv")
     assert (conv.compute_dtype, conv.accumulation_dtype) == ("float16", "float32")
     reason = conv.reason("target_float32_accumulation")
-    assert reason.values["instruction"] == "fmla v.8h"
+    assert reason.values["instruction"] == "fmadd h / fmla v.8h"
     assert "set_accumulation_dtype('nn.conv2d', 'float16')" in reason.text()
     asm = assembly(converted, FULLFP16)
     assert len(re.findall(r"\bfmla\s+v\d+\.8h", asm)) == 0
