@@ -141,6 +141,31 @@ def _elements(var) -> int | None:
     return element_count(var.ty)
 
 
+def _groups_reading_alone(heads: dict, readers: dict, params) -> list:
+    """``heads`` (dot product -> its float leaves) grouped by the inputs they share, each group
+    as (its operands' float32 bytes, its members), leaving out any group with an input that
+    something outside it reads (parameters excepted: they are float32 in memory already)."""
+    group_of = {var: {var} for var in heads}
+    for var, leaves in heads.items():
+        for leaf in leaves:
+            for other in readers.get(leaf, ()):
+                if other in heads and group_of[other] is not group_of[var]:
+                    merged = group_of[var] | group_of[other]
+                    for member in merged:
+                        group_of[member] = merged
+    found, done = [], set()
+    for group in group_of.values():
+        key = frozenset(group)
+        if key in done:
+            continue
+        done.add(key)
+        leaves = {leaf for var in group for leaf in heads[var]}
+        if all(leaf in params or readers.get(leaf, set()) <= group for leaf in leaves
+               if is_var(leaf)):
+            found.append((sum(float32_bytes(leaf) for leaf in leaves), tuple(group)))
+    return found
+
+
 class Decider:
     """Step 1 for one function: :meth:`decide` returns its :class:`Decisions`.
 
@@ -268,13 +293,27 @@ class Decider:
 
     def _mark_heads(self, seq: SeqExpr):
         """The dot products that compute a function result through elementwise and
-        data-movement ops only (a score's sigmoid, a head's reshape) and keep float32, smallest
-        first, while their float32 operands stay within :data:`relay_amp.plan.RESULT_BUDGET` of
-        the function's float32 bytes (its constants and parameters, once per op that reads
-        them, and each value it computes, written and read once)."""
+        data-movement ops only (a score's sigmoid, a head's reshape) and keep float32. Heads
+        that share an input go together, and only where nothing else reads their inputs (a
+        float32 head beside a low-precision reader of the same value would need a cast kernel);
+        smallest first, while their float32 operands stay within
+        :data:`relay_amp.plan.RESULT_BUDGET` of the bytes the function surely moves (its
+        constants and parameters, once per op that reads them, and its results)."""
         items = self.scope.bindings(seq)
         bound = {var: value for _, var, value in items}
-        heads, stack, seen = {}, list(self.scope.leaves(seq.body)), set()
+        readers: dict = {}
+        for _, var, value in items:
+            if type(value) is Call and var in self.scope.call_args:
+                for _, leaves in self.scope.call_args[var]:
+                    for leaf in leaves:
+                        readers.setdefault(leaf, set()).add(var)
+            else:
+                for free in relax.analysis.free_vars(value):
+                    readers.setdefault(self.scope.canonical(free), set()).add(None)
+        results = self.scope.leaves(seq.body)
+        for leaf in results:
+            readers.setdefault(leaf, set()).add(None)
+        heads, stack, seen = {}, list(results), set()
         while stack:
             var = stack.pop()
             if not is_var(var) or var in seen or var not in bound:
@@ -290,24 +329,25 @@ class Decider:
             category = self._decide(op, var.name, value).category
             record = op_info(op)
             if category in LOW_CATEGORIES and record.macs is not None:
-                heads[var] = sum(float32_bytes(leaf) for leaf, _ in self.scope.float_leaves(var))
+                heads[var] = [leaf for leaf, _ in self.scope.float_leaves(var)]
             elif category == Category.FOLLOW and record.fusion in (FusionKind.ELEMWISE,
                                                                    FusionKind.INJECTIVE):
                 stack.extend(leaf for leaf, _ in self.scope.float_leaves(var))
-        if not heads:
+        groups = _groups_reading_alone(heads, readers, self.params)
+        if not groups:
             return
-        total = sum(2 * float32_bytes(var) + sum(
-            float32_bytes(leaf) for _, leaves in self.scope.call_args[var] for leaf in leaves
-            if type(leaf) is GenericConst or leaf in self.params)
-            for _, var, value in items if type(value) is Call and var in self.scope.call_args)
-        share = plan_module.RESULT_BUDGET
-        spent = 0
-        for var, size in sorted(heads.items(), key=lambda item: item[1]):
+        total = sum(float32_bytes(leaf) for _, var, value in items if type(value) is Call
+                    and var in self.scope.call_args for _, leaves in self.scope.call_args[var]
+                    for leaf in leaves if type(leaf) is GenericConst or leaf in self.params)
+        total += sum(float32_bytes(leaf) for leaf in results if is_var(leaf))
+        share, spent = plan_module.RESULT_BUDGET, 0
+        for size, group in sorted(groups, key=lambda item: item[0]):
             if spent + size > share * total:
                 break
             spent += size
-            self.heads[var] = Reason.of("result_head", size=size, share=size / total,
-                                        budget=share)
+            for var in group:
+                self.heads[var] = Reason.of("result_head", size=size, share=size / total,
+                                            budget=share)
 
     @staticmethod
     def _discrete(var) -> bool:

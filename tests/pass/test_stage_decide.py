@@ -20,7 +20,26 @@ STORAGE_ONLY = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}
 @I.ir_module
 class PresenceScore:
     """A hand model's tail: pooled features, then a one-column dense layer whose sigmoid is a
-    result (a presence score), beside a wide dense layer whose result is the other output."""
+    result (a presence score), beside a wide dense layer on other pooled features whose
+    result is the other output."""
+
+    @R.function
+    def main(x: R.Tensor((1, 8, 8, 256), "float32"), w: R.Tensor((256, 1), "float32"),
+             u: R.Tensor((256, 4096), "float32")):
+        with R.dataflow():
+            f = R.nn.relu(x)
+            p = R.mean(f, axis=[1, 2])
+            c = R.matmul(p, w)
+            s = R.sigmoid(c)
+            q = R.max(f, axis=[1, 2])
+            y = R.matmul(q, u)
+            R.output(s, y)
+        return (s, y)
+
+
+@I.ir_module
+class SharedPool:
+    """As :class:`PresenceScore`, with the wide layer reading the same pooled features."""
 
     @R.function
     def main(x: R.Tensor((1, 8, 8, 256), "float32"), w: R.Tensor((256, 1), "float32"),
@@ -139,8 +158,9 @@ def test_decisions_are_frozen():
 def test_a_small_dot_product_that_makes_a_result_computes_float32(dtype, monkeypatch):
     """The presence score's dot product reads 2 KiB of float32 operands, within the results'
     share of the function's bytes: it computes float32 (reason ``result_head``). The wide
-    layer's operands (4 MiB) are not: it computes in the low dtype. With the share at 0 both
-    do."""
+    layer's operands (4 MiB) are not: it computes in the low dtype. Where the wide layer reads
+    the same pooled features, the small one computes low too (float32 beside a low-precision
+    reader of one value would need a cast kernel). With the share at 0 both compute low."""
     from relay_amp import plan
 
     stages = Stages(PresenceScore, dtype, CUDA)
@@ -150,6 +170,9 @@ def test_a_small_dot_product_that_makes_a_result_computes_float32(dtype, monkeyp
     assert [r.code for r in score.reasons] == ["result_head"]
     assert score.reasons[0].values["size"] == 2 * 256 * 4
     assert wide.category == Category.LOW_PRECISION_FP32_ACCUMULATE
+    shared = Stages(SharedPool, dtype, CUDA)
+    assert shared.decide().plans[shared.var("c")].category == \
+        Category.LOW_PRECISION_FP32_ACCUMULATE  # float32 beside a low reader of p: a cast
     monkeypatch.setattr(plan, "RESULT_BUDGET", 0.0)
     again = Stages(PresenceScore, dtype, CUDA).decide()
     assert again.plans[stages.var("c")].category == Category.LOW_PRECISION_FP32_ACCUMULATE
