@@ -18,7 +18,6 @@ from tvm.relax import (
     TupleGetItem,
 )
 
-from . import plan as plan_module
 from .dtypes import is_floating, out_of_range_reason, out_of_range_value
 from .kinds import LOW_CATEGORIES, Category, FusionKind, Mode
 from .op_hooks import OpSite
@@ -29,7 +28,6 @@ from .reasons import Reason
 from .relax_utils import (
     GenericConst,
     element_count,
-    float32_bytes,
     is_var,
     leaves_of,
     op_name,
@@ -141,31 +139,6 @@ def _elements(var) -> int | None:
     return element_count(var.ty)
 
 
-def _groups_reading_alone(heads: dict, readers: dict, params) -> list:
-    """``heads`` (dot product -> its float leaves) grouped by the inputs they share, each group
-    as (its operands' float32 bytes, its members), leaving out any group with an input that
-    something outside it reads (parameters excepted: they are float32 in memory already)."""
-    group_of = {var: {var} for var in heads}
-    for var, leaves in heads.items():
-        for leaf in leaves:
-            for other in readers.get(leaf, ()):
-                if other in heads and group_of[other] is not group_of[var]:
-                    merged = group_of[var] | group_of[other]
-                    for member in merged:
-                        group_of[member] = merged
-    found, done = [], set()
-    for group in group_of.values():
-        key = frozenset(group)
-        if key in done:
-            continue
-        done.add(key)
-        leaves = {leaf for var in group for leaf in heads[var]}
-        if all(leaf in params or readers.get(leaf, set()) <= group for leaf in leaves
-               if is_var(leaf)):
-            found.append((sum(float32_bytes(leaf) for leaf in leaves), tuple(group)))
-    return found
-
-
 class Decider:
     """Step 1 for one function: :meth:`decide` returns its :class:`Decisions`.
 
@@ -196,7 +169,6 @@ class Decider:
         self.folded: set = set()
         self.hot: dict = {}
         self.deciding: dict = {}  # var -> (consumer, its op): the value decides a discrete result
-        self.heads: dict = {}  # small dot product that makes a result -> its reason
         self._decisions: dict = {}  # op -> its decision, where the op alone decides
 
     def decide(self, func) -> Decisions:
@@ -251,8 +223,6 @@ class Decider:
             if problem is not None:
                 self.hot[param] = problem
         self._mark_deciding(seq)
-        if params:
-            self._mark_heads(seq)
         for binding, var, value in self.scope.bindings(seq):
             self._forward_binding(binding, var, value)
 
@@ -290,64 +260,6 @@ class Decider:
                     self.deciding[item] = (var, op)
                     stack.extend(self.scope.canonical(leaf) for arg in producer.args
                                  for leaf in leaves_of(arg) if is_var(leaf))
-
-    def _mark_heads(self, seq: SeqExpr):
-        """The dot products that compute a function result through elementwise and
-        data-movement ops only (a score's sigmoid, a head's reshape) and keep float32. Heads
-        that share an input go together, and only where nothing else reads their inputs (a
-        float32 head beside a low-precision reader of the same value would need a cast kernel);
-        smallest first, while their float32 operands stay within
-        :data:`relay_amp.plan.RESULT_BUDGET` of the bytes the function surely moves (its
-        constants and parameters, once per op that reads them, and its results)."""
-        items = self.scope.bindings(seq)
-        bound = {var: value for _, var, value in items}
-        readers: dict = {}
-        for _, var, value in items:
-            if type(value) is Call and var in self.scope.call_args:
-                for _, leaves in self.scope.call_args[var]:
-                    for leaf in leaves:
-                        readers.setdefault(leaf, set()).add(var)
-            else:
-                for free in relax.analysis.free_vars(value):
-                    readers.setdefault(self.scope.canonical(free), set()).add(None)
-        results = self.scope.leaves(seq.body)
-        for leaf in results:
-            readers.setdefault(leaf, set()).add(None)
-        heads, stack, seen = {}, list(results), set()
-        while stack:
-            var = stack.pop()
-            if not is_var(var) or var in seen or var not in bound:
-                continue
-            seen.add(var)
-            value = bound[var]
-            if type(value) is not Call or var not in self.scope.call_args:
-                stack.extend(self.scope.canonical(leaf) for leaf in (
-                    leaves_of(value) if type(value) is relax.Tuple else
-                    [value.tuple_value] if type(value) is TupleGetItem else [value]))
-                continue
-            op = op_name(value)
-            category = self._decide(op, var.name, value).category
-            record = op_info(op)
-            if category in LOW_CATEGORIES and record.macs is not None:
-                heads[var] = [leaf for leaf, _ in self.scope.float_leaves(var)]
-            elif category == Category.FOLLOW and record.fusion in (FusionKind.ELEMWISE,
-                                                                   FusionKind.INJECTIVE):
-                stack.extend(leaf for leaf, _ in self.scope.float_leaves(var))
-        groups = _groups_reading_alone(heads, readers, self.params)
-        if not groups:
-            return
-        total = sum(float32_bytes(leaf) for _, var, value in items if type(value) is Call
-                    and var in self.scope.call_args for _, leaves in self.scope.call_args[var]
-                    for leaf in leaves if type(leaf) is GenericConst or leaf in self.params)
-        total += sum(float32_bytes(leaf) for leaf in results if is_var(leaf))
-        share, spent = plan_module.RESULT_BUDGET, 0
-        for size, group in sorted(groups, key=lambda item: item[0]):
-            if spent + size > share * total:
-                break
-            spent += size
-            for var in group:
-                self.heads[var] = Reason.of("result_head", size=size, share=size / total,
-                                            budget=share)
 
     @staticmethod
     def _discrete(var) -> bool:
@@ -426,9 +338,10 @@ class Decider:
         var_dtype = self.scope.dtype_of(var)
         out_dtypes = {var_dtype} if var_dtype else {tensor_dtype(t) for t in type_leaves(var.ty)}
         plan.float_output = any(is_floating(d) for d in out_dtypes)
-        kept = self._kept_for_result(var, category)
-        if kept is not None:
-            return self._keep(plan, kept)
+        if var in self.deciding:
+            consumer, consumer_op = self.deciding[var]
+            return self._keep(plan, Reason.of("decides_discrete", consumer=consumer.name,
+                                              op=consumer_op))
         record = op_info(op)
         if record.identity is not None:
             identity = record.identity(self.scope.site(
@@ -474,15 +387,6 @@ class Decider:
             if original not in ("", "void", "float32", self.low):
                 return self._keep(plan, Reason.of("foreign_out_dtype", dtype=original))
         return plan
-
-    def _kept_for_result(self, var, category) -> Reason | None:
-        """Why ``var`` computes float32 for what its result decides or makes, or None."""
-        if var in self.deciding:
-            consumer, consumer_op = self.deciding[var]
-            return Reason.of("decides_discrete", consumer=consumer.name, op=consumer_op)
-        if var in self.heads and category in LOW_CATEGORIES:
-            return self.heads[var]
-        return None
 
     def _keep(self, plan: _Draft, reason: Reason) -> _Draft:
         plan.category = Category.FP32

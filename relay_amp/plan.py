@@ -21,14 +21,11 @@ from .policy import Decision, Policy
 from .reasons import Reason
 from .relax_utils import VAR_TYPES, TupleType, leaves_of, lowered_type, op_name
 
-#: The share of a function's float32 bytes that the values making its results may keep in
-#: float32, in each of two places: the small dot products that compute a result through
-#: elementwise and data-movement ops (step 1, :class:`relay_amp.decide.Decider`), and the
-#: values such ops read across a kernel boundary (step 1b, ``KernelPlanner.result_feeders``).
-#: A result's error is the error of what makes it, and a few hundred bytes of a model that
-#: moves megabytes save no time. Together below the 0.005 of float32's bytes that a cost
-#: table reports to three decimals.
-RESULT_BUDGET = 0.002
+#: The share of a function's float32 bytes at kernel boundaries that the values feeding its
+#: results may keep in float32 (``KernelPlanner.result_feeders``): a result's error is the
+#: error of what feeds it, and a few hundred bytes of a model that moves megabytes save no
+#: time. Below the 0.005 of float32's bytes that a cost table reports to three decimals.
+RESULT_BUDGET = 0.004
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,6 @@ TEXT = {
     "decides_discrete": ("fp32", "it decides {consumer}'s discrete result ({op}'s scale, zero "
                                  "point or threshold): computed in float32 from its inputs as "
                                  "they are, since one rounding flips an integer or a selection"),
-    "result_head": ("fp32", "it computes a function result through elementwise and "
-                            "data-movement ops only, and its float32 operands are {size} bytes, "
-                            "{share:.2%} of the function's (the results' share is {budget:.1%}): "
-                            "rounding them would cost the result accuracy and save no time"),
     "fp32_boundary": (None, "stays float32 as the function's {where} [fp32_boundary]: {why}"),
     # where values live between kernels (planner, low_precision_boundaries)
     "residual_added": (None, "stored float32 between kernels: {consumer} adds to it in float32, "

@@ -1,9 +1,9 @@
-"""What the results' rules (``relay_amp.plan.RESULT_BUDGET``: small dot products that make a
-result, reason ``result_head``, and values that feed one across a kernel boundary,
-``feeds_result``) change on every registry model: each model converted for CUDA sm_90 (float16,
-float32 I/O, uncalibrated, as the GPU cost table of docs/PERFORMANCE.md) with the rules and with
-their budget at 0 (the rules off, the earlier behaviour), the GPU cost of both, and which
-bindings the rules kept float32.
+"""What the result-feeder rule (``relay_amp.plan.RESULT_BUDGET``, reason ``feeds_result``:
+values that feed a function result through elementwise and data-movement ops keep float32
+between kernels) changes on registry models: each model converted for CUDA sm_90 (float16,
+float32 I/O, uncalibrated, as the GPU cost table of docs/PERFORMANCE.md) with the rule and with
+its budget at 0 (the rule off, the earlier behaviour), the GPU cost of both, and which
+bindings the rule kept float32.
 
     python scripts/feeder_rule.py --out results/feeder_rule.json [--models a,b]
 
@@ -47,8 +47,7 @@ def measure(name: str) -> dict:
         finally:
             plan.RESULT_BUDGET = budget
         cost = gpu_cost(converted[label], TARGET, sizes)
-        kept = [f"{r.name} ({code})" for r in report.rows for code in r.codes
-                if code in ("feeds_result", "result_head")]
+        kept = [r.name for r in report.rows if "feeds_result" in r.codes]
         row[label] = {**cost.as_dict(), "bytes_ratio": cost.bytes / fp32.bytes, "kept": kept}
     row["changed"] = not tvm_ffi.structural_equal(converted["rule"], converted["rule off"])
     row["moved"] = row["rule"]["bytes_ratio"] - row["rule off"]["bytes_ratio"]

@@ -18,43 +18,6 @@ STORAGE_ONLY = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}
 
 
 @I.ir_module
-class PresenceScore:
-    """A hand model's tail: pooled features, then a one-column dense layer whose sigmoid is a
-    result (a presence score), beside a wide dense layer on other pooled features whose
-    result is the other output."""
-
-    @R.function
-    def main(x: R.Tensor((1, 8, 8, 256), "float32"), w: R.Tensor((256, 1), "float32"),
-             u: R.Tensor((256, 4096), "float32")):
-        with R.dataflow():
-            f = R.nn.relu(x)
-            p = R.mean(f, axis=[1, 2])
-            c = R.matmul(p, w)
-            s = R.sigmoid(c)
-            q = R.max(f, axis=[1, 2])
-            y = R.matmul(q, u)
-            R.output(s, y)
-        return (s, y)
-
-
-@I.ir_module
-class SharedPool:
-    """As :class:`PresenceScore`, with the wide layer reading the same pooled features."""
-
-    @R.function
-    def main(x: R.Tensor((1, 8, 8, 256), "float32"), w: R.Tensor((256, 1), "float32"),
-             u: R.Tensor((256, 4096), "float32")):
-        with R.dataflow():
-            f = R.nn.relu(x)
-            p = R.mean(f, axis=[1, 2])
-            c = R.matmul(p, w)
-            s = R.sigmoid(c)
-            y = R.matmul(p, u)
-            R.output(s, y)
-        return (s, y)
-
-
-@I.ir_module
 class Thresholds:
     @R.function
     def main(x: R.Tensor((4, 8), "float32"), s: R.Tensor((), "float32")):
@@ -152,27 +115,3 @@ def test_decisions_are_frozen():
         plan.mode = Mode.LOW
     with pytest.raises(TypeError):
         decisions.can_low[stages.var("a")] = False
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_a_small_dot_product_that_makes_a_result_computes_float32(dtype, monkeypatch):
-    """The presence score's dot product reads 2 KiB of float32 operands, within the results'
-    share of the function's bytes: it computes float32 (reason ``result_head``). The wide
-    layer's operands (4 MiB) are not: it computes in the low dtype. Where the wide layer reads
-    the same pooled features, the small one computes low too (float32 beside a low-precision
-    reader of one value would need a cast kernel). With the share at 0 both compute low."""
-    from relay_amp import plan
-
-    stages = Stages(PresenceScore, dtype, CUDA)
-    decisions = stages.decide()
-    score, wide = decisions.plans[stages.var("c")], decisions.plans[stages.var("y")]
-    assert score.category == Category.FP32
-    assert [r.code for r in score.reasons] == ["result_head"]
-    assert score.reasons[0].values["size"] == 2 * 256 * 4
-    assert wide.category == Category.LOW_PRECISION_FP32_ACCUMULATE
-    shared = Stages(SharedPool, dtype, CUDA)
-    assert shared.decide().plans[shared.var("c")].category == \
-        Category.LOW_PRECISION_FP32_ACCUMULATE  # float32 beside a low reader of p: a cast
-    monkeypatch.setattr(plan, "RESULT_BUDGET", 0.0)
-    again = Stages(PresenceScore, dtype, CUDA).decide()
-    assert again.plans[stages.var("c")].category == Category.LOW_PRECISION_FP32_ACCUMULATE
