@@ -79,8 +79,14 @@ def cross_compiler_for(target, cc: str | None = None):
     """
     from tvm.support import cc as tvm_cc
 
+    name = cross_compiler_name(target, cc)
+    return None if name is None else tvm_cc.cross_compiler(name)
+
+
+def cross_compiler_name(target, cc: str | None = None) -> str | None:
+    """The compiler :func:`cross_compiler_for` links with (None: TVM's default link)."""
     if cc is not None:
-        return tvm_cc.cross_compiler(cc)
+        return cc
     triple = target_triple(target)
     arch = triple.split("-")[0]
     here = tvm.target.codegen.llvm_get_system_triple().split("-")[0]
@@ -89,7 +95,7 @@ def cross_compiler_for(target, cc: str | None = None):
     candidates = (f"{triple}-g++", f"{triple}-gcc", *CROSS_COMPILERS.get(arch, ()))
     for name in candidates:
         if shutil.which(name):
-            return tvm_cc.cross_compiler(name)
+            return name
     raise RuntimeError(f"no compiler for {triple} on PATH (tried {', '.join(candidates)}): "
                        "install one (Debian: g++-aarch64-linux-gnu for aarch64) or pass cc=")
 

@@ -286,25 +286,26 @@ def _stage(desc: str, progress: bool):
 
 
 def _cross_compiler(target: dict):
-    """``(fcompile or None, library file name, note)`` for exporting an llvm target."""
-    import tvm
-
-    triple = target.get("mtriple")
-    if target.get("kind") != "llvm" or not triple:
-        return None, "model.so", None
-    here = tvm.target.codegen.llvm_get_system_triple().split("-")[0]
-    arch = triple.split("-")[0]
-    if arch == here or (arch, here) in (("x86_64", "x86_64"),):
-        return None, "model.so", None
+    """``(fcompile or None, library file name, note)`` for exporting an llvm target: the
+    compiler :func:`relay_amp.remote.cross_compiler_for` finds, else the object files."""
     from tvm.support import cc
 
-    for compiler in (f"{triple}-g++", f"{triple}-gcc"):
-        if shutil.which(compiler):
-            return cc.cross_compiler(compiler), "model.so", f"linked with {compiler}"
-    return None, "model.tar", (f"no {triple}-g++ here to link the library: model.tar holds the "
-                               "object files, and tvm.runtime.load_module('model.tar') links them "
-                               f"on the {arch} machine (or install {triple}-g++ here and convert "
-                               "again for a model.so)")
+    from ..remote import cross_compiler_name, target_triple
+
+    if target.get("kind") != "llvm" or not target.get("mtriple"):
+        return None, "model.so", None
+    try:
+        compiler = cross_compiler_name(target)
+    except RuntimeError:
+        triple = target_triple(target)
+        arch = triple.split("-")[0]
+        return None, "model.tar", (
+            f"no {triple}-g++ here to link the library: model.tar holds the object files, and "
+            f"tvm.runtime.load_module('model.tar') links them on the {arch} machine (or install "
+            f"{triple}-g++ here and convert again for a model.so)")
+    if compiler is None:
+        return None, "model.so", None
+    return cc.cross_compiler(compiler), "model.so", f"linked with {compiler}"
 
 
 def _build(mod, target: dict, folder: str):

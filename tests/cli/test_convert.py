@@ -675,3 +675,22 @@ def test_input_specs_and_normalization():
     np.testing.assert_allclose(calibration_data.apply_normalization(pixels, spec), 2.0)
     with pytest.raises(arguments.UsageError, match="divides by zero"):
         arguments.parse_normalize("0.5,0")
+
+
+def test_an_aarch64_library_is_linked_with_the_cross_compiler_found_or_left_as_objects(
+        monkeypatch):
+    """The command links through ``relay_amp.remote``'s compiler search: with
+    ``aarch64-linux-gnu-g++`` on PATH a ``model.so``; with none, ``model.tar`` and a note that
+    says how to link it on the board."""
+    from relay_amp import remote
+
+    target = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+fullfp16"]}
+    monkeypatch.setattr(remote.shutil, "which", lambda name: f"/usr/bin/{name}")
+    fcompile, library, note = convert._cross_compiler(target)
+    assert callable(fcompile) and library == "model.so"
+    assert note == "linked with aarch64-linux-gnu-g++"
+    monkeypatch.setattr(remote.shutil, "which", lambda name: None)
+    fcompile, library, note = convert._cross_compiler(target)
+    assert fcompile is None and library == "model.tar"
+    assert "tvm.runtime.load_module('model.tar')" in note
+    assert convert._cross_compiler({"kind": "llvm"}) == (None, "model.so", None)
