@@ -37,11 +37,12 @@ def contiguous(array) -> np.ndarray:
     return array if array.flags["C_CONTIGUOUS"] else np.ascontiguousarray(array)
 
 
-def _flatten(value) -> list[np.ndarray]:
+def flatten_outputs(value) -> list[np.ndarray]:
+    """A VM result as a flat list of numpy arrays (tuples flattened, bfloat16 as float32)."""
     if isinstance(value, (tuple, list)) or type(value).__name__ in ("Array", "Shape"):
         if type(value).__name__ == "Shape":
             return [np.array(list(value), dtype=np.int64)]
-        return [array for item in value for array in _flatten(item)]
+        return [array for item in value for array in flatten_outputs(item)]
     if isinstance(value, (bool, int, float)) or not hasattr(value, "numpy"):
         return [np.array(value)]
     array = value.numpy()
@@ -55,7 +56,7 @@ def run(vm, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray], func: str =
     if isinstance(inputs, Mapping):
         inputs = list(inputs.values())
     args = [tvm.runtime.tensor(contiguous(x)) for x in inputs]
-    return _flatten(vm[func](*args))
+    return flatten_outputs(vm[func](*args))
 
 
 @dataclass(frozen=True)

@@ -289,6 +289,8 @@ class KernelPlanner:
                     if is_var(leaf) and leaf not in seen:
                         seen.add(leaf)
                         stack.append(leaf)
+        if not any(found.values()):
+            return {}
         traffic = self._boundary_traffic(items, results)
         share = plan_module.RESULT_BUDGET
         budget, spent, kept = share * traffic, 0, {}
@@ -525,4 +527,3 @@ class KernelPlanner:
         if plan.category == Category.LOW_PRECISION_FP32_ACCUMULATE:
             return plan.decision.accumulation_dtype != "float32"
         return self.out.mode_of(var) == Mode.LOW
-

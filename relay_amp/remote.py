@@ -10,7 +10,7 @@ board, e.g. ``scripts/arm/rpc_server.cc`` built by ``scripts/arm/setup_emulator.
 >>> lib = export_for(executable, "model.so", target)                     # doctest: +SKIP
 >>> outputs = run_remote(tvm.rpc.connect("board", 9090), lib, [x])       # doctest: +SKIP
 
-This module needs only tvm and numpy.
+This module needs only tvm and numpy (and relay_amp.execution, which needs no more).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tvm
+
+from .execution import contiguous, flatten_outputs
 
 #: The GNU cross compilers tried for a target triple's architecture (the first one found on
 #: PATH links the library), beside ``<mtriple>-g++`` itself.
@@ -128,20 +130,6 @@ def export_for(executable, path: str | os.PathLike, target, cc: str | None = Non
     return path
 
 
-def _numpy_outputs(value) -> list[np.ndarray]:
-    """A VM result as a flat list of numpy arrays (tuples flattened, bfloat16 as float32)."""
-    if isinstance(value, (tuple, list)) or type(value).__name__ == "Array":
-        return [array for item in value for array in _numpy_outputs(item)]
-    if type(value).__name__ == "Shape":
-        return [np.array(list(value), dtype=np.int64)]
-    if not hasattr(value, "numpy"):
-        return [np.array(value)]
-    array = value.numpy()
-    if array.dtype.kind == "V" or str(array.dtype) == "bfloat16":
-        array = array.astype(np.float32)
-    return [array]
-
-
 def run_remote(session, lib_path: str | os.PathLike,
                inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
                func: str = "main") -> list[np.ndarray]:
@@ -170,12 +158,12 @@ def run_remote(session, lib_path: str | os.PathLike,
     vm = tvm.runtime.vm.VirtualMachine(session.load_module(name), device)
     if isinstance(inputs, Mapping):
         inputs = list(inputs.values())
-    args = [tvm.runtime.tensor(np.ascontiguousarray(x), device) for x in inputs]
+    args = [tvm.runtime.tensor(contiguous(x), device) for x in inputs]
     # the stateful calls are TVM's way over RPC: a returned tuple stays on the server as an
     # object reference, and its fields come back one tensor at a time
     vm.set_input(func, *args)
     vm.invoke_stateful(func)
-    return _numpy_outputs(_fetch_outputs(vm.module, func))
+    return flatten_outputs(_fetch_outputs(vm.module, func))
 
 
 def _fetch_outputs(vm_module, func: str, *index: int):
