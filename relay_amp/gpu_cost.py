@@ -2,12 +2,15 @@
 
 Most kernels of the models mixed precision is for are bandwidth-bound: their time follows the
 bytes that cross kernel boundaries, plus a fixed cost per launch. :func:`gpu_cost` puts a module
-through the passes ``tvm.compile`` runs for CUDA before scheduling (library dispatch, LegalizeOps,
-AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR, and RewriteDataflowReshape, which turns
-reshapes into views that launch nothing) and counts, in each Relax function:
+through the Relax passes of the CUDA build up to scheduling — by default those of
+:func:`relay_amp.cuda_pipeline` (attention decomposed, split-K), or TVM's own (``pipeline="tvm"``:
+the fused module relay_amp's pipeline starts from) — then library dispatch, LegalizeOps,
+AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR, and RewriteDataflowReshape (which turns
+reshapes into views that launch nothing), and counts, in each Relax function:
 
-* ``kernels``: the ``call_tir`` calls left, one launch each (a fused PrimFunc may still be
-  scheduled into more than one CUDA kernel; ``gpu_bench.build`` counts ``__global__`` functions);
+* ``kernels``: the ``call_tir`` calls left, one launch each: what the executable launches per
+  inference (``tests/pass/test_gpu_cost_build.py`` checks this against the built executable's
+  calls and CUDA kernels);
 * ``bytes``: for every ``call_tir``, the bytes of its tensor arguments plus its result. A tensor
   that the kernel reads only through indices it loads from another tensor (the table of a
   ``take``, an embedding lookup) counts at most one element per element of the result: a
@@ -16,7 +19,9 @@ reshapes into views that launch nothing) and counts, in each Relax function:
 * ``casts``: ``call_tir`` of a lone ``astype`` between two float dtypes (a cast that fused into
   no other kernel), and of those, ``parameter_casts``: the ones that read a function parameter
   or a constant; ``integer_casts``: lone casts to or from an integer or boolean dtype (a model's
-  own ``input_ids.astype("int32")``, which float32 has too).
+  own ``input_ids.astype("int32")``, which float32 has too);
+* ``copies``: kernels that only move data (every value they store is one they load: a
+  transpose, a strided slice, a concatenation).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class GpuCost:
     casts: int
     parameter_casts: int
     integer_casts: int = 0
+    copies: int = 0
 
     def ideal_low_precision_bytes(self, low_bytes: int = 2) -> int:
         """These kernels with every float tensor stored in ``low_bytes`` per element
@@ -53,19 +59,25 @@ class GpuCost:
         return asdict(self)
 
 
-def lower_for_cuda(mod: tvm.IRModule, target) -> tvm.IRModule:
-    """``mod`` after the passes of TVM's CUDA pipeline that decide kernels and their operands."""
-    from tvm.relax.backend.cuda import pipeline
+#: What :func:`gpu_cost` can measure: the module as ``relay_amp.cuda_pipeline`` builds it, or as
+#: TVM's own CUDA pipeline does (the fused module, without relay_amp's rewrites).
+PIPELINES = ("relay_amp", "tvm")
 
+
+def lower_for_cuda(mod: tvm.IRModule, target, pipeline: str = "relay_amp") -> tvm.IRModule:
+    """``mod`` after the passes of a CUDA build that decide its kernels and their operands
+    (``pipeline``: one of :data:`PIPELINES`)."""
+    from tvm.relax.backend.cuda import pipeline as tvm_pipeline
+
+    from .pipeline import TVM_SCHEDULE_PASS, graph_rewrites
+
+    if pipeline not in PIPELINES:
+        raise ValueError(f"pipeline must be one of {PIPELINES}, not {pipeline!r}")
     target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
-    passes = pipeline.library_dispatch_passes(target) + [
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-        relax.transform.RewriteDataflowReshape(),
-    ]
+    passes = graph_rewrites(target) if pipeline == "relay_amp" else []
+    passes += tvm_pipeline.library_dispatch_passes(target) + [
+        p for p in tvm_pipeline.legalize_passes(target) if p.info.name != TVM_SCHEDULE_PASS]
+    passes.append(relax.transform.RewriteDataflowReshape())
     with target:
         return tvm.transform.Sequential(passes)(mod)
 
@@ -89,9 +101,8 @@ def _tensor_bytes(ty, sizes=None, limit=None) -> tuple[int, int]:
     return 0, 0
 
 
-def _gathered_params(func) -> set:
-    """Positions of the parameters of PrimFunc ``func`` that its blocks read only at indices
-    loaded from another buffer (``A[idx[i], j]``)."""
+def _blocks(func) -> list:
+    """The blocks of PrimFunc ``func`` (``SBlock`` nodes), or [] if it is not schedulable."""
     from tvm import s_tir
 
     try:
@@ -101,12 +112,18 @@ def _gathered_params(func) -> set:
             children = schedule.get_child_blocks(stack.pop())
             blocks.extend(children)
             stack.extend(children)
-    except TVM_ERRORS:  # not a schedulable PrimFunc: no gather is counted
-        return set()
+    except TVM_ERRORS:  # not a schedulable PrimFunc: nothing is counted of it
+        return []
+    return [schedule.get(block) for block in blocks]
+
+
+def _gathered_params(func, blocks) -> set:
+    """Positions of the parameters of PrimFunc ``func`` that its ``blocks`` read only at indices
+    loaded from another buffer (``A[idx[i], j]``)."""
     positions = {param.name: index for index, param in enumerate(func.params)}
     gathered, direct = set(), set()
     for block in blocks:
-        for region in schedule.get(block).reads:
+        for region in block.reads:
             index = positions.get(region.source.name)
             if index is not None:
                 loads = any(_loads(r.min) for r in region.region)
@@ -130,6 +147,13 @@ def _loads(expr) -> bool:
                if isinstance(getattr(expr, name, None), tvm.ir.expr.Expr))
 
 
+def _only_moves_data(blocks) -> bool:
+    """Does every one of ``blocks`` (a PrimFunc's) store a value it loads, unchanged?"""
+    return bool(blocks) and all(
+        block.init is None and isinstance(block.body, tvm.tirx.BufferStore)
+        and isinstance(block.body.value, _LOAD) for block in blocks)
+
+
 _CAST_KERNEL = re.compile(r"cast\d*")
 
 
@@ -142,8 +166,9 @@ def _is_cast_kernel(name: str) -> bool:
 def module_cost(lowered: tvm.IRModule, symbolic: dict | None = None) -> GpuCost:
     """The cost of a module already put through :func:`lower_for_cuda`; ``symbolic`` maps the
     names of symbolic extents to sizes."""
-    kernels = total = float_total = casts = parameter_casts = integer_casts = 0
+    kernels = total = float_total = casts = parameter_casts = integer_casts = copies = 0
     gathers: dict = {}
+    moves: dict = {}
     for _, func in lowered.functions_items():
         if not isinstance(func, relax.Function):
             continue
@@ -160,7 +185,10 @@ def module_cost(lowered: tvm.IRModule, symbolic: dict | None = None) -> GpuCost:
                 callee = value.args[0]
                 args = value.args[1].fields if isinstance(value.args[1], relax.Tuple) else []
                 if callee.name_hint not in gathers:
-                    gathers[callee.name_hint] = _gathered_params(lowered[callee])
+                    blocks = _blocks(lowered[callee])
+                    gathers[callee.name_hint] = _gathered_params(lowered[callee], blocks)
+                    moves[callee.name_hint] = _only_moves_data(blocks)
+                copies += moves[callee.name_hint]
                 out_elements = max((element_count(t, symbolic) or 0 for t in _tensor_types(
                     binding.var.ty)), default=0)
                 for index, tensor in enumerate(list(args) + [binding.var]):
@@ -177,7 +205,7 @@ def module_cost(lowered: tvm.IRModule, symbolic: dict | None = None) -> GpuCost:
                             parameter_casts += 1
                     else:
                         integer_casts += 1
-    return GpuCost(kernels, total, float_total, casts, parameter_casts, integer_casts)
+    return GpuCost(kernels, total, float_total, casts, parameter_casts, integer_casts, copies)
 
 
 def _tensor_types(ty) -> list:
@@ -200,7 +228,8 @@ def symbolic_sizes(mod: tvm.IRModule, inputs, function: str = "main") -> dict:
     return sizes
 
 
-def gpu_cost(mod: tvm.IRModule, target=None, symbolic: dict | None = None) -> GpuCost:
+def gpu_cost(mod: tvm.IRModule, target=None, symbolic: dict | None = None,
+             pipeline: str = "relay_amp") -> GpuCost:
     """Kernels, bytes at kernel boundaries and standalone casts of ``mod`` on a CUDA target.
 
     Parameters
@@ -212,11 +241,16 @@ def gpu_cost(mod: tvm.IRModule, target=None, symbolic: dict | None = None) -> Gp
     symbolic : dict, optional
         Sizes of symbolic extents by name (``{"seq_len": 128}``; :func:`symbolic_sizes` reads
         them from inputs). A tensor with an extent not given counts no bytes.
+    pipeline : str
+        ``"relay_amp"`` (default): the kernels ``relay_amp.cuda_pipeline`` builds;
+        ``"tvm"``: those of TVM's own CUDA pipeline (``tvm.compile``'s default), the fused
+        module relay_amp's pipeline starts from.
 
     Returns
     -------
     GpuCost
         Kernels, bytes, float bytes, standalone float casts, the casts of parameters or
-        constants among them, and standalone integer casts.
+        constants among them, standalone integer casts, and kernels that only copy.
     """
-    return module_cost(lower_for_cuda(mod, target or {"kind": "cuda", "arch": "sm_90"}), symbolic)
+    return module_cost(lower_for_cuda(mod, target or {"kind": "cuda", "arch": "sm_90"}, pipeline),
+                       symbolic)

@@ -13,11 +13,12 @@ schedules, lowering) with:
    accumulation (``out_dtype``) and a float32 softmax.
 2. :func:`SplitK` before legalization. dlight's tensor-core matmul computes one 128×128 output
    tile per thread block, so a transformer layer at batch 1 (a 128×768 output) occupies 6 of an
-   H100's 132 SMs. A matmul with too few tiles and a long reduction becomes a batched matmul over
-   slices of K plus a sum of the partial products.
+   H100's 132 SMs. A matmul with too few tiles and a long reduction becomes two kernels: the
+   partial products over slices of K, which read both operands in place (no copy), and their
+   sum, which takes the matmul's epilogue (bias, activation, cast).
 3. A short-reduction rule ahead of dlight's ``Reduction`` and ``GeneralReduction``: a kernel whose
-   reduction is short (a depthwise 3×3 convolution: 9 products per output; the sum of split-K's
-   slices) and whose output is large is computed one output per thread. dlight gives such a
+   reduction is short (a depthwise 3×3 convolution: 9 products per output) and whose output is
+   large is computed one output per thread. dlight gives such a
    kernel one thread block per output (256 threads for 9 products) as soon as it has an
    elementwise epilogue, which is exactly what a converted depthwise convolution has (its cast,
    its folded batch norm).
@@ -157,10 +158,42 @@ def split_k_factor(rows: int, cols: int, depth: int, sms: int) -> int:
     return factor
 
 
+def _k_slices(a, b, factor: int, out_dtype: str):
+    """TE: the partial products of ``a @ b`` over ``factor`` slices of K, slice-major
+    (``[factor, *a.shape[:-1], b.shape[1]]``), each operand read where it lies."""
+    from tvm import te
+
+    *lead, depth = a.shape
+    width = depth // factor
+    k = te.reduce_axis((0, width), name="k")
+
+    def product(s, *index):
+        *rows, col = index
+        return te.sum(a[(*rows, s * width + k)].astype(out_dtype)
+                      * b[s * width + k, col].astype(out_dtype), axis=k)
+
+    return te.compute([factor, *lead, b.shape[1]], product, name="matmul_k_slices")
+
+
+def _sum_slices(partial):
+    """TE: the sum of ``partial`` over its leading axis, written out as additions (elementwise,
+    so FuseOps gives it the matmul's epilogue and dlight one output per thread)."""
+    from tvm import te
+
+    def total(*index):
+        value = partial[(0, *index)]
+        for s in range(1, int(partial.shape[0])):
+            value = value + partial[(s, *index)]
+        return value
+
+    return te.compute(partial.shape[1:], total, name="sum_k_slices")
+
+
 def _split_k(builder: relax.BlockBuilder, call: relax.Call, sms: int) -> relax.Expr | None:
-    """``matmul(a, b)`` with few output tiles and a long reduction as a batched matmul over
-    slices of K whose partial products are summed; None where it does not pay (or shapes are
-    symbolic, or ``b`` is batched)."""
+    """``matmul(a, b)`` with few output tiles and a long reduction as two kernels: the partial
+    products over slices of K, read in place from ``a`` and ``b`` (no copy), and their sum,
+    which takes the matmul's epilogue; None where it does not pay (or shapes are symbolic, or
+    ``b`` is batched)."""
     a, b = call.args
     a_shape, b_shape = _static(a.ty.shape.values), _static(b.ty.shape.values)
     if a_shape is None or b_shape is None or len(b_shape) != 2 or len(a_shape) < 2:
@@ -175,17 +208,9 @@ def _split_k(builder: relax.BlockBuilder, call: relax.Call, sms: int) -> relax.E
     out_dtype = str(call.attrs.out_dtype)
     if out_dtype in ("", "void", "None"):
         out_dtype = str(a.ty.dtype)
-    op = relax.op
-    emit = builder.emit
-    lead = a_shape[:-1]
-    # K slices become the leading batch axis of both operands; the weights broadcast over the
-    # activation's own leading axes, so the sum of the partial products has the original shape
-    # and FuseOps can put the matmul's epilogue (bias, activation, cast) into the sum's kernel.
-    sliced = emit(op.permute_dims(op.reshape(a, lead + [factor, depth // factor]),
-                                  [len(lead)] + list(range(len(lead))) + [len(lead) + 1]))
-    weights = emit(op.reshape(b, [factor] + [1] * (len(lead) - 1) + [depth // factor, cols]))
-    partial = emit(op.matmul(sliced, weights, out_dtype=out_dtype))
-    return op.sum(partial, axis=[0])
+    partial = builder.emit_te(_k_slices, a, b, factor, out_dtype,
+                              primfunc_name_hint="matmul_k_slices")
+    return builder.call_te(_sum_slices, partial, primfunc_name_hint="sum_k_slices")
 
 
 _MATMUL = tvm.ir.Op.get("relax.matmul")
@@ -209,9 +234,11 @@ class _SplitK(relax.PyExprMutator):
 def SplitK(sms: int = 132) -> tvm.transform.Pass:
     """Split the reduction axis of matmuls that have too few 128×128 output tiles to occupy
     ``sms`` streaming multiprocessors (a BERT or LLaMA layer at batch 1: 6 thread blocks for a
-    128×768 output) into a batched matmul over K slices plus a sum of the partial products
-    (:func:`split_k_factor` chooses the slices). The partial products are summed in the matmul's
-    own output dtype (float32 for relay_amp's float16 matmuls)."""
+    128×768 output) into the partial products over K slices plus their sum
+    (:func:`split_k_factor` chooses the slices). The partial products read the operands where
+    they lie and are summed in the matmul's own output dtype (float32 for relay_amp's float16
+    matmuls) by an elementwise kernel, into which FuseOps puts the matmul's epilogue: one launch
+    more than the matmul, no copy, no standalone cast."""
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.SplitK")
     def _pass(mod, _context):
@@ -284,6 +311,14 @@ def _matmul_without_tensor_cores():
     return MatmulWithoutTensorCores()
 
 
+def graph_rewrites(target, split_k: bool = True) -> list:
+    """The Relax passes :func:`cuda_pipeline` runs ahead of TVM's: :func:`DecomposeAttention`,
+    and :func:`SplitK` for the target's SMs unless ``split_k`` is False (what
+    :func:`relay_amp.gpu_cost` also runs to count what the build launches)."""
+    target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    return [DecomposeAttention] + ([SplitK(sm_count(target))] if split_k else [])
+
+
 #: The name (``Pass.info.name``) of the dlight pass in TVM's CUDA legalize passes that
 #: :func:`cuda_pipeline` replaces with one carrying relay_amp's schedule rules.
 TVM_SCHEDULE_PASS = "ApplyDefaultSchedule"
@@ -350,9 +385,7 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
     # test_tvms_default_schedule_pass_is_replaced_exactly_once fails if TVM renames or removes it.
     legalize = [p for p in pipeline.legalize_passes(target)
                 if p.info.name != TVM_SCHEDULE_PASS] + [dl.ApplyDefaultSchedule(*rules)]
-    before = [DecomposeAttention] if relay_amp_schedules else []
-    if relay_amp_schedules and split_k:
-        before.append(SplitK(sm_count(target)))
+    before = graph_rewrites(target, split_k) if relay_amp_schedules else []
 
     passes = tvm.transform.Sequential(
         before + pipeline.library_dispatch_passes(target) + legalize
