@@ -37,7 +37,7 @@ import tvm
 from tvm import relax
 
 from .codegen import cuda as cuda_codegen
-from .tensor_cores import arch_number, tensor_core_matmul
+from .tensor_cores import DLIGHT_MIN_EXTENT, arch_number, tensor_core_matmul
 
 _LOW = ("float16", "bfloat16")
 #: A reduction this short (product of its constant reduction extents) is done in one thread ...
@@ -148,7 +148,12 @@ def split_k_factor(rows: int, cols: int, depth: int, sms: int) -> int:
     """How many slices of the reduction (K) axis a ``rows×depth @ depth×cols`` matmul should be
     split into so that its 128×128 output tiles times the slices fill the GPU: 1 (no split) when
     the tiles alone fill it, else the largest power of two that keeps each slice at least
-    ``MIN_SLICE`` long, divides ``depth`` and gives no more than two thread blocks per SM."""
+    ``MIN_SLICE`` long, divides ``depth`` and gives no more than two thread blocks per SM.
+    A matmul with at most ``DLIGHT_MIN_EXTENT`` rows or columns is not computed in such tiles
+    (dlight's GEMV and small-matmul schedules spread K over threads themselves: a classifier's
+    head at batch 1) and is not split."""
+    if min(rows, cols) <= DLIGHT_MIN_EXTENT:
+        return 1
     tiles = -(-rows // _TILE) * -(-cols // _TILE)
     factor = 1
     while (tiles * factor < sms and depth % (factor * 2) == 0

@@ -180,7 +180,8 @@ def test_cuda_pipeline_builds_attention_and_depthwise_kernels_that_nvcc_compiles
 
 @pytest.mark.parametrize("rows, cols, depth, factor", [
     (128, 768, 768, 4), (128, 768, 3072, 16), (128, 3072, 768, 4), (2048, 2048, 2048, 1),
-    (128, 32000, 2048, 1), (128, 768, 100, 1)])
+    (128, 32000, 2048, 1), (128, 768, 100, 1), (1, 1000, 2048, 1), (64, 768, 3072, 1),
+    (128, 64, 3072, 1)])
 def test_split_k_factor_fills_the_gpu_with_slices_of_at_least_128(rows, cols, depth, factor):
     assert pipeline.split_k_factor(rows, cols, depth, 132) == factor
 
