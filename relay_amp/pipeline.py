@@ -33,11 +33,13 @@ keeps matmuls off tensor cores.
 
 from __future__ import annotations
 
+import time
+
 import tvm
 from tvm import relax
 
 from .codegen import cuda as cuda_codegen
-from .tensor_cores import DLIGHT_MIN_EXTENT, arch_number, tensor_core_matmul
+from .tensor_cores import DLIGHT_MIN_EXTENT, arch_number, cuda_intrinsics, tensor_core_matmul
 
 _LOW = ("float16", "bfloat16")
 #: A reduction this short (product of its constant reduction extents) is done in one thread ...
@@ -401,6 +403,7 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
         # CUDA code generation follows this pass in tvm.compile: the volatile half operators
         # hook goes on here, not when relay_amp is imported (relay_amp.codegen.cuda).
         cuda_codegen.enable_for_build()
+        cuda_intrinsics()  # before dlight imports TVM's, which registers all of them
         config = dict(context.config)
         if cuda_graph is not None:
             config[CUDA_GRAPH_OPTION] = cuda_graph
@@ -415,8 +418,31 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
     return _pipeline
 
 
+@tvm.instrument.pass_instrument
+class _BuildStages:
+    """Seconds a build spends in Relax passes and in TIR passes: the outermost passes, by
+    whether the module they are given still holds a Relax function (``tvm.compile`` runs the
+    Relax pipeline, then lowers the TIR functions alone)."""
+
+    def __init__(self):
+        self.seconds = {"relax": 0.0, "tir": 0.0}
+        self.depth, self.stage, self.start = 0, None, 0.0
+
+    def run_before_pass(self, mod, info):
+        if self.depth == 0:
+            self.stage = "relax" if any(isinstance(f, relax.Function)
+                                        for f in mod.functions.values()) else "tir"
+            self.start = time.perf_counter()
+        self.depth += 1
+
+    def run_after_pass(self, mod, info):
+        self.depth -= 1
+        if self.depth == 0:
+            self.seconds[self.stage] += time.perf_counter() - self.start
+
+
 def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_cores: bool = True,
-          relay_amp_schedules: bool = True):
+          relay_amp_schedules: bool = True, timings: dict | None = None):
     """``tvm.compile`` for ``target`` at ``opt_level=3``; CUDA through :func:`cuda_pipeline`
     (which turns on the CUDA source hook of :mod:`relay_amp.codegen.cuda`).
 
@@ -428,6 +454,11 @@ def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_core
         Any target; only CUDA takes the other arguments into account.
     cuda_graph, tensor_cores, relay_amp_schedules
         As :func:`cuda_pipeline` takes them.
+    timings : dict, optional
+        Filled with the seconds of each stage: ``relax_passes_s`` (legalization, fusion, the
+        schedules: for CUDA, dlight's and the tensor intrinsics they name), ``tir_passes_s``
+        (lowering the scheduled TIR) and ``codegen_s`` (the rest: the target's code and the
+        VM's).
 
     Returns
     -------
@@ -436,8 +467,17 @@ def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_core
     """
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     config = {} if cuda_graph is None else {CUDA_GRAPH_OPTION: cuda_graph}
-    with tvm.transform.PassContext(opt_level=3, config=config):
+    stages = _BuildStages() if timings is not None else None
+    start = time.perf_counter()
+    with tvm.transform.PassContext(opt_level=3, config=config,
+                                   instruments=[stages] if stages is not None else None):
         if target.kind.name == "cuda":
-            return tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(
+            executable = tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(
                 target, tensor_cores, relay_amp_schedules, cuda_graph=cuda_graph))
-        return tvm.compile(mod, target=target)
+        else:
+            executable = tvm.compile(mod, target=target)
+    if timings is not None:
+        relax_s, tir_s = stages.seconds["relax"], stages.seconds["tir"]
+        timings.update(relax_passes_s=relax_s, tir_passes_s=tir_s,
+                       codegen_s=time.perf_counter() - start - relax_s - tir_s)
+    return executable

@@ -37,7 +37,7 @@ def _one_line_errors(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def _convert(args) -> int:
-    from . import convert
+    from . import convert, report
 
     try:
         inputs = [parse_input(text) for text in args.input or []]
@@ -55,6 +55,7 @@ def _convert(args) -> int:
     except KeyboardInterrupt:
         return error_exit("convert", Interrupted("interrupted; nothing was written"))
     print(saved["conversion"]["summary"])
+    print(report.time_line(saved["timings_s"]))
     for line in saved.get("advice", []):
         print(line)
     accuracy = saved.get("accuracy")

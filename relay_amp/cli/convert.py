@@ -308,18 +308,25 @@ def _cross_compiler(target: dict):
     return cc.cross_compiler(compiler), "model.so", f"linked with {compiler}"
 
 
-def _build(mod, target: dict, folder: str):
-    """Compile for ``target`` and export; returns ``(executable, library file name, note)``."""
+def _build(mod, target: dict, folder: str, timings: dict):
+    """Compile for ``target`` and export; returns ``(executable, library file name, note)``.
+    ``timings`` gets the seconds of the build's stages (``build_relax_passes_s``,
+    ``build_tir_passes_s``, ``build_codegen_s``: :func:`relay_amp.pipeline.build`) and of the
+    export (``build_export_s``)."""
 
     from ..pipeline import build
 
-    executable = build(mod, target)
+    stages: dict = {}
+    executable = build(mod, target, timings=stages)
+    timings.update({f"build_{name}": seconds for name, seconds in stages.items()})
+    start = time.perf_counter()
     fcompile, library, note = _cross_compiler(target)
     path = os.path.join(folder, library)
     if fcompile is not None:
         executable.export_library(path, fcompile=fcompile)
     else:
         executable.export_library(path)
+    timings["build_export_s"] = time.perf_counter() - start
     return executable, library, note
 
 
@@ -475,7 +482,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     from ..policy import Policy
     from ..relax_utils import TVM_ERRORS
 
-    progress, timings = options.progress, {}
+    began, progress, timings = time.perf_counter(), options.progress, {}
     advice: list = []  # what the user can do about a result: printed after the summary
     notes = list(checked.target_notes)
     for note in notes:
@@ -554,7 +561,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     start = time.perf_counter()
     with _stage(f"build for {checked.target.get('kind')}", progress):
         try:
-            executable, library, build_note = _build(converted, checked.target, work)
+            executable, library, build_note = _build(converted, checked.target, work, timings)
         except (*TVM_ERRORS, OSError) as err:  # TVM rejects the module, or the library's files
             raise ConvertFailure(f"compiling for {options.target} failed: {one_line(err)}") \
                 from None
@@ -577,6 +584,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
 
     with open(os.path.join(work, "policy.json"), "w", encoding="utf-8") as handle:
         handle.write(policy.to_json() + "\n")
+    timings["total_s"] = time.perf_counter() - began
 
     saved = {
         "report_format": REPORT_FORMAT,

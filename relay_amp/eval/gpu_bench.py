@@ -137,11 +137,16 @@ def weight_shapes(model: BenchModel) -> dict:
 # ------------------------------------------------------------------------------ compiling
 def check_tensorize() -> None:
     """Raise RuntimeError unless ``Schedule.tensorize`` works in this TVM (run in a child
-    process, since the broken case is a segfault)."""
+    process, since the broken case is a segfault; with this relay_amp's loader of TVM's
+    intrinsics, :func:`relay_amp.tensor_cores.cuda_intrinsics`)."""
+    import os
     import subprocess
     import sys
 
+    import relay_amp
+
     code = ("import tvm\nfrom tvm import te\n"
+            "from relay_amp.tensor_cores import cuda_intrinsics\ncuda_intrinsics()\n"
             "from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization\n"
             "a = te.placeholder((128, 128), 'float16')\nb = te.placeholder((128, 128), 'float16')\n"
             "k = te.reduce_axis((0, 128))\n"
@@ -150,8 +155,12 @@ def check_tensorize() -> None:
             "f = te.create_prim_func([a, b, c])\n"
             "t = tvm.target.Target({'kind': 'cuda', 'arch': 'sm_80'})\n"
             "assert MatmulTensorization().apply(f, t, False) is not None\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(relay_amp.__file__)), env.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=False)
+                            check=False, env=env)
     if result.returncode:
         from importlib.metadata import version
 

@@ -13,6 +13,7 @@ command runs in subprocesses, started together so that they share the machine's 
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -437,6 +438,18 @@ def test_onnx_for_cuda_with_images_tolerance_and_fp32_ops(onnx_cuda, work):
                  "build for cuda"):
         assert step in stderr, step
     assert "wrote" in onnx_cuda["stdout"] and "tolerance 5e-05 met" in onnx_cuda["stdout"]
+    timings = report["timings_s"]  # every stage's seconds, in report.json and on stdout
+    build_parts = ("build_relax_passes_s", "build_tir_passes_s", "build_codegen_s",
+                   "build_export_s")
+    assert set(timings) == {"import_s", "calibrate_s", "search_s", "build_s", "accuracy_s",
+                            "total_s", *build_parts}
+    assert sum(timings[k] for k in build_parts) <= timings["build_s"] <= timings["total_s"]
+    (line,) = [line for line in onnx_cuda["stdout"].splitlines() if line.startswith("time: ")]
+    assert line == saved_report.time_line(timings)
+    assert re.fullmatch(r"time: import \S+ s, calibrate \S+ s, search \S+ s, build \S+ s "
+                        r"\(Relax passes \S+ s, TIR passes \S+ s, code generation \S+ s, "
+                        r"export \S+ s\), accuracy \S+ s, total \S+ s", line), line
+    assert f"| time | {line.removeprefix('time: ')} |" in markdown
     _no_partial_folders(work)
 
 
@@ -633,6 +646,17 @@ def test_uint8_images_straight_in(work):
     accuracy = json.loads((out / "accuracy.json").read_text())
     assert accuracy["relative_l2"] < 1e-2 and accuracy["nonfinite"] == 0
     assert any("fed as uint8" in note for note in saved["conversion"]["notes"])
+
+
+def test_the_time_line_names_each_stage_and_the_parts_of_the_build():
+    timings = {"import_s": 0.4123, "convert_s": 0.05, "build_s": 12.34,
+               "build_relax_passes_s": 9.876, "build_tir_passes_s": 1.0,
+               "build_codegen_s": 1.2, "build_export_s": 0.2, "total_s": 12.9}
+    assert saved_report.time_line(timings) == (
+        "time: import 0.41 s, convert 0.05 s, build 12 s (Relax passes 9.88 s, TIR passes "
+        "1.00 s, code generation 1.20 s, export 0.20 s), total 13 s")
+    assert saved_report.time_line({"import_s": 1, "convert_s": 2, "build_s": 3}) == (
+        "time: import 1.00 s, convert 2.00 s, build 3.00 s")  # a report from before the parts
 
 
 def test_target_short_forms_become_dicts():

@@ -6,9 +6,9 @@ OpenCL, Metal, WebGPU, C) the TIR each code generator prints, with CUDA's source
 cores. No GPU is needed; x86 and aarch64 code is compiled, never run.
 
 The layers' dot products have every extent but the batch above 64 (dlight's threshold for
-tensor cores), so the CUDA row's tensor-core claim is checked on them too. The first tensor-core
-build imports TVM's tensor intrinsics (``tvm.s_tir.tensor_intrin``: about 35 s, once per
-process); everything else here takes about 40 s on 2 cores."""
+tensor cores), so the CUDA row's tensor-core claim is checked on them too. Everything here takes
+about 40 s on 2 cores (the tensor-core builds register only the TVM intrinsics they name:
+``relay_amp.tensor_cores.cuda_intrinsics``)."""
 
 import contextlib
 import functools
