@@ -21,7 +21,7 @@ from tvm.relax import (
 from .dtypes import is_floating, out_of_range_reason, out_of_range_value
 from .kinds import LOW_CATEGORIES, Category, FusionKind, Mode
 from .op_hooks import OpSite
-from .op_registry import op_info
+from .op_registry import op_info, selects_among_inputs
 from .plan import BindingPlan, Context, Scope, range_words
 from .policy import Decision
 from .reasons import Reason
@@ -160,6 +160,7 @@ class Decider:
         self.target_rule = context.target_rule
         self.constant_check = context.constant_check
         self.mixed_kernels = context.settings.mixed_kernels
+        self.selecting = context.selecting_callees
         self.signature = signature
         self.observed, self.margin = signature.observed, signature.margin
         self.params: set = set()
@@ -292,7 +293,11 @@ class Decider:
                           and self.scope.dtype_of(var) == "float32")
             self.plans[var] = plan
             self.can_low[var] = var not in self.hot and (
-                self.can_low.get(var, False) or self._call_can_low(plan, float_leaves))
+                self.can_low.get(var, False) or self._call_can_low(plan, value, float_leaves))
+            if plan.category is None and self.can_low[var] and selects_among_inputs(
+                    op, value, self.selecting):
+                plan.reasons.append(Reason.of("selects_inputs", callee=value.args[0].name_hint,
+                                              dtype=self.low))
             self.f32_ready[var] = self._call_f32_ready(plan, var, float_leaves)
         elif value_type is If:
             self.forward(value.true_branch)
@@ -393,10 +398,15 @@ class Decider:
         plan.reasons = [reason]
         return plan
 
-    def _call_can_low(self, plan: _Draft, float_leaves: list) -> bool:
+    def _call_can_low(self, plan: _Draft, call, float_leaves: list) -> bool:
         category = plan.category
         if self.hot and any(leaf in self.hot for leaf, _ in float_leaves):
             return False
+        if category is None and selects_among_inputs(plan.op, call, self.selecting):
+            leaves = [leaf for leaf, _ in float_leaves]
+            return all(self._is_lowish(x) and (type(x) is not GenericConst
+                                               or self.constant_check(x) is None)
+                       for x in leaves) and any(self.can_low.get(x, False) for x in leaves)
         if category == Category.FOLLOW and op_info(plan.op).writes_low:
             return True
         if category in LOW_CATEGORIES:

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 import tvm
 from tvm import relax
 
-from .relax_utils import TVM_ERRORS, element_count
+from .relax_utils import element_count, prim_func_blocks
 
 _FLOAT_PREFIXES = ("float", "bfloat")
 _CONSTANT = type(relax.const(0.0))
@@ -101,22 +101,6 @@ def _tensor_bytes(ty, sizes=None, limit=None) -> tuple[int, int]:
     return 0, 0
 
 
-def _blocks(func) -> list:
-    """The blocks of PrimFunc ``func`` (``SBlock`` nodes), or [] if it is not schedulable."""
-    from tvm import s_tir
-
-    try:
-        schedule = s_tir.Schedule(func)
-        blocks, stack = [], [schedule.get_sblock("root")] if _has_root(func) else []
-        while stack:
-            children = schedule.get_child_blocks(stack.pop())
-            blocks.extend(children)
-            stack.extend(children)
-    except TVM_ERRORS:  # not a schedulable PrimFunc: nothing is counted of it
-        return []
-    return [schedule.get(block) for block in blocks]
-
-
 def _gathered_params(func, blocks) -> set:
     """Positions of the parameters of PrimFunc ``func`` that its ``blocks`` read only at indices
     loaded from another buffer (``A[idx[i], j]``)."""
@@ -129,10 +113,6 @@ def _gathered_params(func, blocks) -> set:
                 loads = any(_loads(r.min) for r in region.region)
                 (gathered if loads else direct).add(index)
     return gathered - direct
-
-
-def _has_root(func) -> bool:
-    return "root" in func.script()[:4000]
 
 
 _LOAD = tvm.ir.expr.TensorLoad
@@ -185,7 +165,7 @@ def module_cost(lowered: tvm.IRModule, symbolic: dict | None = None) -> GpuCost:
                 callee = value.args[0]
                 args = value.args[1].fields if isinstance(value.args[1], relax.Tuple) else []
                 if callee.name_hint not in gathers:
-                    blocks = _blocks(lowered[callee])
+                    blocks = prim_func_blocks(lowered[callee])
                     gathers[callee.name_hint] = _gathered_params(lowered[callee], blocks)
                     moves[callee.name_hint] = _only_moves_data(blocks)
                 copies += moves[callee.name_hint]

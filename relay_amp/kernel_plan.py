@@ -62,6 +62,10 @@ class KernelPlan:
         Float32 values the rewrite computes in low precision.
     absorbed : dict
         Residual add -> the centring kernel that computes it.
+    widening_callees : set
+        ``call_tir`` bindings of a PrimFunc (an importer's own kernel, of fixed dtypes) into
+        whose kernel FuseOps puts an elementwise producer: a value stored in low precision
+        reaches them through a widening cast that runs inside their kernel.
     modes : dict
         Follow op var -> the mode how its inputs arrive gives it (demand leaves it as it is).
     reasons : dict
@@ -78,6 +82,7 @@ class KernelPlan:
     residuals: set = field(default_factory=set)
     low_values: set = field(default_factory=set)
     absorbed: dict = field(default_factory=dict)
+    widening_callees: set = field(default_factory=set)
     modes: dict = field(default_factory=dict)
     reasons: dict = field(default_factory=dict)
 
@@ -97,7 +102,7 @@ class KernelPlan:
             fused=frozenset(self.fused), group_kind=MappingProxyType(self.group_kind),
             stored_low=frozenset(self.stored_low), residuals=frozenset(self.residuals),
             low_values=frozenset(self.low_values), absorbed=MappingProxyType(self.absorbed),
-            modes=MappingProxyType(self.modes),
+            widening_callees=frozenset(self.widening_callees), modes=MappingProxyType(self.modes),
             reasons=MappingProxyType({var: tuple(r) for var, r in self.reasons.items()}))
 
     def arrives_low(self, value, consumer) -> bool:
@@ -124,6 +129,8 @@ class KernelPlan:
         """Float32 and unknown ops read the float32 value the policy protects for them, and an
         exact op that only feeds the function's result or explicit casts (which choose their own
         dtype) is no kernel (a view) worth a cast."""
+        if consumer in self.widening_callees:
+            return True
         plan = self.plans.get(consumer)
         if plan is None or plan.category in (None, Category.FP32):
             return False
@@ -440,6 +447,8 @@ class KernelPlanner:
         (the first reached)."""
         kind = (FusionKind.ANCHOR if plan.mixed
                 else fusion_kind(plan.op, self.scope.bound[var], self.callee_kinds))
+        if plan.op == "call_tir" and fuses(FusionKind.ELEMWISE, kind):
+            self.out.widening_callees.add(var)
         self.kernel_root[var] = var
         single, shared = [], []
         for _, leaves in self.scope.call_args[var]:

@@ -14,6 +14,7 @@ groups the policy reads ...) is derived from the records, never written beside t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -488,6 +489,52 @@ def callee_fusion_kinds(mod) -> dict:
     return {gvar.name_hint: _PATTERN_KINDS.get(int(func.attrs["op_pattern"]), FusionKind.OPAQUE)
             for gvar, func in annotated.functions_items()
             if func.attrs is not None and "op_pattern" in func.attrs}
+
+
+_PRIM = tvm.ir.prim.expr
+_FLOAT16_MAX = 65504.0
+_SELECTING = (_PRIM.Max, _PRIM.Min)
+
+
+def _selects(value) -> bool:
+    """Is the TIR expression ``value`` one of the values it loads or a constant, whichever its
+    conditions pick (``max``, ``min``, ``select``, ``if_then_else``, a load)?"""
+    if isinstance(value, (tvm.ir.expr.TensorLoad, _PRIM.IntImm)):
+        return True
+    if isinstance(value, _PRIM.FloatImm):  # float16's range: bfloat16 holds it too
+        return abs(value.value) <= _FLOAT16_MAX or math.isinf(value.value)
+    if isinstance(value, _SELECTING):
+        return _selects(value.a) and _selects(value.b)
+    if isinstance(value, _PRIM.Select):
+        return _selects(value.true_value) and _selects(value.false_value)
+    if isinstance(value, tvm.ir.expr.Call) and value.op.name.endswith(".if_then_else"):
+        return _selects(value.args[1]) and _selects(value.args[2])
+    return False
+
+
+def selecting_callees(mod) -> frozenset:
+    """The names of the PrimFuncs of ``mod`` whose every block stores, elementwise, one of the
+    values it loads or a constant (an importer's ``maximum``/``minimum``/``where`` kernels, the
+    clips of HardSwish): a ``call_tir`` of one rounds nothing, so its result fits the low
+    dtype wherever its inputs and constants do."""
+    from .relax_utils import prim_func_blocks
+
+    kinds = callee_fusion_kinds(mod)
+    found = set()
+    for gvar, func in mod.functions_items():
+        if kinds.get(gvar.name_hint) != FusionKind.ELEMWISE:
+            continue
+        blocks = prim_func_blocks(func)
+        if blocks and all(block.init is None and isinstance(block.body, tvm.tirx.BufferStore)
+                          and _selects(block.body.value) for block in blocks):
+            found.add(gvar.name_hint)
+    return frozenset(found)
+
+
+def selects_among_inputs(op: str, call, selecting: frozenset) -> bool:
+    """Is this call of ``op`` a ``call_tir`` of one of the ``selecting`` PrimFuncs
+    (:func:`selecting_callees`)?"""
+    return op == "call_tir" and call.args[0].name_hint in selecting
 
 
 def fusion_kind(op: str, call, callees=None) -> FusionKind:

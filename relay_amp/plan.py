@@ -51,6 +51,9 @@ class Context:
         The dtype of an expression, cached for the whole conversion.
     constants : relay_amp.casts.Constants
         The conversion's float32 constants (range checks and low-precision copies).
+    selecting_callees : frozenset
+        PrimFunc names whose ``call_tir`` selects among its inputs and constants
+        (:func:`relay_amp.op_registry.selecting_callees`).
     """
 
     low: str
@@ -61,6 +64,7 @@ class Context:
     callee_kinds: dict
     dtype_of: object
     constants: object
+    selecting_callees: frozenset = frozenset()
 
     def constant_check(self, const) -> float | None:
         """A value of the float32 ``const`` the low dtype cannot hold, or None."""

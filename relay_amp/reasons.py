@@ -27,6 +27,9 @@ TEXT = {
     "builtin_category": ("{category}", "{op} is in the built-in {category} list ({why})"),
     "own_dtype": ("kept", "{op} fixes its own dtype"),
     "unknown_op": ("kept", "unknown op {op}, its dtypes are left as they are"),
+    "selects_inputs": (None, "its kernel {callee} only selects among its inputs and constants "
+                             "(max, min, select): its float32 result may be stored in {dtype} "
+                             "wherever they are"),
     # the target's defaults (relay_amp.targets)
     "target_fast": (None, "target {target} has {dtype} arithmetic (what TVM's build makes of "
                           "it: the table in relay_amp.targets)"),

@@ -199,3 +199,19 @@ def same_dtypes(a, b) -> bool:
 #: it is); tests/pass/test_tvm_errors.py triggers them. KeyError and IndexError are not among them:
 #: there they are relay_amp's own bugs.
 TVM_ERRORS = (RuntimeError, ValueError, TypeError, AttributeError, AssertionError)
+
+
+def prim_func_blocks(func) -> list:
+    """The blocks (``SBlock`` nodes) of PrimFunc ``func``, or [] where it is not schedulable."""
+    from tvm import s_tir
+
+    try:
+        schedule = s_tir.Schedule(func)
+        blocks, stack = [], [schedule.get_sblock("root")] if "root" in func.script()[:4000] else []
+        while stack:
+            children = schedule.get_child_blocks(stack.pop())
+            blocks.extend(children)
+            stack.extend(children)
+    except TVM_ERRORS:
+        return []
+    return [schedule.get(block) for block in blocks]

@@ -72,7 +72,7 @@ from .dtypes import check_low_precision_dtype, is_floating
 from .execution import with_function
 from .instrument import instrument
 from .op_hooks import OpSite
-from .op_registry import callee_fusion_kinds, op_info
+from .op_registry import callee_fusion_kinds, op_info, selecting_callees
 from .plan import Context
 from .planning import plan_function
 from .policy import Policy, current_policy
@@ -206,7 +206,7 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     relax_functions = _relax_functions(mod)
     called = _called_functions(mod)
     dtype_of, constants = DtypeCache(), Constants(low)
-    callee_kinds = callee_fusion_kinds(mod)
+    callee_kinds, selecting = callee_fusion_kinds(mod), selecting_callees(mod)
     rewriter = MixedPrecisionRewriter(mod, low, dtype_of, constants, policy.cast_params_offline,
                                       report)
 
@@ -225,7 +225,7 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
         if not policy.keep_io_dtypes and name in called:
             report.note(f"{name}: signature kept, other functions call it")
         context = Context(low, policy, target_rule(target, low, policy.fallback), settings[name],
-                          calibration, callee_kinds, dtype_of, constants)
+                          calibration, callee_kinds, dtype_of, constants, selecting)
         results_low = not policy.keep_io_dtypes and name not in called
         rewriter.builder_.update_func(gvar, _convert_function(name, func, context, results_low,
                                                               rewriter, report))

@@ -8,7 +8,7 @@ from relay_amp.casts import Constants
 from relay_amp.decide import Decider
 from relay_amp.demand import DemandPlanner
 from relay_amp.kernel_plan import KernelPlanner
-from relay_amp.op_registry import callee_fusion_kinds
+from relay_amp.op_registry import callee_fusion_kinds, selecting_callees
 from relay_amp.plan import Context, Scope
 from relay_amp.policy import Policy
 from relay_amp.relax_utils import DtypeCache
@@ -42,7 +42,7 @@ class Stages:
         self.context = Context(dtype, policy, target_rule(target, dtype, policy.fallback),
                                kernel_settings(policy, target), calibration,
                                callee_fusion_kinds(mod),
-                               DtypeCache(), Constants(dtype))
+                               DtypeCache(), Constants(dtype), selecting_callees(mod))
         self.func = mod["main"]
         self.signature = function_signature("main", self.func, self.context,
                                             not policy.keep_io_dtypes)

@@ -295,3 +295,66 @@ def test_a_wide_value_that_feeds_a_result_is_stored_low():
     kernels = stages.kernels()
     assert names(kernels.stored_low) == ["a", "c"]
     assert "feeds_result" not in codes(kernels, stages, "c")
+
+
+def _importer_kernel_between_matmuls(compute, name):
+    """matmul, a ``call_tir`` of an elementwise PrimFunc (as TVM's ONNX importer writes a clip
+    or HardSwish's max and min), a multiply, then another matmul and a mean (as a
+    squeeze-and-excitation block reads a HardSwish)."""
+    from tvm import te
+
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 64), "float32"))
+    w = relax.Var("w", relax.TensorType((64, 64), "float32"))
+    with builder.function("main", [x, w]):
+        with builder.dataflow():
+            h = builder.emit(relax.op.matmul(x, w))
+            c = builder.emit_te(lambda a: te.compute(a.shape, lambda i, j: compute(a[i, j])), h,
+                                primfunc_name_hint=name)
+            m = builder.emit(relax.op.multiply(h, c))
+            y = builder.emit(relax.op.matmul(m, w))
+            z = builder.emit(relax.op.mean(m, axis=[1], keepdims=True))
+            out = builder.emit_output(relax.op.add(y, z))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def _clip(value):
+    import tvm
+    from tvm import te
+
+    return te.max(te.min(value, tvm.tirx.const(6.0, "float32")), tvm.tirx.const(0.0, "float32"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_an_importer_kernel_that_selects_among_its_inputs_is_stored_low(dtype):
+    """A PrimFunc whose every store picks a loaded value or a constant (max, min) rounds
+    nothing: its result fits the low dtype where its input does, so the multiply it feeds is
+    stored in low precision once, for the matmul as for the mean (no float32 copy for the
+    matmul to round in its own kernel), with no cast kernel."""
+    from relay_amp.gpu_cost import gpu_cost
+
+    mod = _importer_kernel_between_matmuls(_clip, "clip")
+    new, report = convert_checked(mod, dtype, target=CUDA, low_precision_inputs=["w"])
+    rows = {r.op: r for r in report.rows}  # the second matmul's
+    assert [x.code for x in rows["call_tir"].reasons] == ["unknown_op", "selects_inputs"]
+    assert rows["matmul"].input_dtypes[0] == dtype  # the multiply's result, stored low
+    assert gpu_cost(new, CUDA).casts == 0
+    inputs = random_inputs(mod)
+    reference = run_module(mod, inputs)[0]
+    got = run_module(new, [inputs[0], inputs[1].astype(dtype)])[0]
+    error = np.linalg.norm(got - reference) / np.linalg.norm(reference)
+    assert error < {"float16": 2e-3, "bfloat16": 2e-2}[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_an_importer_kernel_that_computes_stays_float32(dtype):
+    """``exp`` in a PrimFunc is not a selection: its result's range is not its inputs', so the
+    multiply it feeds is kept in float32 for the matmul, which rounds it in its own kernel."""
+    from tvm import te
+
+    mod = _importer_kernel_between_matmuls(te.exp, "exp_kernel")
+    _, report = convert_checked(mod, dtype, target=CUDA, low_precision_inputs=["w"])
+    rows = {r.op: r for r in report.rows}  # the second matmul's
+    assert [x.code for x in rows["call_tir"].reasons] == ["unknown_op"]
+    assert rows["matmul"].input_dtypes[0] == "float32"
