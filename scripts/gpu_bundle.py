@@ -1,10 +1,12 @@
 """Build the GPU bundle: every variant of each model, compiled here, run on a GPU host.
 
-    python scripts/gpu_bundle.py --out bundle/                  # CUDA sm_90, the four models
-    python BUNDLE/bundle_runner.py --out results/               # on the GPU host
-    python scripts/gpu_bundle.py --target llvm --models bert_base --out cpu_bundle/   # this CPU
+    python scripts/gpu_bundle.py --out bundle/        # CUDA sm_90: the four hand-made models and
+                                                      # the registry's exports (zoo:NAME)
+    python BUNDLE/bundle_runner.py --out results/     # on the GPU host: the whole table
+    python scripts/gpu_bundle.py --target llvm --models zoo:bert_base --out cpu_bundle/  # this CPU
 
-See docs/GPU.md and relay_amp/gpu_bundle.py.
+It prints the bundle's size (also in manifest.json: ``bytes``, and per model). See docs/GPU.md,
+relay_amp/eval/gpu_bundle.py and relay_amp/eval/bundle_zoo.py.
 """
 
 import argparse
@@ -25,9 +27,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="bundle folder (new or empty)")
-    parser.add_argument("--models", default=",".join(gpu_bundle.BUNDLE_MODELS),
-                        help="comma-separated (default: %(default)s; also vit_b16 and GluonCV "
-                             "model names)")
+    parser.add_argument("--models", default=",".join(gpu_bundle.DEFAULT_MODELS),
+                        help="comma-separated (default: %(default)s; also vit_b16, GluonCV "
+                             "model names, and zoo:NAME for other registry models)")
     parser.add_argument("--target", choices=("cuda", "llvm"), default="cuda",
                         help="cuda for --arch, or llvm for this CPU (default: %(default)s)")
     parser.add_argument("--arch", default="sm_90", help="CUDA arch (default: %(default)s)")
@@ -59,7 +61,16 @@ def main(argv=None) -> int:
         print(f"gpu_bundle: {err}", file=sys.stderr)
         return 2
     libraries = sum(len(m["variants"]) for m in manifest["models"].values())
-    print(f"wrote {args.out}: {libraries} libraries, {manifest['bytes'] / 2**20:.1f} MiB; "
+    for name, model in manifest["models"].items():
+        skipped = "".join(f"; {v} not built ({why})" for v, why in model.get("skipped", {}).items())
+        print(f"  {name}: {len(model['variants'])} libraries, {model['bytes'] / 2**20:.2f} MiB"
+              f"{skipped}")
+    for name, why in manifest["not_built"].items():
+        print(f"  {name}: not built ({why})")
+    print(f"  runtime (tvm, tvm_ffi): {manifest['runtime']['bytes'] / 2**20:.2f} MiB")
+    print(f"wrote {args.out}: {libraries} libraries, {manifest['bytes'] / 2**20:.1f} MiB of the "
+          f"{gpu_bundle.MAX_BUNDLE_BYTES // 2**20} MiB a GPU call carries, built in "
+          f"{manifest['build_s'] / 60:.1f} min; "
           f"run: python {args.out.rstrip('/')}/bundle_runner.py --out RESULTS")
     return 0
 

@@ -8,9 +8,11 @@ standalone script on a host that has numpy and nothing of relay_amp or TVM insta
 It imports only numpy, the standard library and the TVM (runtime only, without the compiler
 library) that the bundle carries. Libraries built for CUDA hold CUDA source, which TVM's CUDA
 loader compiles when it loads them, through the global function ``tvm_callback_cuda_compile``:
-NVRTC (cuda-bindings) by default, nvcc with ``--compiler nvcc``. Weights are generated here from
-the manifest's seed (:func:`make_weights`), the same values for every variant, each variant taking
-them in its own dtype. Results go to ``results.json`` and ``results.md`` in ``--out``.
+NVRTC (cuda-bindings) by default, nvcc with ``--compiler nvcc``. Weights are made here, the same
+values for every variant, each variant taking them in its own dtype (:func:`model_weights`): from
+the manifest's seed (:func:`make_weights`), read from a file the bundle carries, or rebuilt with
+``transformers`` from the registry's config and seed and checked bit for bit against the build's
+digests. Results go to ``results.json`` and ``results.md`` in ``--out``.
 """
 
 from __future__ import annotations
@@ -70,6 +72,57 @@ def make_weights(shapes: dict, seed: int = 0) -> dict:
             value = rng.normal(size=shape) / np.sqrt(max(fan_in, 1))
         weights[name] = np.asarray(value, dtype="float32")
     return weights
+
+
+def sha256(array: np.ndarray) -> str:
+    """The SHA-256 of an array's bytes in C order (its dtype and shape are not part of it)."""
+    return hashlib.sha256(np.ascontiguousarray(array).view(np.uint8)).hexdigest()
+
+
+def transformers_weights(spec: dict) -> dict:
+    """The float tensors (parameters and buffers, by their names in the wrapper of
+    :func:`transformers_module`) of the ``transformers`` model ``spec`` describes, as numpy."""
+    import torch
+
+    module = transformers_module(spec)
+    tensors = {**dict(module.named_buffers()), **module.state_dict(keep_vars=False)}
+    return {name: tensor.detach().cpu().numpy() for name, tensor in tensors.items()
+            if torch.is_floating_point(tensor)}
+
+
+def model_weights(bundle: str, model: dict) -> tuple:
+    """The weights of one manifest model, name to array, and where they came from.
+
+    ``model["weight_source"]["kind"]``: ``file`` (an ``.npz`` in the bundle), ``transformers``
+    (rebuilt from the config and seed, :func:`transformers_weights`; each weight's SHA-256 is
+    compared with the build's, and where torch or ``transformers`` cannot rebuild the model the
+    weights come from :func:`make_weights` instead), or ``seeded`` (the default:
+    :func:`make_weights`).
+
+    Returns
+    -------
+    tuple
+        ``(values, info)``: ``info`` holds ``source`` (what was used) and, for ``transformers``,
+        ``bit_identical`` and the names of the weights that differ.
+    """
+    source = model.get("weight_source") or {"kind": "seeded"}
+    shapes = weight_shapes(model)
+    if source["kind"] == "file":
+        with np.load(os.path.join(bundle, source["path"])) as stored:
+            return {key: stored[key] for key in stored.files}, {"source": "file " + source["path"]}
+    if source["kind"] == "transformers":
+        try:
+            values = transformers_weights(source["torch"])
+        except Exception as error:  # no torch, or a transformers that builds it otherwise
+            return (make_weights(shapes, model["weight_seed"]),
+                    {"source": f"seeded (cannot rebuild with transformers: {_one_line(error)})"})
+        differ = sorted(name for name, digest in source["sha256"].items()
+                        if name not in values or sha256(values[name]) != digest)
+        missing = {name: shape for name, shape in shapes.items() if name not in values}
+        values.update(make_weights(missing, model["weight_seed"]))
+        return values, {"source": "transformers, rebuilt here", "bit_identical": not differ,
+                        "differ": differ[:20], "differ_count": len(differ)}
+    return make_weights(shapes, model["weight_seed"]), {"source": "seeded"}
 
 
 # ------------------------------------------------------------------------------ dtypes
@@ -323,6 +376,11 @@ def run_variant(tvm, bundle: str, entry: dict, device, values: dict, repeats: in
                 warmup: int, profile: bool = False) -> tuple:
     """Load one variant's library, run it once and time it.
 
+    A parameter that names a ``weight`` takes that entry of ``values`` (else its own name's).
+    Where the entry has ``num_input``, the parameters past the inputs are weights that
+    ``main_transform_params`` (``entry["transform"]``) turns into what ``main`` takes, once,
+    before ``main`` runs: what a build with the weights as constants folds.
+
     Returns
     -------
     tuple
@@ -332,7 +390,16 @@ def run_variant(tvm, bundle: str, entry: dict, device, values: dict, repeats: in
     library = tvm.runtime.load_module(library_file(bundle, entry["library"]))
     vm = tvm.runtime.vm.VirtualMachine(library, device)
     load_s = time.perf_counter() - start
-    args = [to_device(tvm, values[p["name"]], p["dtype"], device) for p in entry["params"]]
+    args = [to_device(tvm, values[p.get("weight", p["name"])], p["dtype"], device)
+            for p in entry["params"]]
+    transform_s = None
+    if "num_input" in entry:
+        inputs = entry["num_input"]
+        start = time.perf_counter()
+        transformed = list(vm[entry["transform"]](args[inputs:]))
+        device.sync()
+        transform_s = time.perf_counter() - start
+        args = args[:inputs] + transformed
     result = vm["main"](*args)
     outputs = [to_numpy(t) for t in ([result] if hasattr(result, "dtype") else result)]
     for _ in range(warmup):
@@ -342,6 +409,8 @@ def run_variant(tvm, bundle: str, entry: dict, device, values: dict, repeats: in
     times_ms = np.array(timer(*args).results) * 1e3
     row = {"load_s": load_s, "latency_ms": float(np.median(times_ms)),
            "min_ms": float(times_ms.min()), "runs": int(times_ms.size)}
+    if transform_s is not None:
+        row["transform_params_s"] = transform_s
     if profile and entry.get("mode") != "cuda_graph":
         row["profile"] = profile_variant(tvm, vm, args, device)
     return row, outputs
@@ -363,14 +432,17 @@ def torch_model(spec: dict):
     """The PyTorch counterpart of a bundle model, with seeded weights: ``(module, convnet)``.
 
     ``spec["kind"]``: ``torchvision`` (``name``, e.g. ``resnet50``), ``bert_encoder`` (BERT's
-    encoder layers over hidden states: ``hidden``, ``layers``, ``heads``, ``ffn``) or ``llama``
+    encoder layers over hidden states: ``hidden``, ``layers``, ``heads``, ``ffn``), ``llama``
     (a LLaMA causal LM over token ids: ``hidden``, ``layers``, ``heads``, ``kv_heads``,
-    ``intermediate``, ``vocab``), the shapes of the TVM model beside it.
+    ``intermediate``, ``vocab``), the shapes of the TVM model beside it, or ``transformers``
+    (the registry's own model and weights: :func:`transformers_module`).
     """
     import torch
 
     torch.manual_seed(0)
     kind = spec["kind"]
+    if kind == "transformers":
+        return transformers_module(spec), False
     if kind == "torchvision":
         import torchvision
 
@@ -412,6 +484,50 @@ def torch_model(spec: dict):
 
         return Logits(), False
     raise ValueError(f"unknown PyTorch model kind {kind!r}")
+
+
+def transformers_module(spec: dict):
+    """The registry's ``transformers`` model (``relay_amp.eval.transformers_zoo``) rebuilt
+    from ``spec`` (its ``torch_spec``): the config class and arguments, the model class, seeded
+    with ``torch.manual_seed(spec["seed"])`` before the config and the model are made, as the
+    registry's ``build`` does, in the wrapper its export used: ``encoder`` (``input_ids``,
+    ``attention_mask``, with explicit zero token types and positions; returns the last hidden
+    state and the pooled vector) or ``causal_lm`` (returns the logits)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(spec["seed"])
+    config = getattr(transformers, spec["config_class"])(**spec["config"])
+    with torch.no_grad():
+        model = getattr(transformers, spec["model_class"])(config).eval()
+    wrapper = spec["wrapper"]
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             token_type_ids=torch.zeros_like(input_ids),
+                             position_ids=torch.arange(input_ids.shape[1]).unsqueeze(0))
+            pooled = getattr(out, "pooler_output", None)
+            hidden = out.last_hidden_state
+            return hidden, hidden[:, 0] if pooled is None else pooled
+
+    class CausalLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                              use_cache=False).logits
+
+    wrappers = {"encoder": Encoder, "causal_lm": CausalLM}
+    if wrapper not in wrappers:
+        raise ValueError(f"unknown transformers wrapper {wrapper!r}")
+    return wrappers[wrapper]().eval()
 
 
 def time_torch(spec: dict, values: dict, device_kind: str, repeats: int, warmup: int,
@@ -474,9 +590,10 @@ def _time_torch_variant(torch, module, inputs, device, compiled, dtype, mode, re
                 run(*inputs)
                 times.append((time.perf_counter() - begin) * 1e3)
     times_ms = np.array(times)
-    output = output.float().cpu().numpy()
+    outputs = output if isinstance(output, (tuple, list)) else (output,)
+    nonfinite = sum(int(torch.count_nonzero(~torch.isfinite(o.float())).item()) for o in outputs)
     return {"latency_ms": float(np.median(times_ms)), "min_ms": float(times_ms.min()),
-            "runs": int(times_ms.size), "nonfinite": int(np.count_nonzero(~np.isfinite(output)))}
+            "runs": int(times_ms.size), "nonfinite": nonfinite}
 
 
 def precompile(bundle: str, libraries: list, compiler: str, cache: str, jobs: int) -> list:
@@ -525,9 +642,11 @@ def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str 
     Returns
     -------
     dict
-        ``{"environment": ..., "models": {model: {variant: row}}}``. A row holds either the
-        measurements (``latency_ms``, ``speedup_vs_fp32``, ``relative_l2``, ``nonfinite``...) or
-        ``error``, a one-line message.
+        ``{"environment": ..., "models": {model: {variant: row}}, "weights": {model: info}}``
+        (``info`` from :func:`model_weights`). A row holds either the measurements
+        (``latency_ms``, ``speedup_vs_fp32``, ``relative_l2``, ``nonfinite``...), ``error``, a
+        one-line message, or ``skipped``: a variant the build could not make (the manifest's
+        ``skipped``), which is not an error of this run.
     """
     with open(os.path.join(bundle, MANIFEST), encoding="utf-8") as handle:
         manifest = json.load(handle)
@@ -555,7 +674,7 @@ def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str 
             device = tvm.cpu(0)
     except RuntimeError as error:
         setup_error = str(error)
-    results = {}
+    results, weights = {}, {}
     for name, model in manifest["models"].items():
         if models and name not in models:
             continue
@@ -563,7 +682,7 @@ def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str 
         if setup_error:
             rows.update({variant: {"error": setup_error} for variant in model["variants"]})
             continue
-        values = make_weights(weight_shapes(model), model["weight_seed"])
+        values, weights[name] = model_weights(bundle, model)
         with np.load(os.path.join(bundle, model["inputs"])) as inputs:
             values.update({key: inputs[key] for key in inputs.files})
         references = {}
@@ -585,7 +704,9 @@ def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str 
             print(_row_line(name, variant, row), flush=True)
             _add_speedups(model, rows)
             if checkpoint:
-                checkpoint({"environment": environment, "models": results})
+                checkpoint({"environment": environment, "models": results, "weights": weights})
+        rows.update({variant: {"skipped": reason}
+                     for variant, reason in model.get("skipped", {}).items()})
         if torch_variants and model.get("torch") and _torch_version(environment):
             chosen = [v for v in TORCH_VARIANTS if v[0] in torch_variants]
             spec = {**model["torch"], "model": name}
@@ -594,10 +715,10 @@ def run_bundle(bundle: str, repeats: int = 100, warmup: int = 10, compiler: str 
                 rows[variant] = {**row, "mode": "vm"}  # compared with TVM's float32 VM
             _add_speedups(model, rows)
             if checkpoint:
-                checkpoint({"environment": environment, "models": results})
+                checkpoint({"environment": environment, "models": results, "weights": weights})
         _add_speedups(model, rows)
     environment["tvm_libraries"] = loaded_tvm_libraries()
-    return {"environment": environment, "models": results}
+    return {"environment": environment, "models": results, "weights": weights}
 
 
 def _torch_version(environment: dict) -> str | None:
@@ -650,14 +771,24 @@ def format_markdown(results: dict) -> str:
              "| NaN/Inf |", "|---|---|---:|---:|---:|---:|"]
     for model, rows in results["models"].items():
         for variant, row in rows.items():
-            if "error" in row:
-                lines.append(f"| {model} | {variant} | error: {row['error']} | | | |")
+            if "error" in row or "skipped" in row:
+                what = (f"error: {row['error']}" if "error" in row else
+                        f"not built: {row['skipped']}")
+                lines.append(f"| {model} | {variant} | {what} | | | |")
                 continue
             speedup = f"{row['speedup_vs_fp32']:.2f}" if "speedup_vs_fp32" in row else "-"
             rel = f"{row['relative_l2']:.2e}" if "relative_l2" in row else "-"
             nonfinite = row.get("nonfinite", "-")
             lines.append(f"| {model} | {variant} | {row['latency_ms']:.3f} | {speedup} | {rel} "
                          f"| {nonfinite} |")
+    if results.get("weights"):
+        lines += ["", "Weights:"]
+        for model, info in results["weights"].items():
+            check = ("" if "bit_identical" not in info else
+                     ", bit-identical to the build's" if info["bit_identical"] else
+                     f", {info['differ_count']} differ from the build's (other versions of torch "
+                     "or transformers here)")
+            lines.append(f"- {model}: {info['source']}{check}")
     return "\n".join(lines) + "\n"
 
 

@@ -13,7 +13,7 @@ compiles, runs and times them.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
@@ -34,6 +34,13 @@ class BenchModel:
     #: the PyTorch counterpart the GPU bundle's runner times beside it
     #: (``bundle_runner.torch_model``), or None
     torch: dict | None = None
+    #: a model whose weights are constants of ``mod`` (a registry export): the tensors its
+    #: constants are lifted to parameters by (``bundle_zoo.WeightTable``), and where the GPU
+    #: bundle's runner gets them (the manifest's ``weight_source``); None: ``weights`` are
+    #: parameters already, made with ``make_weights``
+    weight_table: object = None
+    weight_source: dict | None = None
+    notes: list = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------ models

@@ -77,6 +77,43 @@ MODELS = {
 }
 
 
+#: The ``transformers`` classes and config arguments of the models whose weights the GPU bundle
+#: regenerates on its host (``bundle_runner.torch_model``, kind ``transformers``), so that the
+#: registry's export and the host build the same config: ``(config class, arguments, tiny
+#: arguments, model class, wrapper)``.
+CONFIGS = {
+    "bert_base": ("BertConfig", {},  # the defaults are BERT-base
+                  {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                   "intermediate_size": 128}, "BertModel", "encoder"),
+    "llama_smollm_135m": (
+        "LlamaConfig",  # SmolLM-135M's shape
+        {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+         "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+         "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+         "tie_word_embeddings": True},
+        {"hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000},
+        "LlamaForCausalLM", "causal_lm"),
+}
+
+
+def _config(name: str, tiny: bool):
+    import transformers
+
+    config_class, full, small, _, _ = CONFIGS[name]
+    return getattr(transformers, config_class)(**(small if tiny else full))
+
+
+def torch_spec(name: str, tiny: bool = False) -> dict:
+    """How the GPU bundle's runner rebuilds model ``name`` (a key of :data:`CONFIGS`) with the
+    weights :func:`build` gives it: its ``transformers`` config and classes, the wrapper, the
+    seed and the argument names (``bundle_runner.torch_model``, kind ``transformers``)."""
+    config_class, full, small, model_class, wrapper = CONFIGS[name]
+    return {"kind": "transformers", "config_class": config_class,
+            "config": dict(small if tiny else full), "model_class": model_class,
+            "wrapper": wrapper, "seed": SEED, "inputs": ["input_ids", "attention_mask"]}
+
+
 # ------------------------------------------------------------------------------ inputs
 def token_ids(count: int, length: int, vocab: int, low: int = 1000) -> list[np.ndarray]:
     """``count`` seeded ``(1, length)`` int64 id rows drawn from ``[low, vocab)``, which skips
@@ -211,9 +248,7 @@ def _bert(tiny: bool, count: int) -> Built:
     import transformers
 
     torch = _torch()
-    config = (transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=128) if tiny else
-              transformers.BertConfig())  # the defaults are BERT-base
+    config = _config("bert_base", tiny)
     model = transformers.BertModel(config).eval()
     lengths = (16, 9) if tiny else (64, 40)
     rng_rows = [token_ids(1, n, config.vocab_size)[0] for n in lengths]
@@ -300,16 +335,7 @@ def _gpt2(tiny: bool, count: int) -> Built:
 def _llama(tiny: bool, count: int) -> Built:
     import transformers
 
-    if tiny:
-        config = transformers.LlamaConfig(hidden_size=64, intermediate_size=172,
-                                          num_hidden_layers=2, num_attention_heads=4,
-                                          num_key_value_heads=2, vocab_size=1000)
-    else:  # SmolLM-135M's shape
-        config = transformers.LlamaConfig(hidden_size=576, intermediate_size=1536,
-                                          num_hidden_layers=30, num_attention_heads=9,
-                                          num_key_value_heads=3, vocab_size=49152,
-                                          max_position_embeddings=2048, rms_norm_eps=1e-5,
-                                          rope_theta=10000.0, tie_word_embeddings=True)
+    config = _config("llama_smollm_135m", tiny)
     model = transformers.LlamaForCausalLM(config).eval()
     ids = token_ids(max(1, count), 16 if tiny else 32, config.vocab_size)
     return Built(_causal_lm_wrapper(model), _ids_and_masks(ids),
@@ -364,4 +390,5 @@ def to_relax(built: Built):
 
 
 __all__ = ["MODELS", "TransformerModel", "Built", "build", "to_relax", "reference_outputs",
-           "token_ids", "synthetic_speech", "log_mel", "vit_pixels", "SEED"]
+           "token_ids", "synthetic_speech", "log_mel", "vit_pixels", "SEED", "CONFIGS",
+           "torch_spec"]

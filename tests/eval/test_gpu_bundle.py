@@ -235,3 +235,240 @@ def test_cuda_bundle_carries_cuda_source_for_the_loader(tmp_path):
         data = gzip.decompress((tmp_path / "b" / entry["library"]).read_bytes())
         assert b"__global__" in data and b"extern \"C\"" in data  # CUDA source, not a cubin
     assert manifest["device"] == "cuda" and "sm_90" in manifest["target"]
+
+
+# ------------------------------------------------------------------------------ registry exports
+def exported_like():
+    """A module with its weights as constants, as the registry's exports are: a transposed
+    weight (folded by a build with constants), a LayerNorm, a scalar and a constant that no
+    table names; and its weight table."""
+    import tvm  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+
+    from relay_amp.eval import bundle_zoo  # noqa: PLC0415
+
+    rng = np.random.default_rng(3)
+    table = {"fc.weight": rng.normal(size=(32, 16)).astype("float32") / 4,
+             "fc.bias": rng.normal(size=(32,)).astype("float32"),
+             "norm.weight": (1 + 0.1 * rng.normal(size=(32,))).astype("float32"),
+             "norm.bias": np.zeros((32,), "float32")}
+    unnamed = rng.normal(size=(32,)).astype("float32")
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 16), "float32"))
+    op = relax.op
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            weight = builder.emit(op.permute_dims(relax.const(table["fc.weight"]), [1, 0]))
+            h = builder.emit(op.add(op.matmul(x, weight), relax.const(table["fc.bias"])))
+            h = builder.emit(op.nn.layer_norm(h, relax.const(table["norm.weight"]),
+                                              relax.const(table["norm.bias"]), axes=[-1]))
+            h = builder.emit(op.multiply(op.add(h, relax.const(unnamed)), relax.const(0.5)))
+            out = builder.emit_output(h)
+        builder.emit_func_output(out)
+    data = {"x": rng.normal(size=(4, 16)).astype("float32")}
+    model = gpu_bench.BenchModel("exported_like", builder.get(), data, [], None,
+                                 bundle_zoo.WeightTable(table),
+                                 {"kind": "file", "origin": "the test's table"})
+    return model, table, tvm
+
+
+def test_lifted_weights_give_the_outputs_of_the_constants_and_fold_like_them():
+    from relay_amp.eval import bundle_zoo  # noqa: PLC0415
+    from relay_amp.pipeline import build  # noqa: PLC0415
+
+    model, table, tvm = exported_like()
+    mod, params, embedded = bundle_zoo.lift_weights(model.mod, model.weight_table)
+    assert embedded == {"count": 1, "bytes": 128}  # the unnamed vector stays in the library
+    assert [p.get("weight") for p in params] == [None, "fc.weight", "fc.bias", "norm.weight",
+                                                  "norm.bias"]
+    assert "permute_dims" in mod[bundle_zoo.TRANSFORM].script()  # done once, before main
+    assert "permute_dims" not in mod["main"].script()
+    target = tvm.target.Target("llvm")
+    vm = tvm.runtime.vm.VirtualMachine(build(mod, target), tvm.cpu())
+    weights = vm[bundle_zoo.TRANSFORM]([tvm.runtime.tensor(table[p["weight"]])
+                                        for p in params[1:]])
+    got = vm["main"](tvm.runtime.tensor(model.data["x"]), *weights).numpy()
+    reference = tvm.runtime.vm.VirtualMachine(build(model.mod, target), tvm.cpu())
+    assert np.array_equal(got, reference["main"](tvm.runtime.tensor(model.data["x"])).numpy())
+
+
+def test_lifted_weights_are_named_in_the_variants_dtype():
+    """A float16 constant takes the table's float32 tensor's name when its bits are that
+    tensor's rounded to float16; a value the table does not hold stays a constant."""
+    from relay_amp.eval import bundle_zoo  # noqa: PLC0415
+
+    weight = np.float32([[1.0, 1.0009765625 + 2 ** -12], [3.0, 4.0]])  # rounds in float16
+    table = bundle_zoo.WeightTable({"w": weight, "same": weight.copy(), "scalar": np.ones(1)})
+    assert table.names(weight.astype("float16")) == ["w", "same"]
+    assert table.names(weight) == ["w", "same"]
+    assert table.names(weight.astype("float16").astype("float32")) == []
+    assert "scalar" not in table.arrays  # one element: stays a constant
+
+
+def test_cpu_bundle_of_an_export_carries_and_transforms_its_weights(tmp_path):
+    model, table, _ = exported_like()
+    folder = tmp_path / "b"
+    manifest = gpu_bundle.build_bundle(str(folder), [model], kind="llvm", progress=False)
+    record = manifest["models"]["exported_like"]
+    assert record["weight_source"] == {"kind": "file", "origin": "the test's table",
+                                       "path": "exported_like/weights.npz"}
+    assert [w[0] for w in record["weights"]] == list(table)
+    assert record["bytes"] > 0 and manifest["runtime"]["bytes"] > 0 and manifest["build_s"] > 0
+    for entry in record["variants"].values():
+        assert entry["num_input"] == 1 and entry["transform"] == "main_transform_params"
+        assert entry["embedded_constants"]["count"] == 1
+    with np.load(folder / "exported_like" / "weights.npz") as stored:
+        assert all(np.array_equal(stored[name], table[name]) for name in table)
+    python, env = isolated_python(tmp_path)
+    out = tmp_path / "results"
+    result = subprocess.run(python + [str(folder / "bundle_runner.py"), "--out", str(out),
+                                      "--repeats", "2", "--warmup", "0"],
+                            capture_output=True, text=True, env=env, check=False, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    rows = results["models"]["exported_like"]
+    assert list(rows) == list(gpu_bench.VARIANTS)
+    assert all("error" not in row and row["transform_params_s"] >= 0 for row in rows.values())
+    assert rows["fp32"]["relative_l2"] == 0
+    assert results["weights"]["exported_like"] == {"source": "file exported_like/weights.npz"}
+    assert "- exported_like: file exported_like/weights.npz" in (out / "results.md").read_text()
+
+
+def test_a_variant_that_fails_to_build_is_skipped_if_optional(tmp_path, monkeypatch):
+    model = small_models()[0]
+    real = gpu_bench.variant_module
+
+    def failing(model, variant, target):
+        if variant == "tvm:float16":
+            raise RuntimeError("InternalError: the built-in pass\nfails here")
+        return real(model, variant, target)
+
+    monkeypatch.setattr(gpu_bench, "variant_module", failing)
+    manifest = gpu_bundle.build_bundle(str(tmp_path / "b"), [model], kind="llvm",
+                                       progress=False, variants=("fp32", "tvm:float16"))
+    record = manifest["models"]["bert_1x64"]
+    assert list(record["variants"]) == ["fp32"]
+    assert record["skipped"] == {"tvm:float16": "RuntimeError: fails here"}
+    python, env = isolated_python(tmp_path)
+    out = tmp_path / "results"
+    result = subprocess.run(python + [str(tmp_path / "b" / "bundle_runner.py"), "--out", str(out),
+                                      "--repeats", "1", "--warmup", "0"],
+                            capture_output=True, text=True, env=env, check=False, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]  # not an error
+    results = json.loads((out / "results.json").read_text())
+    assert results["models"]["bert_1x64"]["tvm:float16"] == {"skipped": "RuntimeError: fails here"}
+    assert "not built: RuntimeError: fails here" in (out / "results.md").read_text()
+
+
+def test_registry_exports_refuse_what_they_cannot_build():
+    from relay_amp.eval import bundle_zoo  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="batch 1 only"):
+        bundle_zoo.zoo_model("face_detection_short_range", batch=8)
+    with pytest.raises(ValueError, match="tiny size"):
+        bundle_zoo.zoo_model("yolov8n_320", tiny=True)
+    with pytest.raises(ValueError, match="unknown model"):
+        gpu_bundle.bundle_model("zoo:no_such_model")
+    assert set(gpu_bundle.ZOO_BUNDLE_MODELS) <= set(gpu_bundle.DEFAULT_MODELS)
+    assert "resnet50_v1" in gpu_bundle.DEFAULT_MODELS
+
+
+def test_a_model_fixed_at_batch_1_is_left_out_of_other_batches(tmp_path, monkeypatch):
+    from relay_amp.eval import bundle_zoo  # noqa: PLC0415
+
+    def model(name, batch):
+        if batch != 1:
+            raise bundle_zoo.FixedBatch(f"{name} is built for batch 1 only")
+        return small_models()[1]
+
+    monkeypatch.setattr(gpu_bundle, "bundle_model", model)
+    manifest = gpu_bundle.build_bundle(str(tmp_path / "b"), ["zoo:fixed"], kind="llvm",
+                                       progress=False, variants=("fp32",), batches=(1, 8))
+    assert list(manifest["models"]) == ["llama_small"]
+    assert manifest["not_built"] == {"zoo:fixed batch 8": "zoo:fixed is built for batch 1 only"}
+    with pytest.raises(bundle_zoo.FixedBatch):
+        gpu_bundle.build_bundle(str(tmp_path / "c"), ["zoo:fixed"], kind="llvm", batches=(8,))
+
+
+@pytest.mark.zoo  # mediapipe, tflite, torch and transformers: requirements.txt
+def test_real_exports_build_here_and_run_with_their_own_weights(tmp_path):
+    """The registry's mediapipe face detector (pretrained weights carried) and its BERT export
+    at the tests' size (weights rebuilt by the runner from the config and seed, bit-identical)
+    in a CPU bundle, run by the bundle's runner with this Python's torch and transformers."""
+    from relay_amp.eval import bundle_zoo  # noqa: PLC0415
+
+    models = [bundle_zoo.zoo_model("face_detection_short_range"),
+              bundle_zoo.zoo_model("bert_base", tiny=True)]
+    folder = tmp_path / "b"
+    manifest = gpu_bundle.build_bundle(str(folder), models, kind="llvm", progress=False)
+    assert manifest["bytes"] < gpu_bundle.MAX_BUNDLE_BYTES
+    face = manifest["models"]["zoo:face_detection_short_range"]
+    bert = manifest["models"]["zoo:bert_base_tiny"]
+    assert face["weight_source"]["path"] == "zoo_face_detection_short_range/weights.npz"
+    assert face["torch"] is None and "no PyTorch counterpart" in face["notes"][0]
+    assert bert["torch"]["kind"] == "transformers" and bert["torch"]["config_class"] == "BertConfig"
+    assert len(bert["weight_source"]["sha256"]) == len(bert["weights"]) > 30
+    for record in (face, bert):  # every weight of the export was found in the table
+        assert all(e["embedded_constants"]["count"] == 0 for e in record["variants"].values())
+    out = tmp_path / "results"
+    result = subprocess.run([sys.executable, str(folder / "bundle_runner.py"), "--out", str(out),
+                             "--repeats", "2", "--warmup", "0", "--torch", "torch eager float32"],
+                            capture_output=True, text=True, check=False, timeout=600,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["weights"]["zoo:bert_base_tiny"]["bit_identical"] is True
+    for rows in results["models"].values():
+        assert all("error" not in row for row in rows.values()), rows
+        assert rows["fp32"]["relative_l2"] == 0 and rows["relay_amp:float16"]["nonfinite"] == 0
+    assert "torch eager float32" in results["models"]["zoo:bert_base_tiny"]
+
+
+@pytest.mark.zoo
+def test_a_real_export_builds_for_cuda_with_its_size_stated(tmp_path):
+    from relay_amp.eval import bundle_zoo  # noqa: PLC0415
+
+    face = bundle_zoo.zoo_model("face_detection_short_range")
+    manifest = gpu_bundle.build_bundle(str(tmp_path / "b"), [face], kind="cuda", arch="sm_90",
+                                       python=None, progress=False, tvm_pipeline=False,
+                                       variants=("fp32", "relay_amp:float16"))
+    record = manifest["models"]["zoo:face_detection_short_range"]
+    assert list(record["variants"]) == ["fp32", "relay_amp:float16"]
+    for entry in record["variants"].values():
+        data = gzip.decompress((tmp_path / "b" / entry["library"]).read_bytes())
+        assert b"__global__" in data and entry["num_input"] == 1
+    assert 0 < record["bytes"] < manifest["bytes"] < gpu_bundle.MAX_BUNDLE_BYTES
+    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["bytes"] == manifest["bytes"]
+
+
+@pytest.mark.zoo
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bert_base", "llama_smollm_135m"])
+def test_full_size_exports_regenerate_bit_identically(name):
+    """Every float constant of the registry's export is a tensor that the runner's
+    ``transformers_weights`` rebuilds, bit for bit (no variant needed: the float32 module)."""
+    from relay_amp.eval import bundle_zoo  # noqa: PLC0415
+
+    model = bundle_zoo.zoo_model(name)
+    _, params, embedded = bundle_zoo.lift_weights(model.mod, model.weight_table)
+    assert embedded["count"] == 0 and sum("weight" in p for p in params) > 50
+
+
+@pytest.mark.zoo  # torch and transformers
+def test_the_runner_says_when_rebuilt_weights_differ_or_cannot_be_rebuilt():
+    from relay_amp.eval import transformers_zoo  # noqa: PLC0415
+
+    spec = transformers_zoo.torch_spec("bert_base", tiny=True)
+    rebuilt = bundle_runner.transformers_weights(spec)
+    name = "model.encoder.layer.0.attention.self.query.weight"
+    digests = {n: bundle_runner.sha256(rebuilt[n]) for n in (name, "model.pooler.dense.bias")}
+    digests["model.pooler.dense.bias"] = "0" * 64  # as another transformers might draw it
+    model = {"weights": [[name, list(rebuilt[name].shape)]], "weight_seed": 0,
+             "weight_source": {"kind": "transformers", "torch": spec, "sha256": digests}}
+    values, info = bundle_runner.model_weights("unused", model)
+    assert np.array_equal(values[name], rebuilt[name])
+    assert info["bit_identical"] is False and info["differ"] == ["model.pooler.dense.bias"]
+    model["weight_source"]["torch"] = {**spec, "model_class": "NoSuchModel"}
+    values, info = bundle_runner.model_weights("unused", model)
+    assert info["source"].startswith("seeded (cannot rebuild with transformers: AttributeError")
+    assert values[name].shape == rebuilt[name].shape
