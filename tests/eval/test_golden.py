@@ -1,8 +1,8 @@
 """Golden conversions: the converted module of every case below, as TVMScript, is what
 ``tests/eval/golden/<case>.<dtype>.<target>.txt`` holds. A restructuring of the pass must leave
 them as they are, and a test failure shows the diff; a change that means to alter conversions
-rewrites the files (``python tests/eval/test_golden.py --update``), so the commit shows what
-changed.
+rewrites the files (``PYTHONPATH=tests python tests/eval/test_golden.py --update``), so the
+commit shows what changed.
 
 Cases: the module-level modules of the pass's test files (tests/pass), the benchmark's synthetic
 graphs, small BERT/ViT/LLaMA stacks and the sweep's default models (converted as the sweep
@@ -80,7 +80,8 @@ def conversions(sources=(_test_file_modules, _graphs, _sweep_defaults)) -> dict:
 def _check(now: dict, recorded: dict) -> None:
     assert sorted(now) == sorted(recorded), (
         f"cases changed (new: {sorted(set(now) - set(recorded))}, gone: "
-        f"{sorted(set(recorded) - set(now))}): run python tests/eval/test_golden.py --update")
+        f"{sorted(set(recorded) - set(now))}): run "
+        "PYTHONPATH=tests python tests/eval/test_golden.py --update")
     changed = sorted(case for case in now if now[case] != recorded[case])
     shown = []
     for case in changed[:4]:
