@@ -19,7 +19,7 @@ from tvm.relax import (
 
 from . import plan as plan_module
 from .kinds import STORING_KINDS, Category, FusionKind, Mode
-from .op_registry import fuses, fusion_kind, op_info
+from .op_registry import fuses, fusion_kind, op_info, widens_in_own_kernel
 from .plan import Scope
 from .reasons import Reason
 from .relax_utils import (
@@ -272,7 +272,18 @@ class KernelPlanner:
                         dtype=self.scope.low))
             if self._computes_low(var, plan):
                 self.out.low_values.add(var)
+        self._explain_stored_reads(items)
         return self.out.frozen()
+
+    def _explain_stored_reads(self, items):
+        """The reason of each importer's kernel that reads a stored low-precision value."""
+        for _, var, _ in items:
+            if var not in self.out.widening_callees:
+                continue
+            for leaf, _ in self.scope.float_leaves(var):
+                if is_var(leaf) and self.out.boundary_read(leaf, var):
+                    self._reason(var, Reason.of("reads_stored_low", input=leaf.name,
+                                                dtype=self.scope.low))
 
     def result_feeders(self, items, results) -> dict:
         """The values that keep float32 between kernels because they feed a function result:
@@ -447,7 +458,7 @@ class KernelPlanner:
         (the first reached)."""
         kind = (FusionKind.ANCHOR if plan.mixed
                 else fusion_kind(plan.op, self.scope.bound[var], self.callee_kinds))
-        if plan.op == "call_tir" and fuses(FusionKind.ELEMWISE, kind):
+        if widens_in_own_kernel(plan.op, kind):
             self.out.widening_callees.add(var)
         self.kernel_root[var] = var
         single, shared = [], []

@@ -512,14 +512,13 @@ def _selects(value) -> bool:
     return False
 
 
-def selecting_callees(mod) -> frozenset:
+def selecting_callees(mod, kinds: dict) -> frozenset:
     """The names of the PrimFuncs of ``mod`` whose every block stores, elementwise, one of the
     values it loads or a constant (an importer's ``maximum``/``minimum``/``where`` kernels, the
     clips of HardSwish): a ``call_tir`` of one rounds nothing, so its result fits the low
-    dtype wherever its inputs and constants do."""
+    dtype wherever its inputs and constants do. ``kinds``: :func:`callee_fusion_kinds`."""
     from .relax_utils import prim_func_blocks
 
-    kinds = callee_fusion_kinds(mod)
     found = set()
     for gvar, func in mod.functions_items():
         if kinds.get(gvar.name_hint) != FusionKind.ELEMWISE:
@@ -535,6 +534,13 @@ def selects_among_inputs(op: str, call, selecting: frozenset) -> bool:
     """Is this call of ``op`` a ``call_tir`` of one of the ``selecting`` PrimFuncs
     (:func:`selecting_callees`)?"""
     return op == "call_tir" and call.args[0].name_hint in selecting
+
+
+def widens_in_own_kernel(op: str, kind: FusionKind) -> bool:
+    """Does a call of ``op`` whose kernel is of ``kind`` read a value stored in low precision
+    through a widening cast inside that kernel? A ``call_tir`` of an importer's PrimFunc (its
+    dtypes fixed) does where FuseOps puts an elementwise producer into it."""
+    return op == "call_tir" and fuses(FusionKind.ELEMWISE, kind)
 
 
 def fusion_kind(op: str, call, callees=None) -> FusionKind:

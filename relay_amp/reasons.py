@@ -84,6 +84,9 @@ TEXT = {
                           "{dtype} (low_precision_boundaries)"),
     "widened_in_kernel": (None, "computes float32 in registers, inputs widened there "
                                 "(low_precision_boundaries)"),
+    "reads_stored_low": (None, "reads {input} as it is stored between kernels, in {dtype}, "
+                               "widened to float32 inside its own kernel "
+                               "(low_precision_boundaries)"),
     # which dtype a follow op runs in (planner, demand)
     "dequantize_low": (None, "produces {dtype} directly (out_dtype): its consumers want it"),
     "dequantize_float32": (None, "produces float32: a consumer wants float32"),

@@ -206,7 +206,8 @@ def convert(mod, dtype: str | None = None, policy: Policy | None = None, target=
     relax_functions = _relax_functions(mod)
     called = _called_functions(mod)
     dtype_of, constants = DtypeCache(), Constants(low)
-    callee_kinds, selecting = callee_fusion_kinds(mod), selecting_callees(mod)
+    callee_kinds = callee_fusion_kinds(mod)
+    selecting = selecting_callees(mod, callee_kinds)
     rewriter = MixedPrecisionRewriter(mod, low, dtype_of, constants, policy.cast_params_offline,
                                       report)
 

@@ -39,10 +39,10 @@ class Stages:
     def __init__(self, mod, dtype, target=None, calibration=None, **policy_kwargs):
         policy = Policy(dtype, **policy_kwargs)
         target = as_target(target)
+        kinds = callee_fusion_kinds(mod)
         self.context = Context(dtype, policy, target_rule(target, dtype, policy.fallback),
-                               kernel_settings(policy, target), calibration,
-                               callee_fusion_kinds(mod),
-                               DtypeCache(), Constants(dtype), selecting_callees(mod))
+                               kernel_settings(policy, target), calibration, kinds,
+                               DtypeCache(), Constants(dtype), selecting_callees(mod, kinds))
         self.func = mod["main"]
         self.signature = function_signature("main", self.func, self.context,
                                             not policy.keep_io_dtypes)

@@ -358,3 +358,25 @@ def test_an_importer_kernel_that_computes_stays_float32(dtype):
     rows = {r.op: r for r in report.rows}  # the second matmul's
     assert [x.code for x in rows["call_tir"].reasons] == ["unknown_op"]
     assert rows["matmul"].input_dtypes[0] == "float32"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_an_importer_kernel_reads_a_stored_value_through_a_cast_in_its_kernel(dtype):
+    """A ReLU read by a matmul and by an importer's ``exp`` kernel is stored in low precision
+    once; the kernel widens it inside itself, and its row says so."""
+    from tvm import te
+
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 64), "float32"))
+    w = relax.Var("w", relax.TensorType((64, 64), "float32"))
+    with builder.function("main", [x, w]):
+        with builder.dataflow():
+            r = builder.emit(relax.op.nn.relu(relax.op.matmul(x, w)))
+            c = builder.emit_te(lambda a: te.compute(a.shape, lambda i, j: te.exp(a[i, j])), r,
+                                primfunc_name_hint="exp_kernel")
+            out = builder.emit_output(relax.op.add(relax.op.matmul(r, w), c))
+        builder.emit_func_output(out)
+    _, report = convert_checked(builder.get(), dtype, target=CUDA, low_precision_inputs=["w"])
+    rows = {r.op: r for r in report.rows}
+    assert [x.code for x in rows["call_tir"].reasons] == ["unknown_op", "reads_stored_low"]
+    assert rows["nn.relu"].output_dtype == f"float32+{dtype}"
