@@ -11,6 +11,7 @@ evaluation harness (model-zoo sweep, benchmarks, conformance, fuzzing, GPU bundl
 
 from . import codegen
 from .calibrate import Calibration, calibrate
+from .cpu_pipeline import cpu_pipeline
 from .execution import Agreement, agreement, compile_module, host_target, run
 from .fallback import auto_mixed_precision, bisect_fallback
 from .gpu_cost import GpuCost, gpu_cost
@@ -32,5 +33,5 @@ __all__ = [
     "amp_config", "current_policy", "TargetCaps", "target_caps", "UnsupportedDtypeError",
     "Calibration", "calibrate", "auto_mixed_precision", "bisect_fallback", "GpuCost", "gpu_cost",
     "Agreement", "agreement", "compile_module", "host_target", "run", "cuda_pipeline",
-    "DecomposeAttention", "codegen",
+    "cpu_pipeline", "DecomposeAttention", "codegen",
 ]

@@ -39,6 +39,7 @@ import tvm
 from tvm import relax
 
 from .codegen import cuda as cuda_codegen
+from .cpu_pipeline import cpu_pipeline
 from .tensor_cores import DLIGHT_MIN_EXTENT, arch_number, cuda_intrinsics, tensor_core_matmul
 
 _LOW = ("float16", "bfloat16")
@@ -443,17 +444,19 @@ class _BuildStages:
 
 def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_cores: bool = True,
           relay_amp_schedules: bool = True, timings: dict | None = None):
-    """``tvm.compile`` for ``target`` at ``opt_level=3``; CUDA through :func:`cuda_pipeline`
-    (which turns on the CUDA source hook of :mod:`relay_amp.codegen.cuda`).
+    """``tvm.compile`` for ``target`` at ``opt_level=3``: CUDA through :func:`cuda_pipeline`
+    (which turns on the CUDA source hook of :mod:`relay_amp.codegen.cuda`), ``llvm`` (any CPU)
+    through :func:`relay_amp.cpu_pipeline` (dot products vectorized).
 
     Parameters
     ----------
     mod : tvm.IRModule
         The module to compile.
     target : tvm.target.Target or dict
-        Any target; only CUDA takes the other arguments into account.
+        Any target; CUDA takes the other arguments into account, ``llvm``
+        ``relay_amp_schedules``.
     cuda_graph, tensor_cores, relay_amp_schedules
-        As :func:`cuda_pipeline` takes them.
+        As :func:`cuda_pipeline` (and :func:`relay_amp.cpu_pipeline`) take them.
     timings : dict, optional
         Filled with the seconds of each stage: ``relax_passes_s`` (legalization, fusion, the
         schedules: for CUDA, dlight's and the tensor intrinsics they name), ``tir_passes_s``
@@ -474,6 +477,9 @@ def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_core
         if target.kind.name == "cuda":
             executable = tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(
                 target, tensor_cores, relay_amp_schedules, cuda_graph=cuda_graph))
+        elif target.kind.name == "llvm":
+            executable = tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(
+                target, relay_amp_schedules))
         else:
             executable = tvm.compile(mod, target=target)
     if timings is not None:

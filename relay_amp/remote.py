@@ -132,7 +132,7 @@ def export_for(executable, path: str | os.PathLike, target, cc: str | None = Non
 
 def run_remote(session, lib_path: str | os.PathLike,
                inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
-               func: str = "main") -> list[np.ndarray]:
+               func: str = "main", repeat: int = 1) -> list[np.ndarray]:
     """Upload a library to an RPC server, run one of its functions there, return the outputs.
 
     Parameters
@@ -145,12 +145,18 @@ def run_remote(session, lib_path: str | os.PathLike,
         The function's arguments, in order (a mapping's values in its order).
     func : str, optional
         The function to run (default ``"main"``).
+    repeat : int, optional
+        How many times to run it on the same inputs in the session (default 1); the outputs
+        are the last run's. 0 loads the library and sets the inputs only (returns ``[]``): the
+        work of a session without the run, e.g. to count what a run adds.
 
     Returns
     -------
     list of numpy.ndarray
         The outputs, tuples flattened, bfloat16 outputs as float32.
     """
+    if repeat < 0:
+        raise ValueError(f"repeat must be 0 or more, got {repeat}")
     lib_path = os.fspath(lib_path)
     name = os.path.basename(lib_path)
     session.upload(lib_path, name)
@@ -162,7 +168,10 @@ def run_remote(session, lib_path: str | os.PathLike,
     # the stateful calls are TVM's way over RPC: a returned tuple stays on the server as an
     # object reference, and its fields come back one tensor at a time
     vm.set_input(func, *args)
-    vm.invoke_stateful(func)
+    for _ in range(repeat):
+        vm.invoke_stateful(func)
+    if repeat == 0:
+        return []
     return flatten_outputs(_fetch_outputs(vm.module, func))
 
 

@@ -16,6 +16,8 @@ Emulated times say nothing about a board's speed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 import os
 import pathlib
 import re
@@ -24,7 +26,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import tvm
@@ -39,6 +41,9 @@ ARM_DIR = pathlib.Path(os.environ.get("RELAY_AMP_ARM_DIR",
 #: The aarch64 libraries the cross compiler's packages install, which QEMU loads the server with.
 SYSROOT = "/usr/aarch64-linux-gnu"
 QEMU = "qemu-aarch64-static"
+#: Debian's dynamically linked QEMU (package ``qemu-user``), the build that loads TCG plugins: it
+#: runs the server when executed instructions are counted (``qemu-aarch64-static`` cannot load one).
+QEMU_PLUGINS = "qemu-aarch64"
 CROSS_CXX = "aarch64-linux-gnu-g++"
 #: The target the tests and the harness compile for: an aarch64 CPU with NEON and FP16 arithmetic.
 TARGET_FP16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+fullfp16"]}
@@ -55,9 +60,20 @@ def server_path(arm_dir: str | os.PathLike | None = None) -> pathlib.Path:
     return pathlib.Path(arm_dir or ARM_DIR) / "rpc" / "rpc_server"
 
 
-def missing(arm_dir: str | os.PathLike | None = None) -> str | None:
-    """Why the emulator cannot run here (``None`` where it can)."""
-    lacking = [name for name in (QEMU, CROSS_CXX) if shutil.which(name) is None]
+def counter_path(arm_dir: str | os.PathLike | None = None) -> pathlib.Path:
+    """The instruction-counting QEMU plugin ``setup_emulator.sh`` built
+    (``scripts/arm/insn_count.c``)."""
+    return pathlib.Path(arm_dir or ARM_DIR) / "insn" / "libinsn_count.so"
+
+
+def missing(arm_dir: str | os.PathLike | None = None,
+            count_instructions: bool = False) -> str | None:
+    """Why the emulator (with ``count_instructions``, its instruction counter) cannot run here
+    (``None`` where it can)."""
+    qemu = QEMU_PLUGINS if count_instructions else QEMU
+    lacking = [name for name in (qemu, CROSS_CXX) if shutil.which(name) is None]
+    if count_instructions and not counter_path(arm_dir).is_file():
+        lacking.append(str(counter_path(arm_dir)))
     if not os.path.isdir(SYSROOT):
         lacking.append(SYSROOT)
     if not server_path(arm_dir).is_file():
@@ -81,11 +97,19 @@ class ArmEmulator:
         Seconds to wait for the server to listen.
     session_timeout : float, optional
         Seconds a session may last before the server kills it (the client's call then raises).
+    count_instructions : bool, optional
+        Run the server under :data:`QEMU_PLUGINS` with the instruction-counting plugin
+        (:func:`counter_path`) and one runtime thread, so that :meth:`count` can say what a run
+        executes. Slower than plain emulation.
     """
 
     def __init__(self, cpu: str | None = None, arm_dir: str | os.PathLike | None = None,
-                 start_timeout: float = 120.0, session_timeout: float = 600.0):
+                 start_timeout: float = 120.0, session_timeout: float = 600.0,
+                 count_instructions: bool = False):
         self.cpu = cpu
+        self.arm_dir = pathlib.Path(arm_dir or ARM_DIR)
+        self.count_instructions = count_instructions
+        self._counts_dir: str | None = None
         self.server = server_path(arm_dir)
         self.start_timeout = start_timeout
         self.session_timeout = session_timeout
@@ -101,16 +125,23 @@ class ArmEmulator:
 
     def start(self) -> ArmEmulator:
         """Start the server and wait until it listens."""
-        reason = missing(self.server.parent.parent)
+        reason = missing(self.arm_dir, self.count_instructions)
         if reason:
             raise EmulatorError(reason)
-        command = [QEMU, "-L", SYSROOT, *(["-cpu", self.cpu] if self.cpu else []),
+        qemu, env = [QEMU], None
+        if self.count_instructions:
+            self._counts_dir = tempfile.mkdtemp(prefix="insn_counts_")
+            qemu = [QEMU_PLUGINS, "-plugin",
+                    f"{counter_path(self.arm_dir)},out={self._counts_dir}/counts"]
+            # the plugin's counters are not atomic: one thread of TVM's runtime
+            env = {**os.environ, "TVM_NUM_THREADS": "1"}
+        command = [*qemu, "-L", SYSROOT, *(["-cpu", self.cpu] if self.cpu else []),
                    str(self.server), "--host", "127.0.0.1", "--port", "0", "--no-core-dumps",
                    "--exit-with-parent"]
         descriptor, self._log_path = tempfile.mkstemp(prefix="rpc_server_", suffix=".log")
         with os.fdopen(descriptor, "w") as log:
             self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log,
-                                             stdin=subprocess.DEVNULL, text=True)
+                                             stdin=subprocess.DEVNULL, text=True, env=env)
         deadline = time.monotonic() + self.start_timeout
         line = ""
         while not line.endswith("\n"):
@@ -145,9 +176,9 @@ class ArmEmulator:
 
     def run(self, lib_path: str | os.PathLike,
             inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
-            func: str = "main") -> list[np.ndarray]:
-        """Upload a library, run ``func`` on the emulated CPU, return the outputs
-        (:func:`relay_amp.remote.run_remote` in a new session).
+            func: str = "main", repeat: int = 1) -> list[np.ndarray]:
+        """Upload a library, run ``func`` on the emulated CPU (``repeat`` times), return the
+        outputs (:func:`relay_amp.remote.run_remote` in a new session).
 
         Raises
         ------
@@ -157,9 +188,48 @@ class ArmEmulator:
         """
         session = self.connect()
         try:
-            return remote.run_remote(session, lib_path, inputs, func)
+            return remote.run_remote(session, lib_path, inputs, func, repeat=repeat)
         except Exception as error:
             raise self.explain(error) from error
+
+    def count(self, lib_path: str | os.PathLike,
+              inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+              func: str = "main") -> InstructionCount:
+        """The aarch64 instructions one run of ``func`` executes on the emulated CPU, by kind.
+
+        Two sessions load the library and set the inputs; one of them also runs ``func`` once.
+        The count is their difference: uploading and loading are left out, the run's first-time
+        work (its memory pool) is in. Needs ``count_instructions=True``. The count is that of
+        the code and inputs on one thread, repeatable to about 1e-5; it is not a time.
+
+        Raises
+        ------
+        EmulatorError
+            As :meth:`run` does, or if the emulator does not count.
+        """
+        if not self.count_instructions:
+            raise EmulatorError("this emulator does not count instructions: start it with "
+                                "ArmEmulator(count_instructions=True)")
+        loaded, _ = self._session_counts(lib_path, inputs, func, 0)
+        ran, outputs = self._session_counts(lib_path, inputs, func, 1)
+        return InstructionCount({kind: ran[kind] - loaded.get(kind, 0) for kind in ran
+                                 if ran[kind] != loaded.get(kind, 0)}, tuple(outputs))
+
+    def _session_counts(self, lib_path, inputs, func: str,
+                        repeat: int) -> tuple[dict[str, int], list[np.ndarray]]:
+        """What one session that runs ``func`` ``repeat`` times executed, from the file its
+        process wrote at exit, and the outputs."""
+        before = set(os.listdir(self._counts_dir))
+        outputs = self.run(lib_path, inputs, func, repeat=repeat)
+        gc.collect()  # the session closes, and its process exits, when its last reference goes
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            written = sorted(set(os.listdir(self._counts_dir)) - before)
+            if written and not _running(int(written[0].rsplit(".", 1)[1])):
+                return _read_counts(os.path.join(self._counts_dir, written[0])), outputs
+            time.sleep(0.05)
+        raise EmulatorError(f"the session's process wrote no instruction counts within 60 s: "
+                            f"{self.log()}")
 
     def explain(self, error: BaseException) -> BaseException:
         """What the emulator says about an error a session raised: an :class:`EmulatorError`
@@ -203,6 +273,77 @@ class ArmEmulator:
         if self._log_path and os.path.exists(self._log_path):
             os.unlink(self._log_path)
         self._log_path = None
+        if self._counts_dir:
+            shutil.rmtree(self._counts_dir, ignore_errors=True)
+        self._counts_dir = None
+
+
+#: The instruction mix a count reports: a name and the kinds it sums (a kind is a mnemonic and its
+#: first operand's shape, as ``scripts/arm/insn_count.c`` writes it: ``"fmla .8h"``, ``"fmadd h"``).
+INSTRUCTION_MIX: dict[str, Callable[[str, str], bool]] = {
+    "fma .8h": lambda op, shape: op in ("fmla", "fmls") and shape in (".8h", ".4h"),
+    "fma .4s": lambda op, shape: op in ("fmla", "fmls") and shape in (".4s", ".2s"),
+    "fma h": lambda op, shape: op in _SCALAR_FMA and shape == "h",
+    "fma s": lambda op, shape: op in _SCALAR_FMA and shape == "s",
+    "fmlal": lambda op, shape: op.startswith(("fmlal", "fmlsl")),
+    "bfdot": lambda op, shape: op == "bfdot",
+    "bfmmla": lambda op, shape: op == "bfmmla",
+    "convert": lambda op, shape: op.startswith(("fcvt", "bfcvt")) or op in ("shll", "shll2"),
+    "load": lambda op, shape: op.startswith("ld"),
+    "store": lambda op, shape: op.startswith("st"),
+}
+_SCALAR_FMA = ("fmadd", "fmsub", "fnmadd", "fnmsub")
+
+
+@dataclasses.dataclass(frozen=True)
+class InstructionCount:
+    """Executed aarch64 instructions by kind (:meth:`ArmEmulator.count`).
+
+    Attributes
+    ----------
+    kinds : dict of str to int
+        Count per kind: mnemonic and the first operand's shape (``"fmla .8h"``, ``"fmadd h"``,
+        ``"ldr q"``).
+    outputs : tuple of numpy.ndarray
+        The counted run's outputs.
+    """
+
+    kinds: dict[str, int]
+    outputs: tuple = dataclasses.field(default=(), compare=False, repr=False)
+
+    @property
+    def total(self) -> int:
+        """Every executed instruction."""
+        return sum(self.kinds.values())
+
+    def mix(self) -> dict[str, int]:
+        """The count of each :data:`INSTRUCTION_MIX` entry, and ``"total"``."""
+        mix = dict.fromkeys(INSTRUCTION_MIX, 0)
+        for kind, number in self.kinds.items():
+            op, _, shape = kind.partition(" ")
+            for name, matches in INSTRUCTION_MIX.items():
+                if matches(op, shape):
+                    mix[name] += number
+        mix["total"] = self.total
+        return mix
+
+
+def _read_counts(path: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    with open(path) as lines:
+        for line in lines:
+            number, _, kind = line.rstrip("\n").partition("\t")
+            counts[kind] = counts.get(kind, 0) + int(number)
+    return counts
+
+
+def _running(pid: int) -> bool:
+    """Whether a process runs (a zombie has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
 
 
 @contextlib.contextmanager

@@ -9,9 +9,13 @@
 #      here), of which only libtvm_runtime.so and libtvm_ffi.so are kept
 #   3. aarch64-linux-gnu-g++: scripts/arm/rpc_server.cc against the tvm-ffi headers of the x86
 #      wheel installed here and those two libraries, rpath $ORIGIN
+#   4. the instruction counter: apt's qemu-user (the dynamically linked qemu-aarch64, which loads
+#      TCG plugins; the static one cannot), qemu-plugin.h out of Debian's source package of that
+#      QEMU (a deb-src entry is added if apt has none), and gcc builds scripts/arm/insn_count.c
 #
 # Result: .arm/rpc/ holds rpc_server, libtvm_runtime.so and libtvm_ffi.so, a folder that runs
-# as it is on an aarch64 board too. Environment: ARM_DIR (default <repo>/.arm), PYTHON.
+# as it is on an aarch64 board too; .arm/insn/libinsn_count.so counts executed instructions.
+# Environment: ARM_DIR (default <repo>/.arm), PYTHON.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 ARM_DIR="${ARM_DIR:-$ROOT/.arm}"
@@ -87,9 +91,48 @@ fi
 step "check: the server loads its libraries under qemu-aarch64-static"
 qemu-aarch64-static -L /usr/aarch64-linux-gnu "$SERVER" --help >/dev/null
 
+step "instruction counter: qemu-user, qemu-plugin.h, insn_count.c"
+INSN="$ARM_DIR/insn"
+COUNTER="$INSN/libinsn_count.so"
+mkdir -p "$INSN"
+if ! command -v qemu-aarch64 >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-user \
+        >/dev/null
+fi
+if [[ ! -f "$INSN/include/qemu-plugin.h" ]]; then
+    if ! grep -rqs "deb-src" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        # Debian's own archive, for sources: the suites of the binary entries
+        . /etc/os-release
+        printf '%s\n' "Types: deb-src" "URIs: http://deb.debian.org/debian" \
+            "Suites: $VERSION_CODENAME $VERSION_CODENAME-updates" "Components: main" \
+            "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" \
+            > /etc/apt/sources.list.d/relay-amp-deb-src.sources
+        apt-get update -qq
+    fi
+    SOURCE="$(mktemp -d)"
+    (cd "$SOURCE" && apt-get source --download-only -qq qemu >/dev/null 2>&1 \
+        && tar -xJf qemu_*.orig.tar.xz --wildcards '*/include/qemu/qemu-plugin.h')
+    mkdir -p "$INSN/include"
+    cp "$SOURCE"/*/include/qemu/qemu-plugin.h "$INSN/include/"
+    rm -rf "$SOURCE"
+fi
+if [[ -f "$COUNTER" && "$COUNTER" -nt "$ROOT/scripts/arm/insn_count.c" ]]; then
+    echo "up to date"
+else
+    gcc -O2 -Wall -shared -fPIC -I"$INSN/include" -o "$COUNTER" "$ROOT/scripts/arm/insn_count.c"
+fi
+
+step "check: the counter counts the server's --help under qemu-aarch64"
+rm -f "$INSN"/check.*
+qemu-aarch64 -plugin "$COUNTER,out=$INSN/check" -L /usr/aarch64-linux-gnu "$SERVER" --help \
+    >/dev/null
+[[ -s "$(ls "$INSN"/check.* | head -1)" ]] || { echo "the counter wrote no counts" >&2; exit 1; }
+rm -f "$INSN"/check.*
+
 step "done"
 echo "qemu:        $(command -v qemu-aarch64-static) ($(qemu-aarch64-static --version | head -1))"
 echo "cross g++:   $(command -v aarch64-linux-gnu-g++)"
 echo "sysroot:     /usr/aarch64-linux-gnu"
 echo "server:      $ARM_DIR/rpc/rpc_server (with libtvm_runtime.so, libtvm_ffi.so beside it)"
 echo "run it:      qemu-aarch64-static -L /usr/aarch64-linux-gnu $ARM_DIR/rpc/rpc_server --port 9090"
+echo "counter:     $COUNTER (qemu-aarch64 -plugin $COUNTER,out=PREFIX ...)"

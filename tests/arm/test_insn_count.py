@@ -1,0 +1,179 @@
+"""Executed-instruction counts on the emulated aarch64 CPU (``ArmEmulator.count``, the QEMU
+plugin ``scripts/arm/insn_count.c``): the speed figure measurable without a board.
+
+Needs ``bash scripts/arm/setup_emulator.sh`` (it builds the plugin); skips without it unless
+``RELAY_AMP_ARM_REQUIRED=1``. Marker ``arm``.
+"""
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import relay_amp
+from relay_amp import remote
+from relay_amp.eval import arm_emulator
+from relay_amp.eval.arm_emulator import (
+    TARGET_BF16,
+    TARGET_FP16,
+    ArmEmulator,
+    EmulatorError,
+    InstructionCount,
+)
+
+pytestmark = pytest.mark.arm
+
+M, K, N = 32, 64, 48
+TARGET_FP32 = {**TARGET_FP16, "mattr": ["+neon"]}
+WEIGHT = (np.random.default_rng(0).standard_normal((K, N)) / 8).astype("float32")
+VARIANTS = ("float32", "float16", "float16-acc16", "bfloat16")
+#: Multiply-accumulate lanes per instruction of each FMA entry of the mix.
+LANES = {"fma s": 1, "fma h": 1, "fma .4s": 4, "fma .8h": 8, "fmlal": 4, "bfdot": 8,
+         "bfmmla": 16}
+
+
+@pytest.fixture(scope="module")
+def counter():
+    reason = arm_emulator.missing(count_instructions=True)
+    if reason:
+        if os.environ.get("RELAY_AMP_ARM_REQUIRED") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with ArmEmulator(count_instructions=True) as started:
+        yield started
+
+
+def matmul_relu():
+    """relu(x @ w), x (32, 64), w a (64, 48) float32 constant: 98,304 multiply-accumulates."""
+    x = relax.Var("x", relax.TensorType((M, K), "float32"))
+    w = relax.const(WEIGHT)
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.matmul(x, w))
+            out = builder.emit_output(relax.op.nn.relu(y))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def _library(variant, tmp_path, schedules=False):
+    """``variant`` of :func:`matmul_relu` built by TVM's CPU pipeline (or with ``schedules``,
+    relay_amp's) and linked for aarch64."""
+    mod = matmul_relu()
+    if variant == "float32":
+        target = TARGET_FP32
+    elif variant == "bfloat16":
+        target = TARGET_BF16
+        mod, _ = relay_amp.convert(mod, "bfloat16", target=target)
+    else:
+        target = TARGET_FP16
+        policy = relay_amp.Policy("float16")
+        if variant == "float16-acc16":
+            policy = policy.set_accumulation_dtype("matmul", "float16")
+        mod, _ = relay_amp.convert(mod, "float16", policy=policy, target=target)
+    executable = tvm.compile(mod, target=tvm.target.Target(target),
+                             relax_pipeline=relay_amp.cpu_pipeline(target, schedules))
+    return remote.export_for(executable, tmp_path / f"{variant}_{schedules}.so", target)
+
+
+def _inputs():
+    return [np.random.default_rng(1).standard_normal((M, K)).astype("float32")]
+
+
+@pytest.mark.parametrize("schedules", [False, True], ids=["tvm", "relay_amp"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_multiply_accumulate_is_counted_once(counter, variant, schedules, tmp_path):
+    """The FMA lanes the run executes are the matmul's multiply-accumulates, in the dtype its
+    accumulation asks for: float16 accumulation in half FMAs, every other variant in float32;
+    one lane per instruction in TVM's build, vectors in relay_amp's."""
+    count = counter.count(_library(variant, tmp_path, schedules), _inputs())
+    mix = count.mix()
+    lanes = {name: mix[name] * LANES[name] for name in LANES}
+    assert sum(lanes.values()) == M * K * N, mix
+    half = lanes["fma h"] + lanes["fma .8h"]
+    assert half == (M * K * N if variant == "float16-acc16" else 0), mix
+    assert mix["total"] == count.total > M * K * N
+    vector = lanes["fma .4s"] + lanes["fma .8h"]
+    assert vector == (M * K * N if schedules else 0), mix
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_relay_amps_build_executes_at_most_half(counter, variant, tmp_path):
+    """relay_amp.cpu_pipeline against TVM's CPU pipeline on the same converted matmul: the same
+    outputs in at most half the executed instructions."""
+    plain = counter.count(_library(variant, tmp_path), _inputs())
+    scheduled = counter.count(_library(variant, tmp_path, schedules=True), _inputs())
+    assert scheduled.total <= 0.5 * plain.total, (scheduled.total, plain.total)
+    np.testing.assert_allclose(scheduled.outputs[0], plain.outputs[0], rtol=0,
+                               atol=1e-5 * np.abs(plain.outputs[0]).max())
+
+
+def test_the_count_repeats_and_its_run_is_the_plain_run(counter, tmp_path):
+    lib = _library("float16", tmp_path)
+    first, second = counter.count(lib, _inputs()), counter.count(lib, _inputs())
+    assert abs(first.total - second.total) <= 1e-4 * first.total
+    plain = counter.run(lib, _inputs())
+    np.testing.assert_array_equal(first.outputs[0], plain[0])
+    reference = np.maximum(_inputs()[0] @ WEIGHT, 0)
+    assert relay_amp.agreement([reference], list(first.outputs)).relative_l2 < 1e-3
+
+
+def test_an_emulator_that_does_not_count_says_so(tmp_path):
+    if arm_emulator.missing():
+        pytest.skip(arm_emulator.missing())
+    with ArmEmulator() as plain, pytest.raises(EmulatorError, match="count_instructions=True"):
+        plain.count(_library("float32", tmp_path), _inputs())
+
+
+def test_mix_sums_kinds_by_mnemonic_and_shape():
+    count = InstructionCount({"fmla .8h": 3, "fmla .4s": 5, "fmadd h": 7, "fmlal2 .4s": 11,
+                              "fcvtl .4s": 13, "ldr q": 17, "add x": 19})
+    mix = count.mix()
+    assert (mix["fma .8h"], mix["fma .4s"], mix["fma h"], mix["fmlal"], mix["convert"],
+            mix["load"]) == (3, 5, 7, 11, 13, 17)
+    assert mix["total"] == count.total == 75
+
+
+#: Instructions the counter must name (the half-precision and bfloat16 ones are decoded from
+#: their encoding: the disassembler of Debian's QEMU 7.2 prints ".byte" for them), and neighbours
+#: of theirs in the encoding space that it must not take for them.
+KNOWN = {
+    "fmla v0.8h, v1.8h, v2.8h": "fmla .8h", "fmla v0.4h, v1.4h, v2.4h": "fmla .4h",
+    "fmls v0.8h, v1.8h, v2.8h": "fmls .8h", "fmla v0.8h, v1.8h, v2.h[3]": "fmla .8h",
+    "fmadd h0, h1, h2, h3": "fmadd h", "fnmadd h0, h1, h2, h3": "fnmadd h",
+    "fadd h0, h1, h2": "fadd h", "fmul v0.8h, v1.8h, v2.8h": "fmul .8h",
+    "fmlal v0.4s, v1.4h, v2.4h": "fmlal .4s", "fmlal2 v0.4s, v1.4h, v2.4h": "fmlal2 .4s",
+    "fmlal v0.4s, v1.4h, v2.h[1]": "fmlal .4s", "bfdot v0.4s, v1.8h, v2.8h": "bfdot .4s",
+    "bfdot v0.4s, v1.8h, v2.2h[1]": "bfdot .4s", "bfmmla v0.4s, v1.8h, v2.8h": "bfmmla .4s",
+    "bfcvt h0, s1": "bfcvt h", "fmla v0.4s, v1.4s, v2.4s": "fmla .4s",
+    "fmadd s0, s1, s2, s3": "fmadd s", "fcvtl v0.4s, v1.4h": "fcvtl .4s",
+    "mul v0.4s, v1.4s, v2.s[0]": "mul .4s", "fmul v0.4s, v1.4s, v2.4s": "fmul .4s",
+}
+
+
+def test_the_counter_names_each_instruction(counter, tmp_path):
+    """A program that runs each instruction of ``KNOWN`` 100 times, under the counter."""
+    source = tmp_path / "known.S"
+    body = "\n".join(f"    {instruction}" for instruction in KNOWN)
+    source.write_text(f".global _start\n_start:\n    mov x9, #100\n1:\n{body}\n"
+                      "    subs x9, x9, #1\n    b.ne 1b\n    mov x0, #0\n    mov x8, #93\n"
+                      "    svc #0\n")
+    program = tmp_path / "known"
+    subprocess.run(["aarch64-linux-gnu-gcc", "-nostdlib", "-static",
+                    "-march=armv8.6-a+fp16+fp16fml+bf16", str(source), "-o", str(program)],
+                   check=True)
+    prefix = tmp_path / "counts"
+    subprocess.run([arm_emulator.QEMU_PLUGINS, "-plugin",
+                    f"{arm_emulator.counter_path()},out={prefix}", str(program)], check=True)
+    (written,) = tmp_path.glob("counts.*")
+    counts = {}
+    for line in written.read_text().splitlines():
+        number, kind = line.split("\t")
+        counts[kind] = int(number)
+    expected = {}
+    for kind in KNOWN.values():
+        expected[kind] = expected.get(kind, 0) + 100
+    assert {kind: counts.get(kind) for kind in expected} == expected

@@ -1,0 +1,137 @@
+"""relay_amp.cpu_pipeline: TVM's CPU pipeline with dot products vectorized
+(``VectorizeDotProduct``). The schedule changes how outputs are computed, not what: the same
+numbers as TVM's build, in vector FMAs instead of scalar ones."""
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+from tvm.s_tir import dlight as dl
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import relay_amp
+from relay_amp.cpu_pipeline import VectorizeDotProduct
+
+FULLFP16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+fullfp16"]}
+NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
+A64_SCALAR_FMA = r"\bfmadd\s+[sh]\d+"
+A64_F32_VECTOR_FMA = r"\bfmla\s+v\d+\.4s"
+A64_F16_VECTOR_FMA = r"\bfmla\s+v\d+\.8h"
+
+
+@I.ir_module
+class ConvMatmul:
+    @R.function
+    def main(x: R.Tensor((1, 16, 16, 16), "float32"), w: R.Tensor((16, 16, 3, 3), "float32"),
+             m: R.Tensor((256, 32), "float32")):
+        with R.dataflow():
+            lv = R.nn.conv2d(x, w, padding=[1, 1])
+            lv1 = R.nn.relu(lv)
+            lv2 = R.reshape(lv1, (16, 256))
+            gv = R.matmul(lv2, m)
+            R.output(gv)
+        return gv
+
+
+@I.ir_module
+class SoftmaxOdd:
+    @R.function
+    def main(x: R.Tensor((8, 64), "float32"), m: R.Tensor((64, 7), "float32")):
+        with R.dataflow():
+            lv = R.nn.softmax(x, axis=-1)
+            gv = R.matmul(lv, m)
+            R.output(gv)
+        return gv
+
+
+def _inputs(mod, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal([int(d) for d in p.ty.shape.values]) / 4).astype("float32")
+            for p in mod["main"].params]
+
+
+def _scheduled(mod, target):
+    """The module after TVM's CPU legalize passes and the rule: PrimFunc name -> script."""
+    target = tvm.target.Target(target)
+    passes = tvm.transform.Sequential(
+        cpu_generic.library_dispatch_passes(target) + cpu_generic.legalize_passes(target)
+        + [dl.ApplyDefaultSchedule(VectorizeDotProduct())])
+    with target:
+        out = passes(mod)
+    return {gv.name_hint: f.script() for gv, f in out.functions.items()
+            if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def _assembly(mod, target, schedules=True):
+    executable = tvm.compile(mod, target=tvm.target.Target(target),
+                             relax_pipeline=relay_amp.cpu_pipeline(target, schedules))
+    modules = [executable.mod, *executable.mod.imports]
+    return "\n".join(m.inspect_source("asm") for m in modules if m.kind == "llvm")
+
+
+def _convert(mod, dtype, target, accumulation=None):
+    policy = relay_amp.Policy(dtype)
+    if accumulation:
+        policy = policy.set_accumulation_dtype("nn.conv2d", accumulation) \
+            .set_accumulation_dtype("matmul", accumulation)
+    return relay_amp.convert(mod, dtype, policy=policy, target=target)[0]
+
+
+def test_dot_products_get_a_vector_of_partial_sums():
+    """The convolution and the matmul: the last output axis split by the lanes, the partial
+    sums in a local buffer, initialised and written back by vectorized loops."""
+    kernels = _scheduled(ConvMatmul, NEON)
+    dots = {name: script for name, script in kernels.items()
+            if "conv2d" in name or "matmul" in name}
+    assert len(dots) == 2, sorted(kernels)
+    for name, script in dots.items():
+        assert 'scope="local"' in script, name
+        assert script.count("T.vectorized(") == 2, name
+        assert "T.unroll(" in script, name
+
+
+def test_other_reductions_and_odd_axes_are_left_alone():
+    """softmax reduces without multiply-accumulating; a 7-wide matmul output has no lanes."""
+    for name, script in _scheduled(SoftmaxOdd, NEON).items():
+        assert "T.vectorized(" not in script and 'scope="local"' not in script, name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_schedule_keeps_the_numbers(dtype):
+    """Each output sums in the same order: on this host the scheduled build agrees with TVM's
+    to float32 rounding (FMA contraction aside), in every dtype."""
+    target = relay_amp.host_target()
+    mod = ConvMatmul if dtype == "float32" else _convert(ConvMatmul, dtype, target)
+    inputs = _inputs(ConvMatmul)
+    outputs = {}
+    for schedules in (False, True):
+        executable = tvm.compile(mod, target=tvm.target.Target(target),
+                                 relax_pipeline=relay_amp.cpu_pipeline(target, schedules))
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        outputs[schedules] = vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+    scale = np.abs(outputs[False]).max()
+    np.testing.assert_allclose(outputs[True], outputs[False], rtol=0, atol=1e-5 * scale)
+
+
+def test_aarch64_dot_products_are_vector_fmas():
+    """TVM's build multiplies one lane at a time (``fmadd s``); the scheduled one in ``fmla
+    v.4s`` (float32 and the float16 default, which accumulates in float32) and ``fmla v.8h``
+    (float16 accumulation asked)."""
+    plain = _assembly(ConvMatmul, NEON, schedules=False)
+    assert re.findall(A64_SCALAR_FMA, plain)
+    for mod, target in ((ConvMatmul, NEON), (_convert(ConvMatmul, "float16", FULLFP16), FULLFP16)):
+        asm = _assembly(mod, target)
+        assert re.findall(A64_F32_VECTOR_FMA, asm) and not re.findall(A64_SCALAR_FMA, asm)
+    asm = _assembly(_convert(ConvMatmul, "float16", FULLFP16, "float16"), FULLFP16)
+    assert re.findall(A64_F16_VECTOR_FMA, asm) and not re.findall(A64_SCALAR_FMA, asm)
+
+
+def test_build_takes_the_cpu_pipeline_for_llvm_targets():
+    executable = relay_amp.pipeline.build(ConvMatmul, NEON)
+    asm = "\n".join(m.inspect_source("asm") for m in [executable.mod, *executable.mod.imports]
+                    if m.kind == "llvm")
+    assert re.findall(A64_F32_VECTOR_FMA, asm) and not re.findall(A64_SCALAR_FMA, asm)
