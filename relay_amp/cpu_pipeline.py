@@ -22,9 +22,22 @@ from __future__ import annotations
 
 import tvm
 
-#: Output lanes one vector of partial sums holds, widest first: the first that divides the
-#: output's last axis is taken (16 float32 sums are four 128-bit registers on NEON).
-VECTOR_LANES = (16, 8, 4)
+#: Output lanes one vector of partial sums holds: the widest of these that divides the output's
+#: last axis (16 float32 sums are four 128-bit NEON registers) ...
+VECTOR_LANES = (16, 12, 8)
+#: ... else its widest divisor from 4 to 16 (7 and 14, the last stages of a ResNet; the
+#: lanes past a multiple of 4 are computed one by one).
+MIN_LANES, MAX_LANES = 4, 16
+
+
+def lanes_for(extent: int) -> int | None:
+    """How many adjacent outputs of an axis of ``extent`` one vector of partial sums holds
+    (None: the axis has no divisor from ``MIN_LANES`` to ``MAX_LANES``)."""
+    for lanes in VECTOR_LANES:
+        if extent % lanes == 0:
+            return lanes
+    divisors = [n for n in range(MIN_LANES, MAX_LANES + 1) if extent % n == 0]
+    return divisors[-1] if divisors else None
 
 
 def _dot_product(block) -> bool:
@@ -47,13 +60,14 @@ def _dot_product(block) -> bool:
 
 class VectorizeDotProduct:
     """A dlight schedule rule for ``llvm`` targets: a kernel with one dot-product block (a
-    convolution, a matmul) computes ``VECTOR_LANES`` adjacent outputs of its last axis at once.
+    convolution, a matmul) computes adjacent outputs of its last axis at once
+    (:func:`lanes_for`).
 
     The loops become ``[spatial loops..., the last axis / lanes, reduction loops..., lanes]``;
     the partial sums live in a ``local`` buffer written back once per vector
     (``cache_write``), initialised and updated by vectorized loops. Kernels with another
-    reduction, with a last axis shorter than 4 or not a multiple of 4, or whose loops are not
-    one per block iterator are left alone.
+    reduction, with a last axis that has no divisor from 4 to 16 (:func:`lanes_for`), or whose
+    loops are not one per block iterator are left alone.
     """
 
     def apply(self, func, target, tunable):  # noqa: ARG002 - dlight's rule signature
@@ -79,7 +93,7 @@ class VectorizeDotProduct:
         axis = next((it for it in spatial if last.min.same_as(it.var)), None)
         if axis is None or not isinstance(axis.dom, (int, tvm.tirx.IntImm)):
             return None
-        lanes = next((n for n in VECTOR_LANES if int(axis.dom) % n == 0), None)
+        lanes = lanes_for(int(axis.dom))
         if lanes is None:
             return None
         try:
@@ -129,4 +143,4 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True):
     return _pipeline
 
 
-__all__ = ["VECTOR_LANES", "VectorizeDotProduct", "cpu_pipeline"]
+__all__ = ["VECTOR_LANES", "VectorizeDotProduct", "cpu_pipeline", "lanes_for"]

@@ -35,7 +35,12 @@ llvm aarch64           converts with ``+fullfp16`` (or an     converts with ``+b
                        (``fmadd h``, ``fmla v.8h``) with      arithmetic. Without: storage
                        float16 accumulation asked
                        (``Policy.set_accumulation_dtype``).
-                       Without: storage
+                       relay_amp's build
+                       (:func:`relay_amp.cpu_pipeline`)
+                       computes matmuls and convolutions
+                       in vector FMAs (``fmla v.4s``,
+                       ``fmla v.8h``), TVM's own mostly in
+                       scalar ``fmadd``. Without: storage
 llvm x86               converts with ``avx512fp16``: as on    converts with ``avx512bf16`` or
                        aarch64 (``vcvtsh2ss`` widening,       ``amx-bf16``, but no VDPBF16PS or AMX:
                        float32 FMAs;                          values widened with integer shifts,

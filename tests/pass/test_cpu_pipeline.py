@@ -14,7 +14,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
-from relay_amp.cpu_pipeline import VectorizeDotProduct
+from relay_amp.cpu_pipeline import VectorizeDotProduct, lanes_for
 
 FULLFP16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+fullfp16"]}
 NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
@@ -40,7 +40,7 @@ class ConvMatmul:
 @I.ir_module
 class SoftmaxOdd:
     @R.function
-    def main(x: R.Tensor((8, 64), "float32"), m: R.Tensor((64, 7), "float32")):
+    def main(x: R.Tensor((8, 64), "float32"), m: R.Tensor((64, 19), "float32")):
         with R.dataflow():
             lv = R.nn.softmax(x, axis=-1)
             gv = R.matmul(lv, m)
@@ -94,8 +94,14 @@ def test_dot_products_get_a_vector_of_partial_sums():
         assert "T.unroll(" in script, name
 
 
+def test_lanes_divide_the_axis_multiples_of_four_first():
+    assert [lanes_for(n) for n in (768, 112, 56, 36, 28, 14, 7, 20)] == \
+        [16, 16, 8, 12, 14, 14, 7, 10]
+    assert lanes_for(19) is None and lanes_for(3) is None
+
+
 def test_other_reductions_and_odd_axes_are_left_alone():
-    """softmax reduces without multiply-accumulating; a 7-wide matmul output has no lanes."""
+    """softmax reduces without multiply-accumulating; a 19-wide matmul output has no lanes."""
     for name, script in _scheduled(SoftmaxOdd, NEON).items():
         assert "T.vectorized(" not in script and 'scope="local"' not in script, name
 

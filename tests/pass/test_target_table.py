@@ -285,7 +285,8 @@ def build(target_name: str, layer_name: str, dtype: str, variant: str = "",
     converted, report = relay_amp.convert(layer(layer_name), policy=_policy(dtype, variant),
                                           target=target)
     if kind == "llvm":
-        executable = tvm.compile(converted, target=target)
+        executable = tvm.compile(converted, target=target, relax_pipeline=relay_amp.cpu_pipeline(
+            target, relay_amp_schedules=pipeline == "relay_amp"))
         asm = "\n".join(m.inspect_source("asm") for m in [executable.mod, *executable.mod.imports]
                         if m.kind == "llvm")
         return Built(report, _functions(asm))
@@ -315,6 +316,9 @@ def _has_attention(layer_name):
 A64_HALF_FMA = r"\b(?:fmla|fmls|fmadd|fmsub)\s+(?:v\d+\.[48]h|h\d+)\b"
 A64_HALF_ARITHMETIC = r"\b(?:fmla|fmls|fmadd|fmsub|fadd|fsub|fmul|fdiv)\s+(?:v\d+\.[48]h|h\d+)\b"
 A64_F32_FMA = r"\b(?:fmla|fmadd)\s+(?:v\d+\.[24]s|s\d+)\b"
+A64_F32_VECTOR_FMA = r"\bfmla\s+v\d+\.4s"
+A64_HALF_VECTOR_FMA = r"\bfmla\s+v\d+\.8h"
+A64_SCALAR_FMA = r"\bfn?m(?:add|sub)\s+[hs]\d+"
 A64_WIDEN_HALF = r"\bfcvtl2?\s+v\d+\.4s|\bfcvt\s+s\d+, h\d+"
 A64_BF16 = r"\b(?:bfdot|bfmmla|bfmlal[bt]|bfcvtn2?|bfcvt)\b"
 A64_WIDEN_BY_SHIFT = r"\bshll2?\s+v\d+\.4s, v\d+\.[48]h, #16|\blsl\s+w\d+, w\d+, #16"
@@ -419,6 +423,18 @@ def test_aarch64_bf16_has_no_bfloat16_instructions_it_widens_by_shifts(layer_nam
     assert built.found("dot", A64_WIDEN_BY_SHIFT) and built.found("dot", A64_F32_FMA)
     if _has_attention(layer_name):
         assert built.found("attention", A64_WIDEN_BY_SHIFT)
+
+
+@pytest.mark.parametrize("layer_name", LAYERS)
+def test_aarch64_dot_products_are_vector_fmas_in_relay_amps_build_scalar_in_tvms(layer_name):
+    """relay_amp.cpu_pipeline (relay_amp's build) computes every matmul and convolution in
+    vector FMAs, ``fmla v.4s`` by default and ``fmla v.8h`` with float16 accumulation asked;
+    TVM's CPU pipeline leaves scalar ``fmadd`` in them."""
+    for variant, vector in (("", A64_F32_VECTOR_FMA), (FLOAT16_ACCUMULATION, A64_HALF_VECTOR_FMA)):
+        built = build("aarch64 +fullfp16", layer_name, "float16", variant)
+        assert built.each_dot_kernel(vector) and built.found("dot", A64_SCALAR_FMA) == []
+        plain = build("aarch64 +fullfp16", layer_name, "float16", variant, pipeline="tvm")
+        assert plain.found("dot", A64_SCALAR_FMA)
 
 
 @pytest.mark.parametrize("layer_name", LAYERS)
