@@ -28,6 +28,9 @@ VECTOR_LANES = (16, 12, 8)
 #: ... else its widest divisor from 4 to 16 (7 and 14, the last stages of a ResNet; the
 #: lanes past a multiple of 4 are computed one by one).
 MIN_LANES, MAX_LANES = 4, 16
+#: Rows of outputs computed together, widest first (4 rows of 16 float32 lanes are 16 of NEON's
+#: 32 vector registers).
+BLOCK_ROWS = (4, 2)
 
 
 def lanes_for(extent: int) -> int | None:
@@ -58,14 +61,41 @@ def _dot_product(block) -> bool:
     return accumulates and any(isinstance(uncast(t), prim.Mul) for t in terms)
 
 
+def _uses(expr, var) -> bool:
+    import tvm_ffi
+
+    found = []
+    tvm_ffi.structural_walk(expr, lambda node: found.append(node.same_as(var)))
+    return any(found)
+
+
+def _row_block(block, spatial, axis):
+    """``(rows, iterator)``: the spatial iterator whose ``rows`` adjacent values share the
+    vector operand (no read that the lanes index depends on it: a convolution's output
+    channels, a matmul's rows) and so are computed together, each vector loaded once for all of
+    them; ``(1, None)`` where none divides."""
+    vector_reads = [region for region in block.reads
+                    if any(_uses(r.min, axis.var) for r in region.region)]
+    for rows in BLOCK_ROWS:
+        for it in reversed(spatial):
+            if it is axis or not isinstance(it.dom, (int, tvm.tirx.IntImm)) or int(it.dom) % rows:
+                continue
+            if not any(_uses(r.min, it.var) for region in vector_reads for r in region.region):
+                return rows, it
+    return 1, None
+
+
 class VectorizeDotProduct:
     """A dlight schedule rule for ``llvm`` targets: a kernel with one dot-product block (a
     convolution, a matmul) computes adjacent outputs of its last axis at once
     (:func:`lanes_for`).
 
-    The loops become ``[spatial loops..., the last axis / lanes, reduction loops..., lanes]``;
-    the partial sums live in a ``local`` buffer written back once per vector
-    (``cache_write``), initialised and updated by vectorized loops. Kernels with another
+    The loops become ``[spatial loops..., the last axis / lanes, reduction loops..., rows,
+    lanes]``: ``rows`` (``BLOCK_ROWS``) adjacent values of another spatial axis that the vector
+    operand does not depend on (:func:`_row_block`) reuse each vector it loads. The partial sums
+    live in a ``local`` buffer written back once per tile (``cache_write``), initialised by a
+    vectorized loop; the update's rows and lanes are unrolled, which LLVM's SLP vectorizer turns
+    into vector FMAs. Kernels with another
     reduction, with a last axis that has no divisor from 4 to 16 (:func:`lanes_for`), or whose
     loops are not one per block iterator are left alone.
     """
@@ -96,16 +126,24 @@ class VectorizeDotProduct:
         lanes = lanes_for(int(axis.dom))
         if lanes is None:
             return None
+        rows, row_axis = _row_block(block, spatial, axis)
         try:
             outer, inner = sch.split(axis.loop_rv, [None, lanes])
-            loops = [outer if it is axis else it.loop_rv for it in spatial]
-            sch.reorder(*loops, *(it.loop_rv for it in reduce), inner)
+            row_outer = row_inner = None
+            if row_axis is not None:
+                row_outer, row_inner = sch.split(row_axis.loop_rv, [None, rows])
+            loops = [row_outer if it is row_axis else it.loop_rv
+                     for it in spatial if it is not axis]
+            sch.reorder(*loops, outer, *(it.loop_rv for it in reduce),
+                        *([row_inner] if row_inner is not None else []), inner)
             write_back = sch.cache_write(info.block_rv, 0, "local")
             sch.reverse_compute_at(write_back, outer)
             init = sch.decompose_reduction(info.block_rv, reduce[0].loop_rv)
             for vectorized in (init, write_back):
                 sch.vectorize(sch.get_loops(vectorized)[-1])
             sch.unroll(inner)
+            if row_inner is not None:
+                sch.unroll(row_inner)
         except s_tir.ScheduleError:  # a kernel this cannot schedule keeps TVM's loops
             return None
         return sch
@@ -143,4 +181,4 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True):
     return _pipeline
 
 
-__all__ = ["VECTOR_LANES", "VectorizeDotProduct", "cpu_pipeline", "lanes_for"]
+__all__ = ["BLOCK_ROWS", "VECTOR_LANES", "VectorizeDotProduct", "cpu_pipeline", "lanes_for"]
