@@ -20,14 +20,10 @@ not times: QEMU runs each instruction at its own cost, a board does not.
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing
 import os
 import sys
 import tempfile
 import time
-
-from tqdm import tqdm
 
 MODELS = ("resnet50_v1", "mobilenetv2_1.0", "yolov8n_320", "bert_base", "llama_smollm_135m")
 #: name -> (dtype, accumulation asked for convolutions and matmuls, relay_amp.cpu_pipeline)
@@ -131,7 +127,13 @@ def markdown(rows: dict, names) -> str:
     return "\n".join(lines)
 
 
+def _failed(name: str, message: str) -> dict:
+    return {"model": name, "error": message, "variants": {}}
+
+
 def main(argv=None) -> int:
+    from relay_amp.eval.isolation import measure_each
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="results/arm_insn_count.json")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated")
@@ -145,23 +147,7 @@ def main(argv=None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
-    rows = {}
-    if os.path.exists(args.out):
-        with open(args.out, encoding="utf-8") as handle:
-            rows = json.load(handle)["models"]
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    context = multiprocessing.get_context("spawn")
-    for name in tqdm(names, unit="model"):
-        if name in rows:
-            continue
-        with context.Pool(1) as pool:
-            try:
-                rows[name] = pool.apply_async(measure, (name, variants)).get(args.timeout)
-            except Exception as err:  # a timeout or a dead child: the row says which
-                rows[name] = {"model": name, "error": f"{type(err).__name__}: {err}"[:400],
-                              "variants": {}}
-        with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump({"models": rows}, handle, indent=1)
+    rows = measure_each(names, measure, args.out, args.timeout, _failed, (variants,))
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as handle:
             handle.write(markdown(rows, names) + "\n")

@@ -12,12 +12,7 @@ rows already in ``--out`` are kept. ``--markdown`` writes the table of docs/PERF
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing
-import os
 import sys
-
-from tqdm import tqdm
 
 TARGET = {"kind": "cuda", "arch": "sm_90"}
 DTYPES = ("float16", "bfloat16")
@@ -40,7 +35,12 @@ def measure(name: str) -> dict:
     return result
 
 
+def _failed(name: str, message: str) -> dict:
+    return {"model": name, "gpu_cost": {"status": "error", "message": message[:300]}}
+
+
 def main(argv=None) -> int:
+    from relay_amp.eval.isolation import measure_each
     from relay_amp.eval.models import REGISTRY
     from relay_amp.eval.sweep import gpu_cost_markdown
 
@@ -51,23 +51,7 @@ def main(argv=None) -> int:
     parser.add_argument("--markdown", default=None, help="also write the table here")
     args = parser.parse_args(argv)
     names = args.models.split(",") if args.models else list(REGISTRY)
-    rows = {}
-    if os.path.exists(args.out):
-        with open(args.out, encoding="utf-8") as handle:
-            rows = json.load(handle)["models"]
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    context = multiprocessing.get_context("spawn")
-    for name in tqdm(names, unit="model"):
-        if name in rows:
-            continue
-        with context.Pool(1) as pool:
-            try:
-                rows[name] = pool.apply_async(measure, (name,)).get(args.timeout)
-            except Exception as err:  # a timeout or a dead child: the row says which
-                rows[name] = {"model": name, "gpu_cost": {
-                    "status": "error", "message": f"{type(err).__name__}: {err}"[:300]}}
-        with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump({"target": TARGET, "models": rows}, handle, indent=1)
+    rows = measure_each(names, measure, args.out, args.timeout, _failed, header={"target": TARGET})
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as handle:
             handle.write(gpu_cost_markdown({"models": rows}, names) + "\n")
