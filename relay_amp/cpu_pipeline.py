@@ -3,9 +3,10 @@
 TVM 0.27 compiles a Relax module for a CPU (``relax.backend.cpu_generic``) without any schedule:
 each convolution and matmul is the loop nest ``LegalizeOps`` writes, its reduction loops
 innermost, and LLVM leaves most of those scalar: one multiply-accumulate per ``fmadd``, two loads
-and the loop's bookkeeping around it. On an aarch64 CPU that is about seven executed
-instructions per multiply-accumulate in float32, more in float16 and bfloat16 (each operand
-widened on its own), so a converted model executes more than its float32 original.
+and the loop's bookkeeping around it. On an aarch64 CPU that is five to seven executed
+instructions per multiply-accumulate in float32 (counted on five registry models, docs/ARM.md),
+more in float16 and bfloat16 (each operand widened on its own), so a converted model executes
+more than its float32 original.
 
 :func:`cpu_pipeline` is TVM's CPU pipeline with one schedule rule after fusion,
 :class:`VectorizeDotProduct`: the kernel's dot-product block computes a vector of adjacent
@@ -95,9 +96,9 @@ class VectorizeDotProduct:
     operand does not depend on (:func:`_row_block`) reuse each vector it loads. The partial sums
     live in a ``local`` buffer written back once per tile (``cache_write``), initialised by a
     vectorized loop; the update's rows and lanes are unrolled, which LLVM's SLP vectorizer turns
-    into vector FMAs. Kernels with another
-    reduction, with a last axis that has no divisor from 4 to 16 (:func:`lanes_for`), or whose
-    loops are not one per block iterator are left alone.
+    into vector FMAs. Kernels with another reduction, with a last axis that has no divisor from
+    4 to 16 (:func:`lanes_for`), or whose loops are not one per block iterator are left alone.
+    dlight's ``ApplyDefaultSchedule`` calls :meth:`apply`.
     """
 
     def apply(self, func, target, tunable):  # noqa: ARG002 - dlight's rule signature
