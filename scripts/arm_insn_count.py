@@ -40,12 +40,11 @@ def build(loaded, variant: str, workdir: str) -> str:
     import tvm
 
     import relay_amp
-    from relay_amp.eval.arm_emulator import TARGET_BF16, TARGET_FP16
+    from relay_amp.eval.arm_emulator import TARGET_BF16, TARGET_FP16, TARGET_FP32
     from relay_amp.remote import export_for
 
     dtype, accumulation, schedules = VARIANTS[variant]
-    target = {"float32": {**TARGET_FP16, "mattr": ["+neon"]}, "float16": TARGET_FP16,
-              "bfloat16": TARGET_BF16}[dtype]
+    target = {"float32": TARGET_FP32, "float16": TARGET_FP16, "bfloat16": TARGET_BF16}[dtype]
     mod = loaded.mod
     if dtype != "float32":
         policy = relay_amp.Policy(dtype)
@@ -58,16 +57,8 @@ def build(loaded, variant: str, workdir: str) -> str:
     return export_for(executable, os.path.join(workdir, f"{variant}.so"), target)
 
 
-def relative_l2(outputs, reference) -> float:
-    import numpy as np
-
-    num = sum(float(np.sum((o.astype("float64") - r.astype("float64")) ** 2))
-              for o, r in zip(outputs, reference))
-    den = sum(float(np.sum(r.astype("float64") ** 2)) for r in reference)
-    return (num / den) ** 0.5 if den else 0.0
-
-
 def measure(name: str, variants: tuple) -> dict:
+    import relay_amp
     from relay_amp.eval import models
     from relay_amp.eval.arm_emulator import ArmEmulator
 
@@ -93,7 +84,7 @@ def measure(name: str, variants: tuple) -> dict:
             row["variants"][variant] = {
                 "status": "ok", "total": count.total, "mix": count.mix(),
                 "top": dict(sorted(count.kinds.items(), key=lambda kv: -kv[1])[:20]),
-                "error_vs_float32": (relative_l2(count.outputs, reference)
+                "error_vs_float32": (relay_amp.agreement(reference, count.outputs).relative_l2
                                      if reference is not None else None),
                 "build_s": built - start, "count_s": time.perf_counter() - built}
     return row

@@ -49,6 +49,8 @@ CROSS_CXX = "aarch64-linux-gnu-g++"
 TARGET_FP16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+fullfp16"]}
 #: The same with bfloat16 dot products (``+bf16``).
 TARGET_BF16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+bf16"]}
+#: The float32 build's target: NEON, no half or bfloat16 arithmetic.
+TARGET_FP32 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
 
 
 class EmulatorError(RuntimeError):

@@ -7,7 +7,6 @@ RPC server): without it these tests skip, unless ``RELAY_AMP_ARM_REQUIRED=1`` (C
 makes that a failure. Marker ``arm``; the fast lane leaves them out.
 """
 
-import os
 
 import numpy as np
 import pytest
@@ -16,10 +15,10 @@ from tvm import relax
 
 import relay_amp
 from relay_amp import remote
-from relay_amp.eval import arm_emulator
 from relay_amp.eval.arm_emulator import (
     TARGET_BF16,
     TARGET_FP16,
+    TARGET_FP32,
     ArmEmulator,
     EmulatorError,
     emulated_session,
@@ -32,21 +31,9 @@ FLOAT32_TOLERANCE = 1e-5
 #: Low precision against the float32 host run (relative L2 over all outputs): the project's
 #: tolerances for float32 accumulation, the aarch64 default (tests/pass/test_numeric.py).
 TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2}
-TARGET_FP32 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
 TARGETS = {"float32": TARGET_FP32, "float16": TARGET_FP16, "bfloat16": TARGET_BF16}
 
 _op = relax.op
-
-
-@pytest.fixture(scope="module")
-def emulator():
-    reason = arm_emulator.missing()
-    if reason:
-        if os.environ.get("RELAY_AMP_ARM_REQUIRED") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    with ArmEmulator() as started:
-        yield started
 
 
 class _Weights:

@@ -5,7 +5,6 @@ Needs ``bash scripts/arm/setup_emulator.sh`` (it builds the plugin); skips witho
 ``RELAY_AMP_ARM_REQUIRED=1``. Marker ``arm``.
 """
 
-import os
 import subprocess
 
 import numpy as np
@@ -19,7 +18,7 @@ from relay_amp.eval import arm_emulator
 from relay_amp.eval.arm_emulator import (
     TARGET_BF16,
     TARGET_FP16,
-    ArmEmulator,
+    TARGET_FP32,
     EmulatorError,
     InstructionCount,
 )
@@ -27,23 +26,11 @@ from relay_amp.eval.arm_emulator import (
 pytestmark = pytest.mark.arm
 
 M, K, N = 32, 64, 48
-TARGET_FP32 = {**TARGET_FP16, "mattr": ["+neon"]}
 WEIGHT = (np.random.default_rng(0).standard_normal((K, N)) / 8).astype("float32")
 VARIANTS = ("float32", "float16", "float16-acc16", "bfloat16")
 #: Multiply-accumulate lanes per instruction of each FMA entry of the mix.
 LANES = {"fma s": 1, "fma h": 1, "fma .4s": 4, "fma .8h": 8, "fmlal": 4, "bfdot": 8,
          "bfmmla": 16}
-
-
-@pytest.fixture(scope="module")
-def counter():
-    reason = arm_emulator.missing(count_instructions=True)
-    if reason:
-        if os.environ.get("RELAY_AMP_ARM_REQUIRED") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    with ArmEmulator(count_instructions=True) as started:
-        yield started
 
 
 def matmul_relu():
@@ -121,11 +108,9 @@ def test_the_count_repeats_and_its_run_is_the_plain_run(counter, tmp_path):
     assert relay_amp.agreement([reference], list(first.outputs)).relative_l2 < 1e-3
 
 
-def test_an_emulator_that_does_not_count_says_so(tmp_path):
-    if arm_emulator.missing():
-        pytest.skip(arm_emulator.missing())
-    with ArmEmulator() as plain, pytest.raises(EmulatorError, match="count_instructions=True"):
-        plain.count(_library("float32", tmp_path), _inputs())
+def test_an_emulator_that_does_not_count_says_so(emulator, tmp_path):
+    with pytest.raises(EmulatorError, match="count_instructions=True"):
+        emulator.count(_library("float32", tmp_path), _inputs())
 
 
 def test_mix_sums_kinds_by_mnemonic_and_shape():
