@@ -188,9 +188,13 @@ def photo_pixels(count: int, height: int, width: int | None = None,
     ``(count, height, width, 3)``: each centre-cropped to a square, resized to
     ``max(height, width)`` with Pillow's bilinear filter (:class:`.data.ImageBatches`, the
     same pixels as :func:`.data.sample_images`) and cut to its top-left ``height x width``;
-    past the photos, mirrored (:func:`mirror_repeats`). With ``distinct``, a photo that equals
-    an earlier one (scikit-image's ``cat`` is ``chelsea``) is skipped, so up to twice the
-    number of different photos are all different."""
+    past the photos, mirrored (:func:`mirror_repeats`).
+
+    With ``distinct``, a photo that equals an earlier one (scikit-image's ``cat`` is
+    ``chelsea``) is skipped, and past two passes (the photos, then their mirror images) each
+    image is a different square window of its photo (:func:`photo_window`), mirrored on every
+    second pass: all ``count`` images differ, and the first two passes are the same for every
+    ``count``."""
     width = width or height
     photos = photo_list()
     if distinct:
@@ -198,10 +202,30 @@ def photo_pixels(count: int, height: int, width: int | None = None,
         for photo in photos:
             unique.setdefault((photo.shape, photo.tobytes()), photo)
         photos = list(unique.values())
-    chosen = [photos[i % len(photos)] for i in range(count)]
+    passes = 2 if distinct else None
+    chosen = [photos[i % len(photos)] if passes is None or i < passes * len(photos)
+              else photo_window(photos[i % len(photos)], i // len(photos) - passes)
+              for i in range(count)]
     side = max(height, width)
     pixels = next(iter(ImageBatches(chosen, side, batch_size=count, layout="NHWC")))
     return mirror_repeats(pixels[:, :height, :width], len(photos))
+
+
+def photo_window(photo: np.ndarray, index: int) -> np.ndarray:
+    """Window ``index`` of ``photo``: a square of 40-95 % of its shorter side, its size from
+    the golden-ratio sequence and its position from the R2 sequence (additive recurrences
+    with low discrepancy), so successive windows differ and cover sizes and positions
+    evenly."""
+    if index < 0:
+        raise ValueError(f"index must be non-negative; got {index}")
+    # 1/phi; then 1/g and 1/g**2 for g the plastic number (R2 in two dimensions)
+    fraction = 0.40 + 0.55 * ((0.5 + (index + 1) * 0.6180339887) % 1.0)
+    across, down = ((0.5 + (index + 1) * 0.7548776662) % 1.0,
+                    (0.5 + (index + 1) * 0.5698402910) % 1.0)
+    rows, cols = photo.shape[:2]
+    side = max(1, int(round(min(rows, cols) * fraction)))
+    top, left = int(round(down * (rows - side))), int(round(across * (cols - side)))
+    return np.ascontiguousarray(photo[top:top + side, left:left + side])
 
 
 def split_image_batches(pixels: np.ndarray, size: int, count: int,
@@ -641,5 +665,6 @@ def _load_transformer(spec: ModelSpec, workdir: str, batches: int | None = None)
 
 __all__ = ["ModelSpec", "LoadedModel", "REGISTRY", "DEFAULT_MODELS", "get_spec", "load",
            "import_onnx", "import_repaired", "gluon_to_onnx", "import_gluoncv",
-           "detection_output_order", "split_image_batches", "photo_pixels", "mirror_repeats",
+           "detection_output_order", "split_image_batches", "photo_pixels", "photo_window",
+           "mirror_repeats",
            "REPAIRED_TASKS", "IMAGENET_MEAN", "IMAGENET_STD"]

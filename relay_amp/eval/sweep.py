@@ -146,11 +146,12 @@ def output_agreement(reference: list, outputs: list, extra: dict) -> dict:
     per_output = [agreement([batch[i] for batch in reference],
                             [batch[i] for batch in outputs]).relative_l2
                   for i in range(len(reference[0]))]
+    weighed = {"relative_l2_per_output": per_output,
+               "effective_batches_per_output": effective_batches(reference)}
     chosen = extra.get("error_outputs")
     if not chosen:
         return {**agreement([o for batch in reference for o in batch],
-                            [o for batch in outputs for o in batch]).as_dict(),
-                "relative_l2_per_output": per_output}
+                            [o for batch in outputs for o in batch]).as_dict(), **weighed}
     own = [i for i in range(len(reference[0])) if i not in chosen]
     every = agreement([batch[i] for batch in reference for i in own],
                       [batch[i] for batch in outputs for i in own]).as_dict()
@@ -158,10 +159,24 @@ def output_agreement(reference: list, outputs: list, extra: dict) -> dict:
             for i in chosen]
     return {"relative_l2": max(a.relative_l2 for a in each),
             "max_abs": max(a.max_abs for a in each), "cosine": min(a.cosine for a in each),
-            "relative_l2_each": [a.relative_l2 for a in each],
-            "relative_l2_per_output": per_output,
+            "relative_l2_each": [a.relative_l2 for a in each], **weighed,
             "nonfinite": every["nonfinite"] + sum(a.nonfinite for a in each),
             **{f"output_{key}": value for key, value in every.items() if key != "nonfinite"}}
+
+
+def effective_batches(reference: list) -> list:
+    """Per output, how many batches its relative L2 error is really measured on: a batch
+    weighs in by its squared norm in ``reference`` (per-batch output lists), so a probability
+    output that is large on one input is decided by that input. Kish's effective sample size,
+    ``(sum w)**2 / sum w**2`` over the batches' squared norms ``w``: the batch count when all
+    weigh the same, 1 when one decides alone."""
+    counts = []
+    for i in range(len(reference[0])):
+        weights = np.array([float(np.sum(np.square(np.asarray(batch[i], np.float64))))
+                            for batch in reference])
+        squares = float(np.sum(weights ** 2))
+        counts.append(float(np.sum(weights) ** 2 / squares) if squares > 0 else 0.0)
+    return counts
 
 
 #: The target whose defaults relay_amp converts for: the output a GPU user gets (it runs on the
@@ -813,15 +828,24 @@ def per_output_ratios(ours: dict, theirs: dict) -> list:
 
 def per_output_lines(both: list) -> list:
     """The summary's per-output criterion: relay_amp float16 error ≤ 1.1 × the built-in's on
-    every output of every model where both ran (not only the model's aggregate)."""
-    ratios = [(ratio, name, i) for name, ours, theirs in both
-              for i, ratio in per_output_ratios(ours, theirs)]
+    every output of every model where both ran (not only the model's aggregate). Each output
+    above names how many batches its figure is measured on (:func:`effective_batches`)."""
+    ratios = [(ratio, name, i, ours.get("effective_batches_per_output"))
+              for name, ours, theirs in both for i, ratio in per_output_ratios(ours, theirs)]
     if not ratios:
         return []
-    largest, name, index = max(ratios)
-    return [f"per output: relay_amp float16 error ÷ built-in's above 1.1 on "
-            f"{sum(r > 1.1 for r, _, _ in ratios)} of {len(ratios)} outputs; largest "
-            f"{largest:.3g} ({name} output {index})"]
+
+    def named(name, index, counts) -> str:
+        weighed = (f", {counts[index]:.1f} effective batches"
+                   if counts and index < len(counts) else "")
+        return f"{name} output {index}{weighed}"
+
+    above = [named(name, i, counts) for ratio, name, i, counts in sorted(ratios, reverse=True)
+             if ratio > 1.1]
+    largest, name, index, counts = max(ratios, key=lambda r: r[0])
+    return [f"per output: relay_amp float16 error ÷ built-in's above 1.1 on {len(above)} of "
+            f"{len(ratios)} outputs" + (f" ({'; '.join(above)})" if above else "")
+            + f"; largest {largest:.3g} ({named(name, index, counts)})"]
 
 
 def batch_counts(results: dict) -> dict:

@@ -274,7 +274,7 @@ def test_error_measured_on_the_named_outputs_and_every_output_kept():
     swapped = [[np.array([2.0, 1.0]), np.array([3.0, 4.4])]]  # detections swap; inputs move
     every = sweep.output_agreement(reference, swapped, {})
     assert set(every) == {"relative_l2", "max_abs", "cosine", "nonfinite",
-                          "relative_l2_per_output"}
+                          "relative_l2_per_output", "effective_batches_per_output"}
     assert every["relative_l2_per_output"] == [pytest.approx(np.sqrt(2 / 5)),
                                                pytest.approx(0.4 / 5.0)]
     named = sweep.output_agreement(reference, swapped, {"error_outputs": [1]})
@@ -344,6 +344,24 @@ def test_photo_pixels_keep_the_default_draw_and_give_distinct_images():
         assert pixels.shape == (count, height, width, 3) and pixels.dtype == np.uint8
         assert np.array_equal(pixels[:7], photo_pixels(7, height, width))  # first batches kept
         assert len({image.tobytes() for image in pixels}) == count
+
+
+def test_photo_pixels_stay_distinct_past_two_passes():
+    """Past the photos and their mirror images, windows of the photos: no image repeats (a
+    measurement on 32 batches is not one on 18 images seen twice)."""
+    from relay_amp.eval.data import photo_list
+    from relay_amp.eval.models import photo_pixels, photo_window
+
+    photos = len({(p.shape, p.tobytes()) for p in photo_list()})
+    pixels = photo_pixels(6 * photos, 24, 32, distinct=True)
+    assert len({image.tobytes() for image in pixels}) == 6 * photos
+    assert np.array_equal(pixels[:2 * photos], photo_pixels(2 * photos, 24, 32, distinct=True))
+    photo = np.arange(40 * 60 * 3, dtype=np.uint8).reshape(40, 60, 3)
+    windows = [photo_window(photo, i) for i in range(50)]
+    assert all(w.shape[0] == w.shape[1] and 16 <= w.shape[0] <= 38 for w in windows)
+    assert len({(w.shape, w.tobytes()) for w in windows}) == 50
+    with pytest.raises(ValueError, match="non-negative"):
+        photo_window(photo, -1)
 
 
 def _tiny_loaded(count):

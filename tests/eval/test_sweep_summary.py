@@ -35,5 +35,23 @@ def test_the_summary_states_the_per_output_criterion():
     line = next(text for text in lines if text.startswith("per output:"))
     # a: 0.5 and 2.0; b: 0.5 (its exact output left out); c: infinite (the built-in is exact)
     assert line == ("per output: relay_amp float16 error ÷ built-in's above 1.1 on 2 of 4 "
-                    "outputs; largest inf (c output 0)")
+                    "outputs (c output 0; a output 1); largest inf (c output 0)")
     assert sweep.per_output_ratios({"relative_l2_per_output": [1.0]}, {}) == []
+
+
+def test_effective_batches_say_how_many_inputs_decide_an_output():
+    """A probability that is large on one input is measured on that input, whatever the batch
+    count; an output of the same size everywhere on every batch."""
+    even = [[np.ones((2, 3), "float32"), np.array([[0.001]], "float32")] for _ in range(8)]
+    even[5][1] = np.array([[0.5]], "float32")
+    counts = sweep.effective_batches(even)
+    assert counts[0] == pytest.approx(8.0)
+    assert counts[1] == pytest.approx(1.0, abs=1e-3)
+    row = sweep.output_agreement(even, even, {})
+    assert row["effective_batches_per_output"] == counts
+    model = _model([1e-3, 3e-3], [1e-3, 1e-3])
+    model["variants"]["relay_amp:float16"]["effective_batches_per_output"] = counts
+    line = next(text for text in sweep.summary_lines({"models": {"m": model}})
+                if text.startswith("per output:"))
+    assert line.endswith("above 1.1 on 1 of 2 outputs (m output 1, 1.0 effective batches); "
+                         "largest 3 (m output 1, 1.0 effective batches)")
