@@ -179,6 +179,29 @@ def effective_batches(reference: list) -> list:
     return counts
 
 
+def ratio_interval(reference: list, ours: list, theirs: list, index: int, draws: int = 2000,
+                   coverage: float = 0.9, seed: int = 0) -> tuple:
+    """Output ``index``'s relative L2 error in ``ours`` ÷ that in ``theirs`` (per-batch output
+    lists against ``reference``), and a paired bootstrap interval of it: the batches drawn
+    with replacement ``draws`` times, the same draw for both. Returns ``(ratio, low, high)``
+    with ``coverage`` of the draws between ``low`` and ``high``; an interval that spans 1.1
+    says the batches do not decide the per-output criterion."""
+    def squared(outputs) -> np.ndarray:
+        return np.array([float(np.sum(np.square(np.asarray(o[index], np.float64)
+                                                  - np.asarray(r[index], np.float64))))
+                         for o, r in zip(outputs, reference)])
+
+    mine, base = squared(ours), squared(theirs)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(reference), (draws, len(reference)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.sqrt(mine[picks].sum(1) / base[picks].sum(1))
+        ratio = float(np.sqrt(mine.sum() / base.sum()))
+    tail = (1 - coverage) / 2 * 100
+    low, high = np.nanpercentile(ratios, [tail, 100 - tail])
+    return ratio, float(low), float(high)
+
+
 #: The target whose defaults relay_amp converts for: the output a GPU user gets (it runs on the
 #: CPU here; the target only sets the conversion's defaults).
 DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}

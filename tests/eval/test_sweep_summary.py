@@ -55,3 +55,15 @@ def test_effective_batches_say_how_many_inputs_decide_an_output():
                 if text.startswith("per output:"))
     assert line.endswith("above 1.1 on 1 of 2 outputs (m output 1, 1.0 effective batches); "
                          "largest 3 (m output 1, 1.0 effective batches)")
+
+
+def test_the_ratio_interval_is_paired_and_narrows_with_inputs():
+    rng = np.random.default_rng(3)
+    reference = [[rng.normal(size=(1, 8))] for _ in range(200)]
+    ours = [[r[0] + rng.normal(scale=1e-3, size=(1, 8))] for r in reference]
+    theirs = [[r[0] + rng.normal(scale=2e-3, size=(1, 8))] for r in reference]
+    ratio, low, high = sweep.ratio_interval(reference, ours, theirs, 0)
+    assert 0.45 < low < ratio < high < 0.55
+    few, few_low, few_high = sweep.ratio_interval(reference[:5], ours[:5], theirs[:5], 0)
+    assert few_high - few_low > high - low
+    assert sweep.ratio_interval(reference, theirs, theirs, 0) == (1.0, 1.0, 1.0)
