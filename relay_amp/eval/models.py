@@ -202,9 +202,9 @@ def photo_pixels(count: int, height: int, width: int | None = None,
         for photo in photos:
             unique.setdefault((photo.shape, photo.tobytes()), photo)
         photos = list(unique.values())
-    passes = 2 if distinct else None
-    chosen = [photos[i % len(photos)] if passes is None or i < passes * len(photos)
-              else photo_window(photos[i % len(photos)], i // len(photos) - passes)
+    whole = 2 * len(photos) if distinct else count  # the photos, then their mirror images
+    chosen = [photos[i % len(photos)] if i < whole
+              else photo_window(photos[i % len(photos)], (i - whole) // len(photos))
               for i in range(count)]
     side = max(height, width)
     pixels = next(iter(ImageBatches(chosen, side, batch_size=count, layout="NHWC")))
@@ -666,5 +666,4 @@ def _load_transformer(spec: ModelSpec, workdir: str, batches: int | None = None)
 __all__ = ["ModelSpec", "LoadedModel", "REGISTRY", "DEFAULT_MODELS", "get_spec", "load",
            "import_onnx", "import_repaired", "gluon_to_onnx", "import_gluoncv",
            "detection_output_order", "split_image_batches", "photo_pixels", "photo_window",
-           "mirror_repeats",
-           "REPAIRED_TASKS", "IMAGENET_MEAN", "IMAGENET_STD"]
+           "mirror_repeats", "REPAIRED_TASKS", "IMAGENET_MEAN", "IMAGENET_STD"]
