@@ -172,11 +172,15 @@ def effective_batches(reference: list) -> list:
     weigh the same, 1 when one decides alone."""
     counts = []
     for i in range(len(reference[0])):
-        weights = np.array([float(np.sum(np.square(np.asarray(batch[i], np.float64))))
-                            for batch in reference])
+        weights = _sums_of_squares(batch[i] for batch in reference)
         squares = float(np.sum(weights ** 2))
         counts.append(float(np.sum(weights) ** 2 / squares) if squares > 0 else 0.0)
     return counts
+
+
+def _sums_of_squares(arrays) -> np.ndarray:
+    """Each array's sum of squares, in float64."""
+    return np.array([float(np.sum(np.square(np.asarray(a, np.float64)))) for a in arrays])
 
 
 def ratio_interval(reference: list, ours: list, theirs: list, index: int, draws: int = 2000,
@@ -186,12 +190,9 @@ def ratio_interval(reference: list, ours: list, theirs: list, index: int, draws:
     with replacement ``draws`` times, the same draw for both. Returns ``(ratio, low, high)``
     with ``coverage`` of the draws between ``low`` and ``high``; an interval that spans 1.1
     says the batches do not decide the per-output criterion."""
-    def squared(outputs) -> np.ndarray:
-        return np.array([float(np.sum(np.square(np.asarray(o[index], np.float64)
-                                                  - np.asarray(r[index], np.float64))))
-                         for o, r in zip(outputs, reference)])
-
-    mine, base = squared(ours), squared(theirs)
+    mine, base = (_sums_of_squares(np.asarray(o[index], np.float64) - r[index]
+                                   for o, r in zip(outputs, reference))
+                  for outputs in (ours, theirs))
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(reference), (draws, len(reference)))
     with np.errstate(divide="ignore", invalid="ignore"):
