@@ -56,7 +56,7 @@ def _sweep(args) -> int:
         results = sweep.run_sweep(names, dtypes, args.out, args.timeout, args.force,
                                   progress=not args.quiet, calibrated=not args.no_calibration,
                                   target=target, batches=args.batches, jobs=jobs,
-                                  shard=args.shard)
+                                  shard=args.shard, gpu_cost=not args.no_gpu_cost)
     except KeyError as err:
         print(f"relay-amp sweep: {err.args[0]}", file=sys.stderr)
         return 2
@@ -146,6 +146,10 @@ def main(argv=None) -> int:
     sweep.add_argument("--force", action="store_true", help="re-measure finished models")
     sweep.add_argument("--no-calibration", action="store_true",
                        help="convert without calibrated ranges (relay_amp calibrates by default)")
+    sweep.add_argument("--no-gpu-cost", action="store_true",
+                       help="leave out the GPU cost rows (what cuda_pipeline builds; a third to "
+                            "a half of each model's time): for accuracy-only sweeps and CPU "
+                            "targets")
     sweep.add_argument("--target", default=json.dumps(sweep_module.DEFAULT_TARGET),
                        help="the target whose defaults relay_amp converts for, as relay-amp "
                             "convert takes it ('cuda -arch=sm_90', a tag, a JSON dict) or 'none' "

@@ -210,14 +210,17 @@ DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
 
 def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None = None,
                   on_row=None, calibrated: bool = True, target=DEFAULT_TARGET,
-                  batches: int | None = None) -> dict:
+                  batches: int | None = None, gpu_cost: bool = True) -> dict:
     """Measure one model: the float32 baseline and every variant. Never raises.
 
     With ``calibrated``, relay_amp converts with ranges from :func:`relay_amp.calibrate` run on
     the model's own input batches (TVM's built-in pass has no such input). ``target`` sets
     relay_amp's defaults (None: the defaults without a target). ``batches`` asks the loader for
     at least that many input batches (:func:`relay_amp.eval.models.load`; None: its own); the
-    result's ``batches`` is how many were measured, ``batches_requested`` what was asked."""
+    result's ``batches`` is how many were measured, ``batches_requested`` what was asked.
+    ``gpu_cost`` adds the GPU cost rows (:func:`gpu_cost_rows`; without it the row has no
+    ``gpu_cost`` entry: they take a third to a half of a model's time, and an accuracy sweep or
+    one for a CPU target does not read them)."""
     import relay_amp
 
     from .. import execution
@@ -283,8 +286,9 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
             result["notes"].append(f"calibration failed: {_error('run error', err)['message']}")
     result["calibrated"] = calibration is not None
     report(result)
-    gpu_cost_rows(result, loaded, calibration, target, dtypes)
-    report(result)
+    if gpu_cost:
+        gpu_cost_rows(result, loaded, calibration, target, dtypes)
+        report(result)
     for variant in variant_names(dtypes):
         tool, dtype = variant.split(":")
         row: dict = {}
@@ -446,7 +450,8 @@ def gpu_cost_markdown(results: dict, order=None) -> str:
     return "\n".join(lines)
 
 
-def _worker(name, dtypes, path, workdir, calibrated, target, batches=None):  # a child process
+def _worker(name, dtypes, path, workdir, calibrated, target, batches=None,
+            gpu_cost=True):  # a child process
     def save(result):
         result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         with open(path + ".tmp", "w", encoding="utf-8") as handle:
@@ -455,7 +460,7 @@ def _worker(name, dtypes, path, workdir, calibrated, target, batches=None):  # a
 
     try:
         measure_model(name, dtypes, workdir, on_row=save, calibrated=calibrated, target=target,
-                      batches=batches)
+                      batches=batches, gpu_cost=gpu_cost)
     except BaseException:  # pragma: no cover - measure_model catches; this is a last resort
         traceback.print_exc()
         raise
@@ -512,14 +517,15 @@ def _thread_environment(threads: int | None):
 class _Isolated:
     """One model measured in a child process: started, then :meth:`result` once it ended."""
 
-    def __init__(self, name, dtypes, timeout_s, calibrated, target, batches, threads=None):
+    def __init__(self, name, dtypes, timeout_s, calibrated, target, batches, threads=None,
+                 gpu_cost=True):
         self.name, self.dtypes = name, tuple(dtypes)
         self.workdir = tempfile.TemporaryDirectory(prefix="relay_amp_sweep_")
         self.path = os.path.join(self.workdir.name, "result.json")
         context = multiprocessing.get_context("spawn")
         self.process = context.Process(target=_worker,
                                        args=(name, self.dtypes, self.path, self.workdir.name,
-                                             calibrated, target, batches))
+                                             calibrated, target, batches, gpu_cost))
         self.timeout_s = timeout_s
         self.started = time.monotonic()
         with _thread_environment(threads):
@@ -561,15 +567,16 @@ class _Isolated:
 
 
 def measure_isolated(name: str, dtypes, timeout_s: float, calibrated: bool = True,
-                     target=DEFAULT_TARGET, batches: int | None = None) -> dict:
+                     target=DEFAULT_TARGET, batches: int | None = None,
+                     gpu_cost: bool = True) -> dict:
     """:func:`measure_model` in a child process; a timeout or crash marks the missing rows."""
-    child = _Isolated(name, dtypes, timeout_s, calibrated, target, batches)
+    child = _Isolated(name, dtypes, timeout_s, calibrated, target, batches, gpu_cost=gpu_cost)
     child.process.join(timeout_s)
     return child.result()
 
 
 def measure_parallel(names, dtypes, timeout_s: float, jobs: int, calibrated: bool = True,
-                     target=DEFAULT_TARGET, batches: int | None = None):
+                     target=DEFAULT_TARGET, batches: int | None = None, gpu_cost: bool = True):
     """Measure ``names``, ``jobs`` child processes at a time; yields each model's row as its
     child ends, in the order they end.
 
@@ -586,7 +593,7 @@ def measure_parallel(names, dtypes, timeout_s: float, jobs: int, calibrated: boo
     while waiting or running:
         while waiting and len(running) < jobs:
             running.append(_Isolated(waiting.pop(0), dtypes, timeout_s, calibrated, target,
-                                     batches, threads))
+                                     batches, threads, gpu_cost))
         for child in running:
             child.concurrency = max(child.concurrency, len(running))
         now = time.monotonic()
@@ -622,7 +629,7 @@ def code_version() -> str:
 def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_s=900.0,
               force=False, progress=True, calibrated: bool = True,
               target=DEFAULT_TARGET, batches: int | None = None, jobs: int = 1,
-              shard: str | None = None) -> dict:
+              shard: str | None = None, gpu_cost: bool = True) -> dict:
     """Measure ``names`` and write results.json/.csv/.md and error.png into ``out_dir``.
 
     ``batches`` asks every loader for at least that many input batches (None: each loader's
@@ -634,7 +641,8 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
 
     ``jobs`` models are measured at once, each in its own process (:func:`measure_parallel`);
     the outputs are written as each model ends. ``shard`` (``"I/N"``) only labels the results:
-    :func:`relay_amp.eval.shards.shard_names` picks the names."""
+    :func:`relay_amp.eval.shards.shard_names` picks the names. ``gpu_cost`` False leaves out the
+    GPU cost rows (the accuracy columns are the same)."""
     if batches is not None and batches < 1:
         raise ValueError(f"batches must be at least 1; got {batches}")
     for name in names:
@@ -654,13 +662,16 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
                                "agreement with float32, not ImageNet accuracy.",
                        "calibrated": calibrated,
                        "relay_amp_target": target, "batches_requested": batches,
-                       "jobs": jobs, "shard": shard, "code_version": version}
+                       "jobs": jobs, "shard": shard, "code_version": version,
+                       "gpu_cost": gpu_cost}
     todo = [n for n in names
             if force or not _finished(results["models"].get(n), dtypes, target, batches)]
     bar = progress_bar(total=len(todo), desc="sweep", unit="model", disable=not progress)
-    children = (measure_parallel(todo, dtypes, timeout_s, jobs, calibrated, target, batches)
+    children = (measure_parallel(todo, dtypes, timeout_s, jobs, calibrated, target, batches,
+                                 gpu_cost)
                 if jobs > 1 else
-                ((n, measure_isolated(n, dtypes, timeout_s, calibrated, target, batches=batches))
+                ((n, measure_isolated(n, dtypes, timeout_s, calibrated, target, batches=batches,
+                                      gpu_cost=gpu_cost))
                  for n in todo))
     with bar:
         for name, result in children:

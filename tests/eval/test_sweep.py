@@ -394,6 +394,12 @@ def test_measure_model_asks_the_loader_for_batches_and_records_the_count(monkeyp
     default = sweep.measure_model("resnet18_v1", ("float16",), target=None)
     assert asked[-1] == ("resnet18_v1", None)
     assert default["batches"] == 1 and default["batches_requested"] is None
+    assert "fp32" in default["gpu_cost"] and "fp32" in result["gpu_cost"]
+    accuracy_only = sweep.measure_model("resnet18_v1", ("float16",), target=None,
+                                        gpu_cost=False)
+    assert "gpu_cost" not in accuracy_only
+    assert (accuracy_only["variants"]["relay_amp:float16"]["relative_l2"]
+            == default["variants"]["relay_amp:float16"]["relative_l2"])
 
 
 def test_batches_reach_the_child_and_other_counts_are_measured_again(tmp_path, monkeypatch):
@@ -402,11 +408,12 @@ def test_batches_reach_the_child_and_other_counts_are_measured_again(tmp_path, m
     class Context:
         Process = _InProcess
 
-    measured = []
+    measured, costs = [], []
 
     def fake_measure_model(name, dtypes, workdir, on_row=None, calibrated=True, target=None,
-                           batches=None):
+                           batches=None, gpu_cost=True):
         measured.append((name, batches))
+        costs.append(gpu_cost)
         given = max(batches or 0, 24) if name == "ppocrv4_rec" else batches or 1
         result = {"model": name, "task": get_spec(name).task, "notes": [],
                   "fp32": {"status": "ok"}, "batches": given, "batches_requested": batches,
@@ -434,6 +441,10 @@ def test_batches_reach_the_child_and_other_counts_are_measured_again(tmp_path, m
     sweep.run_sweep(["alexnet"], ("float16",), out, progress=False, batches=8)
     sweep.run_sweep(["alexnet"], ("float16",), out, progress=False, batches=8, force=True)
     assert measured[3:] == [("alexnet", 8), ("alexnet", 8)]
+    assert set(costs) == {True}
+    results = sweep.run_sweep(["alexnet"], ("float16",), out, progress=False, batches=8,
+                              force=True, gpu_cost=False)
+    assert costs[-1] is False and results["meta"]["gpu_cost"] is False
     text = open(os.path.join(out, "results.md"), encoding="utf-8").read()
     assert "| latency_ms | batches |" in text
     assert "input batches measured per model (the batches column): 8 on 1, 24 on 1" in text
@@ -457,10 +468,11 @@ def test_rows_without_a_recorded_count_are_measured_again_for_batches():
 def test_sweep_command_threads_batches(monkeypatch, capsys):
     from relay_amp.eval import commands
 
-    calls = []
+    calls, costs = [], []
 
     def fake_run_sweep(names, dtypes, out, timeout, force, **options):
         calls.append((names, force, options["batches"]))
+        costs.append(options["gpu_cost"])
         return {"models": {}}
 
     monkeypatch.setattr(sweep, "run_sweep", fake_run_sweep)
@@ -471,6 +483,8 @@ def test_sweep_command_threads_batches(monkeypatch, capsys):
                                                               None)]
     assert commands.main([*argv, "--batches", "0"]) == 2
     assert "--batches must be at least 1" in capsys.readouterr().err
+    assert commands.main([*argv, "--no-gpu-cost"]) == 0
+    assert costs == [True, True, False]
 
 
 @pytest.mark.zoo
