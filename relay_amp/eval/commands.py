@@ -147,8 +147,8 @@ def main(argv=None) -> int:
     sweep.add_argument("--no-calibration", action="store_true",
                        help="convert without calibrated ranges (relay_amp calibrates by default)")
     sweep.add_argument("--no-gpu-cost", action="store_true",
-                       help="leave out the GPU cost rows (what cuda_pipeline builds; a third to "
-                            "a half of each model's time): for accuracy-only sweeps and CPU "
+                       help="leave out the GPU cost rows (what cuda_pipeline builds; up to 60 "
+                            "%% of a model's time): for accuracy-only sweeps and CPU "
                             "targets")
     sweep.add_argument("--target", default=json.dumps(sweep_module.DEFAULT_TARGET),
                        help="the target whose defaults relay_amp converts for, as relay-amp "
