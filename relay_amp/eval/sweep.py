@@ -219,8 +219,8 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
     at least that many input batches (:func:`relay_amp.eval.models.load`; None: its own); the
     result's ``batches`` is how many were measured, ``batches_requested`` what was asked.
     ``gpu_cost`` adds the GPU cost rows (:func:`gpu_cost_rows`; without it the row has no
-    ``gpu_cost`` entry: they took 4-62 % of a model's time in the 2026-11-25 sweeps, and an accuracy sweep or
-    one for a CPU target does not read them)."""
+    ``gpu_cost`` entry: they took 4-62 % of a model's time in the 2026-11-25 sweeps, and an
+    accuracy sweep or one for a CPU target does not read them)."""
     import relay_amp
 
     from .. import execution
