@@ -159,7 +159,8 @@ def output_agreement(reference: list, outputs: list, extra: dict) -> dict:
             for i in chosen]
     return {"relative_l2": max(a.relative_l2 for a in each),
             "max_abs": max(a.max_abs for a in each), "cosine": min(a.cosine for a in each),
-            "relative_l2_each": [a.relative_l2 for a in each], **weighed,
+            "relative_l2_each": [a.relative_l2 for a in each], "error_outputs": list(chosen),
+            **weighed,
             "nonfinite": every["nonfinite"] + sum(a.nonfinite for a in each),
             **{f"output_{key}": value for key, value in every.items() if key != "nonfinite"}}
 
@@ -850,21 +851,38 @@ def summary_lines(results: dict) -> list[str]:
     return lines
 
 
+def measured_outputs(row: dict) -> list | None:
+    """The outputs whose error a row's figures stand for: a detector's NMS inputs where the
+    loader named them (``error_outputs``; rows measured before it was recorded give their count
+    as ``relative_l2_each``, the last outputs), else None for every output. A detector's own
+    outputs are what NMS selected (class ids, scores and boxes in score order): one near-tied box
+    that swaps places moves their relative L2 by more than any rounding, so detection recall
+    and matched IoU measure them instead."""
+    if "error_outputs" in row:
+        return list(row["error_outputs"])
+    each, every = row.get("relative_l2_each"), row.get("relative_l2_per_output")
+    if each and every:
+        return list(range(len(every) - len(each), len(every)))
+    return None
+
+
 def per_output_ratios(ours: dict, theirs: dict) -> list:
     """relay_amp's error ÷ the built-in's on each output of one model (``relative_l2_per_output``
-    of both rows); an output the built-in gets exact and relay_amp not counts as infinite, one
-    both get exact is left out."""
+    of both rows) whose error the rows measure (:func:`measured_outputs`); an output the
+    built-in gets exact and relay_amp not counts as infinite, one both get exact is left out."""
     mine, base = ours.get("relative_l2_per_output"), theirs.get("relative_l2_per_output")
     if not mine or not base or len(mine) != len(base):
         return []
+    chosen = measured_outputs(ours)
     return [(i, a / b if b else float("inf")) for i, (a, b) in enumerate(zip(mine, base))
-            if a or b]
+            if (a or b) and (chosen is None or i in chosen)]
 
 
 def per_output_lines(both: list) -> list:
     """The summary's per-output criterion: relay_amp float16 error ≤ 1.1 × the built-in's on
-    every output of every model where both ran (not only the model's aggregate). Each output
-    above names how many batches its figure is measured on (:func:`effective_batches`)."""
+    every output of every model where both ran (not only the model's aggregate), a detector's
+    on what its NMS reads (:func:`measured_outputs`). Each output above names how many batches
+    its figure is measured on (:func:`effective_batches`)."""
     ratios = [(ratio, name, i, ours.get("effective_batches_per_output"))
               for name, ours, theirs in both for i, ratio in per_output_ratios(ours, theirs)]
     if not ratios:
@@ -878,8 +896,14 @@ def per_output_lines(both: list) -> list:
     above = [named(name, i, counts) for ratio, name, i, counts in sorted(ratios, reverse=True)
              if ratio > 1.1]
     largest, name, index, counts = max(ratios, key=lambda r: r[0])
+    selected = [(name, len(ours["relative_l2_per_output"]) - len(measured_outputs(ours)))
+                for name, ours, _ in both
+                if ours.get("relative_l2_per_output") and measured_outputs(ours) is not None]
+    detectors = (f" (of {len(selected)} detectors, what NMS reads; their "
+                 f"{sum(count for _, count in selected)} outputs after NMS are measured by "
+                 "detection recall and IoU)" if selected else "")
     return [f"per output: relay_amp float16 error ÷ built-in's above 1.1 on {len(above)} of "
-            f"{len(ratios)} outputs" + (f" ({'; '.join(above)})" if above else "")
+            f"{len(ratios)} outputs{detectors}" + (f" ({'; '.join(above)})" if above else "")
             + f"; largest {largest:.3g} ({named(name, index, counts)})"]
 
 

@@ -67,3 +67,29 @@ def test_the_ratio_interval_is_paired_and_narrows_with_inputs():
     few, few_low, few_high = sweep.ratio_interval(reference[:5], ours[:5], theirs[:5], 0)
     assert few_high - few_low > high - low
     assert sweep.ratio_interval(reference, theirs, theirs, 0) == (1.0, 1.0, 1.0)
+
+
+def test_a_detector_is_held_to_the_criterion_on_what_its_nms_reads():
+    """Outputs 0-1 are what NMS selected (a swapped near-tie moves them by more than any
+    rounding): left to recall and IoU. Outputs 2-3 are what NMS reads: held to 1.1 ×."""
+    reference = [[np.array([1.0, 2.0]), np.array([0.9, 0.8]), np.array([10.0, 20.0]),
+                  np.array([0.9, 0.8])]]
+    ours = [[np.array([2.0, 1.0]), np.array([0.8, 0.9]), np.array([10.0, 20.1]),
+             np.array([0.9, 0.81])]]
+    theirs = [[np.array([1.0, 2.0]), np.array([0.9, 0.8]), np.array([10.0, 20.2]),
+               np.array([0.9, 0.805])]]
+    rows = [sweep.output_agreement(reference, out, {"error_outputs": [2, 3]})
+            for out in (ours, theirs)]
+    assert rows[0]["error_outputs"] == [2, 3]
+    assert [i for i, _ in sweep.per_output_ratios(*rows)] == [2, 3]
+    assert sweep.per_output_ratios(*rows)[1][1] == pytest.approx(2.0)
+    model = {"fp32": {"status": "ok"}, "variants": {
+        "relay_amp:float16": {"status": "ok", **rows[0]},
+        "tvm:float16": {"status": "ok", **rows[1]}}}
+    line = next(text for text in sweep.summary_lines({"models": {"det": model}})
+                if text.startswith("per output:"))
+    assert "above 1.1 on 1 of 2 outputs (of 1 detectors, what NMS reads; their 2 outputs " \
+           "after NMS are measured by detection recall and IoU) (det output 3" in line
+    older = {key: value for key, value in rows[0].items() if key != "error_outputs"}
+    assert sweep.measured_outputs(older) == [2, 3]  # a row measured before it was recorded
+    assert sweep.measured_outputs({"relative_l2_per_output": [0.1]}) is None
