@@ -161,7 +161,7 @@ def test_one_model_sweep_end_to_end(tmp_path):
 def test_force_measures_the_named_models_again_and_keeps_every_other_row(tmp_path, monkeypatch):
     measured = []
 
-    def fake_measure(name, dtypes, timeout_s, calibrated, target, batches=None):
+    def fake_measure(name, dtypes, timeout_s, calibrated, target, batches=None, gpu_cost=True):
         measured.append(name)
         return {"model": name,
                 "fp32": {"status": "import error", "message": f"run {len(measured)}"},
@@ -180,7 +180,7 @@ def test_force_measures_the_named_models_again_and_keeps_every_other_row(tmp_pat
 def test_rows_measured_for_another_target_are_measured_again(tmp_path, monkeypatch):
     measured = []
 
-    def fake_measure(name, dtypes, timeout_s, calibrated, target, batches=None):
+    def fake_measure(name, dtypes, timeout_s, calibrated, target, batches=None, gpu_cost=True):
         measured.append((name, None if target is None else target["kind"]))
         return {"model": name, "fp32": {"status": "import error", "message": "x"},
                 "variants": {}}
