@@ -896,12 +896,12 @@ def per_output_lines(both: list) -> list:
     above = [named(name, i, counts) for ratio, name, i, counts in sorted(ratios, reverse=True)
              if ratio > 1.1]
     largest, name, index, counts = max(ratios, key=lambda r: r[0])
-    selected = [(name, len(ours["relative_l2_per_output"]) - len(measured_outputs(ours)))
-                for name, ours, _ in both
-                if ours.get("relative_l2_per_output") and measured_outputs(ours) is not None]
-    detectors = (f" (of {len(selected)} detectors, what NMS reads; their "
-                 f"{sum(count for _, count in selected)} outputs after NMS are measured by "
-                 "detection recall and IoU)" if selected else "")
+    after_nms = [len(ours["relative_l2_per_output"]) - len(chosen) for _, ours, _ in both
+                 if ours.get("relative_l2_per_output")
+                 and (chosen := measured_outputs(ours)) is not None]
+    detectors = (f" (of {len(after_nms)} detectors, what NMS reads; their {sum(after_nms)} "
+                 "outputs after NMS are measured by detection recall and IoU)"
+                 if after_nms else "")
     return [f"per output: relay_amp float16 error ÷ built-in's above 1.1 on {len(above)} of "
             f"{len(ratios)} outputs{detectors}" + (f" ({'; '.join(above)})" if above else "")
             + f"; largest {largest:.3g} ({named(name, index, counts)})"]
