@@ -666,7 +666,8 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
                        "jobs": jobs, "shard": shard, "code_version": version,
                        "gpu_cost": gpu_cost}
     todo = [n for n in names
-            if force or not _finished(results["models"].get(n), dtypes, target, batches)]
+            if force or not _finished(results["models"].get(n), dtypes, target, batches,
+                                      gpu_cost)]
     bar = progress_bar(total=len(todo), desc="sweep", unit="model", disable=not progress)
     children = (measure_parallel(todo, dtypes, timeout_s, jobs, calibrated, target, batches,
                                  gpu_cost)
@@ -713,7 +714,7 @@ def same_batches(result: dict, batches: int | None) -> bool:
     return (result.get("batches") or 0) >= batches
 
 
-def _finished(result, dtypes, target=DEFAULT_TARGET, batches=None) -> bool:
+def _finished(result, dtypes, target=DEFAULT_TARGET, batches=None, gpu_cost=False) -> bool:
     if result and result.get("relay_amp_target", None) != target:
         return False  # measured for another target's defaults
     if result and not same_batches(result, batches):
@@ -722,6 +723,8 @@ def _finished(result, dtypes, target=DEFAULT_TARGET, batches=None) -> bool:
         return False
     if result["fp32"]["status"] != "ok":
         return True
+    if gpu_cost and "gpu_cost" not in result:
+        return False  # measured with --no-gpu-cost; this sweep wants the cost rows
     return all(v in result["variants"] for v in variant_names(dtypes))
 
 

@@ -418,7 +418,8 @@ def test_batches_reach_the_child_and_other_counts_are_measured_again(tmp_path, m
         result = {"model": name, "task": get_spec(name).task, "notes": [],
                   "fp32": {"status": "ok"}, "batches": given, "batches_requested": batches,
                   "variants": {"relay_amp:float16": {"status": "ok", "relative_l2": 1e-3},
-                               "tvm:float16": {"status": "ok", "relative_l2": 2e-3}}}
+                               "tvm:float16": {"status": "ok", "relative_l2": 2e-3}},
+                  **({"gpu_cost": {}} if gpu_cost else {})}
         on_row(result)
         return result
 
@@ -445,6 +446,10 @@ def test_batches_reach_the_child_and_other_counts_are_measured_again(tmp_path, m
     results = sweep.run_sweep(["alexnet"], ("float16",), out, progress=False, batches=8,
                               force=True, gpu_cost=False)
     assert costs[-1] is False and results["meta"]["gpu_cost"] is False
+    sweep.run_sweep(["alexnet"], ("float16",), out, progress=False, batches=8, gpu_cost=False)
+    assert len(costs) == 6  # an accuracy-only resume keeps the row
+    sweep.run_sweep(["alexnet"], ("float16",), out, progress=False, batches=8)
+    assert costs[6:] == [True]  # a row without cost rows is measured again when they are wanted
     text = open(os.path.join(out, "results.md"), encoding="utf-8").read()
     assert "| latency_ms | batches |" in text
     assert "input batches measured per model (the batches column): 8 on 1, 24 on 1" in text
