@@ -70,7 +70,8 @@ class KernelEmitter:
                                output: bool, add_op: str = "add"):
         """``op`` on the sum of ``operands`` (the absorbed ``add_op``, a ``residual_add`` of the
         op registry), formed in float32 in the same kernel; ``args`` are the op's other operands
-        (``args[0]`` is the add)."""
+        (``args[0]`` is the add). None (and :attr:`not_emitted`) if TVM's legalization does not
+        make one: the caller then forms the sum as a kernel of its own."""
         from tvm import topi
 
         def widened_sum(*tensors):
@@ -80,15 +81,9 @@ class KernelEmitter:
             return total
 
         low = self.low
-        kernel = self._attempt("absorbing", op, lambda: self._emit_legalized(
+        return self._attempt("absorbing", op, lambda: self._emit_legalized(
             op, call, args, lambda index, tensor: "float32" if str(tensor.dtype) == low else None,
             name, output, out_dtype, prologue=(0, widened_sum, operands)))
-        if kernel is None:  # the add as its own kernel, then the op
-            widened = [self.casts.cast(o, "float32") for o in operands]
-            total = self.casts.emit_named(getattr(relax.op, add_op)(*widened), f"{name}_sum",
-                                          False)
-            return self.emit_mixed(op, call, [total, *args[1:]], out_dtype, name, output)
-        return kernel
 
     def emit_narrowing(self, op: str, call, attrs, args, narrowed, name: str,
                                output: bool):

@@ -109,6 +109,10 @@ TEXT = {
                                "kernel"),
     "absorbing_kernel": (None, "one kernel (mixed_kernels): adds {operands} in float32 "
                                "registers, computes float32, writes {writes}"),
+    "absorbing_not_emitted": (None, "no absorbing kernel: {why}, so {add} is a float32 kernel "
+                                    "of its own"),
+    "add_not_absorbed": (None, "computed in float32 as a kernel of its own: the normalization's "
+                               "kernel cannot form it ({why})"),
     "mixed_kernel": (None, "one kernel (mixed_kernels): reads {reads}, computes float32, "
                            "writes {writes}"),
     "rejected_by_tvm": ("kept", "{op} rejects {dtype} operands ({message})"),

@@ -275,12 +275,17 @@ class MixedPrecisionRewriter(PyExprMutator):
             out_dtype = self._mixed_out_dtype(var, output)
             kernel = self.emitter.emit_absorbing(plan.op, call, new_args, operands, out_dtype,
                                                  var.name, output, add_op=add_plan.op)
-            plan = plan.adding(Reason.of(
-                "absorbing_kernel", operands=" + ".join(o.name for o in operands),
-                writes=" and ".join(as_tuple(out_dtype))))
-            self._record(absorbed, add_call, kernel, operands, add_plan)
-            self._record(var, call, kernel, new_args[1:], plan)
-            return kernel
+            if kernel is not None:
+                plan = plan.adding(Reason.of(
+                    "absorbing_kernel", operands=" + ".join(o.name for o in operands),
+                    writes=" and ".join(as_tuple(out_dtype))))
+                self._record(absorbed, add_call, kernel, operands, add_plan)
+                self._record(var, call, kernel, new_args[1:], plan)
+                return kernel
+            why = self.emitter.not_emitted.values["why"]
+            plan = plan.adding(Reason.of("absorbing_not_emitted", add=absorbed.name, why=why))
+            new_args = [self._own_add_kernel(absorbed, add_call, add_plan, operands, why),
+                        *new_args[1:]]
         if plan.mixed:
             out_dtype = self._mixed_out_dtype(var, output)
             mixed = self.emitter.emit_mixed(plan.op, call, new_args, out_dtype, var.name, output)
@@ -389,6 +394,17 @@ class MixedPrecisionRewriter(PyExprMutator):
         if low in demand and not output and var in self.plan.residuals:
             return ("float32", low)
         return "float32"
+
+    def _own_add_kernel(self, add, call, plan: BindingPlan, operands, why: str):
+        """The absorbed residual ``add`` as a float32 kernel of its own, when the kernel that
+        was to form it is refused; its report row says so instead of naming that kernel."""
+        widened = [self.casts.cast(o, "float32") for o in operands]
+        total = self.casts.emit_named(Call(call.op, widened, call.attrs, call.ty_args, call.span),
+                                      add.name, False)
+        kept = tuple(r for r in plan.reasons if r.code != "absorbed_add")
+        plan = dataclasses.replace(plan, reasons=(*kept, Reason.of("add_not_absorbed", why=why)))
+        self._record(add, call, total, operands, plan)
+        return total
 
     def _absorbed_operands(self, add):
         """The operands of an absorbed residual add as its normalization's kernel reads them:
