@@ -9,14 +9,11 @@ evaluation harness (model-zoo sweep, benchmarks, conformance, fuzzing, GPU bundl
 ``relay-amp`` command) is :mod:`relay_amp.eval`, which imports the pass and never the reverse.
 """
 
-from . import codegen
+from .builds import DecomposeAttention, GpuCost, codegen, cpu_pipeline, cuda_pipeline, gpu_cost
 from .calibrate import Calibration, calibrate
-from .cpu_pipeline import cpu_pipeline
 from .execution import Agreement, agreement, compile_module, host_target, run
 from .fallback import auto_mixed_precision, bisect_fallback
-from .gpu_cost import GpuCost, gpu_cost
 from .op_registry import Category
-from .pipeline import DecomposeAttention, cuda_pipeline
 from .policy import Policy, amp_config, current_policy
 from .report import BindingRecord, Report
 from .targets import TargetCaps, UnsupportedDtypeError, target_caps
@@ -25,8 +22,8 @@ from .transform import ToMixedPrecision, convert
 __version__ = "0.1.0"
 
 # Importing relay_amp registers no TVM callback: relay_amp's CUDA builds (cuda_pipeline,
-# pipeline.build) turn on relay_amp.codegen.cuda's source hook; tvm.compile users call
-# relay_amp.codegen.cuda.enable().
+# builds.build) turn on relay_amp.builds.codegen.cuda's source hook; tvm.compile users call
+# relay_amp.codegen.cuda.enable() (relay_amp.codegen is relay_amp.builds.codegen).
 
 __all__ = [
     "ToMixedPrecision", "convert", "Report", "BindingRecord", "Policy", "Category",

@@ -66,6 +66,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .builds.tensor_cores import tensor_core_note
 from .calibrate import Calibration
 from .casts import Constants
 from .dtypes import check_low_precision_dtype, is_floating
@@ -81,7 +82,6 @@ from .report import Report, ReportBuilder
 from .rewriter import MixedPrecisionRewriter
 from .signature import function_signature
 from .targets import as_target, kernel_settings, target_caps, target_rule
-from .tensor_cores import tensor_core_note
 
 
 def resolve_policy(dtype=None, policy=None, **policy_kwargs) -> Policy:

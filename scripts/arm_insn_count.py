@@ -40,8 +40,8 @@ def build(loaded, variant: str, workdir: str) -> str:
     import tvm
 
     import relay_amp
+    from relay_amp.builds.remote import export_for
     from relay_amp.eval.arm_emulator import TARGET_BF16, TARGET_FP16, TARGET_FP32
-    from relay_amp.remote import export_for
 
     dtype, accumulation, schedules = VARIANTS[variant]
     target = {"float32": TARGET_FP32, "float16": TARGET_FP16, "bfloat16": TARGET_BF16}[dtype]

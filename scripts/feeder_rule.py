@@ -28,8 +28,8 @@ def measure(name: str) -> dict:
 
     import relay_amp
     from relay_amp import plan
+    from relay_amp.builds.gpu_cost import gpu_cost, symbolic_sizes
     from relay_amp.eval import models
-    from relay_amp.gpu_cost import gpu_cost, symbolic_sizes
 
     loaded = models.load(name)
     mod = loaded.mod

@@ -287,10 +287,10 @@ def _stage(desc: str, progress: bool):
 
 def _cross_compiler(target: dict):
     """``(fcompile or None, library file name, note)`` for exporting an llvm target: the
-    compiler :func:`relay_amp.remote.cross_compiler_for` finds, else the object files."""
+    compiler :func:`relay_amp.builds.remote.cross_compiler_for` finds, else the object files."""
     from tvm.support import cc
 
-    from ..remote import cross_compiler_name, target_triple
+    from ..builds.remote import cross_compiler_name, target_triple
 
     if target.get("kind") != "llvm" or not target.get("mtriple"):
         return None, "model.so", None
@@ -311,10 +311,10 @@ def _cross_compiler(target: dict):
 def _build(mod, target: dict, folder: str, timings: dict):
     """Compile for ``target`` and export; returns ``(executable, library file name, note)``.
     ``timings`` gets the seconds of the build's stages (``build_relax_passes_s``,
-    ``build_tir_passes_s``, ``build_codegen_s``: :func:`relay_amp.pipeline.build`) and of the
+    ``build_tir_passes_s``, ``build_codegen_s``: :func:`relay_amp.builds.pipeline.build`) and of the
     export (``build_export_s``)."""
 
-    from ..pipeline import build
+    from ..builds.pipeline import build
 
     stages: dict = {}
     executable = build(mod, target, timings=stages)

@@ -6,7 +6,7 @@ that server under ``qemu-aarch64-static`` on a free loopback port and connects t
 ``tvm.rpc.connect``, the call a user makes for a real board:
 
 >>> with ArmEmulator() as emulator:                                    # doctest: +SKIP
-...     outputs = emulator.run("model.so", [x])     # relay_amp.remote.run_remote over RPC
+...     outputs = emulator.run("model.so", [x])     # relay_amp.builds.remote.run_remote over RPC
 
 A run whose code the emulated CPU cannot execute (``-cpu cortex-a53`` has no FP16 arithmetic)
 raises :class:`EmulatorError` naming the signal; a run that hangs ends at the session timeout.
@@ -32,7 +32,7 @@ import numpy as np
 import tvm
 import tvm.rpc
 
-from .. import remote
+from ..builds import remote
 
 #: Where ``scripts/arm/setup_emulator.sh`` puts the wheels and the server (``RELAY_AMP_ARM_DIR``
 #: overrides it; the script's ``ARM_DIR``).
@@ -180,7 +180,7 @@ class ArmEmulator:
             inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
             func: str = "main", repeat: int = 1) -> list[np.ndarray]:
         """Upload a library, run ``func`` on the emulated CPU (``repeat`` times), return the
-        outputs (:func:`relay_amp.remote.run_remote` in a new session).
+        outputs (:func:`relay_amp.builds.remote.run_remote` in a new session).
 
         Raises
         ------

@@ -479,7 +479,7 @@ def gpu_cost_benchmark(names=GPU_COST_MODELS, target=GPU_COST_TARGET,
     """Kernels and bytes at kernel boundaries after TVM's CUDA legalize-and-fuse passes, for
     float32, each variant of :data:`GPU_COST_VARIANTS`, and the ideal (float32's kernels with
     every float tensor at 2 bytes)."""
-    from ..gpu_cost import gpu_cost
+    from ..builds.gpu_cost import gpu_cost
 
     rows = []
     for name in progress_bar(names, desc="gpu cost", unit="model", disable=not progress):

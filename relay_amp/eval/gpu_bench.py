@@ -19,7 +19,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..pipeline import build as compile_module
+from ..builds.pipeline import build as compile_module
 from .bundle_runner import make_weights
 
 VARIANTS = ("fp32", "relay_amp:float16", "relay_amp:bfloat16", "tvm:float16")
@@ -145,7 +145,7 @@ def weight_shapes(model: BenchModel) -> dict:
 def check_tensorize() -> None:
     """Raise RuntimeError unless ``Schedule.tensorize`` works in this TVM (run in a child
     process, since the broken case is a segfault; with this relay_amp's loader of TVM's
-    intrinsics, :func:`relay_amp.tensor_cores.cuda_intrinsics`)."""
+    intrinsics, :func:`relay_amp.builds.tensor_cores.cuda_intrinsics`)."""
     import os
     import subprocess
     import sys
@@ -153,7 +153,7 @@ def check_tensorize() -> None:
     import relay_amp
 
     code = ("import tvm\nfrom tvm import te\n"
-            "from relay_amp.tensor_cores import cuda_intrinsics\ncuda_intrinsics()\n"
+            "from relay_amp.builds.tensor_cores import cuda_intrinsics\ncuda_intrinsics()\n"
             "from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization\n"
             "a = te.placeholder((128, 128), 'float16')\nb = te.placeholder((128, 128), 'float16')\n"
             "k = te.reduce_axis((0, 128))\n"

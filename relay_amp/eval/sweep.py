@@ -357,7 +357,7 @@ def gpu_cost_rows(result: dict, loaded, calibration, target, dtypes) -> None:
     ``error`` there."""
     import relay_amp
 
-    from ..gpu_cost import gpu_cost, symbolic_sizes
+    from ..builds.gpu_cost import gpu_cost, symbolic_sizes
     from .stats import builtin_convert
 
     cuda = target if target and target.get("kind") == "cuda" else GPU_COST_TARGET

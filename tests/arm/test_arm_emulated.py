@@ -1,6 +1,6 @@
 """Converted modules compiled for aarch64 run on an emulated aarch64 CPU through TVM's RPC, the
-way a user runs them on a board (``relay_amp.remote``: export with the cross compiler, upload,
-``load_module``, the Relax VM on the session's CPU).
+way a user runs them on a board (``relay_amp.builds.remote``: export with the cross compiler,
+upload, ``load_module``, the Relax VM on the session's CPU).
 
 Needs ``bash scripts/arm/setup_emulator.sh`` (QEMU user mode, the aarch64 cross compiler, the
 RPC server): without it these tests skip, unless ``RELAY_AMP_ARM_REQUIRED=1`` (CI's arm step)
@@ -14,7 +14,7 @@ import tvm
 from tvm import relax
 
 import relay_amp
-from relay_amp import remote
+from relay_amp.builds import remote
 from relay_amp.eval.arm_emulator import (
     TARGET_BF16,
     TARGET_FP16,

@@ -13,7 +13,7 @@ import tvm
 from tvm import relax
 
 import relay_amp
-from relay_amp import remote
+from relay_amp.builds import remote
 from relay_amp.eval import arm_emulator
 from relay_amp.eval.arm_emulator import (
     TARGET_BF16,

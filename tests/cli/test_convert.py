@@ -703,10 +703,10 @@ def test_input_specs_and_normalization():
 
 def test_an_aarch64_library_is_linked_with_the_cross_compiler_found_or_left_as_objects(
         monkeypatch):
-    """The command links through ``relay_amp.remote``'s compiler search: with
+    """The command links through ``relay_amp.builds.remote``'s compiler search: with
     ``aarch64-linux-gnu-g++`` on PATH a ``model.so``; with none, ``model.tar`` and a note that
     says how to link it on the board."""
-    from relay_amp import remote
+    from relay_amp.builds import remote
 
     target = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+fullfp16"]}
     monkeypatch.setattr(remote.shutil, "which", lambda name: f"/usr/bin/{name}")

@@ -273,8 +273,8 @@ def exported_like():
 
 
 def test_lifted_weights_give_the_outputs_of_the_constants_and_fold_like_them():
+    from relay_amp.builds.pipeline import build  # noqa: PLC0415
     from relay_amp.eval import bundle_zoo  # noqa: PLC0415
-    from relay_amp.pipeline import build  # noqa: PLC0415
 
     model, table, tvm = exported_like()
     mod, params, embedded = bundle_zoo.lift_weights(model.mod, model.weight_table)

@@ -10,9 +10,9 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
+from relay_amp.builds.gpu_cost import gpu_cost, lower_for_cuda
 from relay_amp.dtypes import numpy_dtype
 from relay_amp.eval import gpu_bench, transformer_graphs
-from relay_amp.gpu_cost import gpu_cost, lower_for_cuda
 from relay_amp.op_registry import FUSION_KINDS, FusionKind
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}

@@ -122,3 +122,33 @@ def test_the_command_never_imports_the_harness_it_hands_sweep_and_bench_to():
     plugins = cli.plugin_commands()
     assert {"sweep", "bench"} <= set(plugins)
     assert {plugins[n].value for n in ("sweep", "bench")} == {"relay_amp.eval.commands:main"}
+
+
+#: The pass's ground floor: helpers the builds may use (no decision of the pass lives there).
+PASS_HELPERS = {"relay_amp.dtypes", "relay_amp.relax_utils", "relay_amp.execution"}
+
+
+def test_the_builds_import_no_pass_stage():
+    """relay_amp.builds compiles what the pass produces: it may use the pass's helpers, never a
+    stage of the pass (transform, policy, planning, rewrite, report), nor the command or the
+    harness."""
+    builds = sorted((PACKAGE / "builds").rglob("*.py"))
+    assert {p.name for p in builds} >= {"cpu_pipeline.py", "pipeline.py", "tensor_cores.py",
+                                       "gpu_cost.py", "remote.py", "cuda.py"}
+    offenders = {}
+    for path in builds:
+        imported = {n for n in _imported_modules(path) if n.startswith("relay_amp.")}
+        outside = {n for n in imported if not n.startswith("relay_amp.builds")
+                   and not any(n == h or n.startswith(h + ".") for h in PASS_HELPERS)}
+        if outside:
+            offenders[str(path.relative_to(PACKAGE))] = sorted(outside)
+    assert offenders == {}
+
+
+def test_the_builds_check_sees_a_pass_stage(tmp_path):
+    probe = PACKAGE / "builds" / "_layout_probe.py"
+    probe.write_text("from ..decide import decide_function\n")
+    try:
+        assert "relay_amp.decide" in _imported_modules(probe)
+    finally:
+        probe.unlink()

@@ -17,7 +17,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
-from relay_amp.codegen import cuda
+from relay_amp.builds.codegen import cuda
 
 ROOT = Path(__file__).resolve().parents[2]
 NVCC = shutil.which("nvcc")
@@ -223,7 +223,7 @@ _TINY_BUILD = """
     tvm.register_global_func("tvm_callback_cuda_postproc", earlier)
 
     import relay_amp
-    from relay_amp.codegen import cuda
+    from relay_amp.builds.codegen import cuda
 
     assert not cuda.is_enabled() and not cuda._HOOK.registered, "importing relay_amp enabled it"
     assert tvm.get_global_func(cuda.CALLBACK)("// code", None) == "// code"
@@ -250,14 +250,14 @@ def test_importing_relay_amp_registers_no_cuda_callback(tmp_path):
     out = _fresh_python("""
         import tvm
         import relay_amp
-        from relay_amp.codegen import cuda
+        from relay_amp.builds.codegen import cuda
         print(tvm.get_global_func(cuda.CALLBACK, allow_missing=True), cuda.is_enabled())
     """, tmp_path)
     assert out.split() == ["None", "False"]
 
 
 @pytest.mark.parametrize("build", [
-    "relay_amp.pipeline.build(Add, target)",
+    "relay_amp.builds.pipeline.build(Add, target)",
     "tvm.compile(Add, target=target, relax_pipeline=relay_amp.cuda_pipeline(target))",
 ])
 def test_relay_amps_cuda_builds_turn_the_hook_on_and_chain(build, tmp_path):
@@ -267,7 +267,7 @@ def test_relay_amps_cuda_builds_turn_the_hook_on_and_chain(build, tmp_path):
 
 @pytest.mark.parametrize("build", [
     "tvm.compile(Add, target=target)",  # TVM's own pipeline: the user calls cuda.enable()
-    "cuda.disable(); relay_amp.pipeline.build(Add, target)",  # switched off stays off
+    "cuda.disable(); relay_amp.builds.pipeline.build(Add, target)",  # switched off stays off
 ])
 def test_other_builds_leave_the_hook_off(build, tmp_path):
     out = _fresh_python(_TINY_BUILD.replace("BUILD", build), tmp_path)

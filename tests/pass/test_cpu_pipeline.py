@@ -14,7 +14,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
-from relay_amp.cpu_pipeline import VectorizeDotProduct, lanes_for
+from relay_amp.builds.cpu_pipeline import VectorizeDotProduct, lanes_for
 
 FULLFP16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+fullfp16"]}
 NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
@@ -137,7 +137,7 @@ def test_aarch64_dot_products_are_vector_fmas():
 
 
 def test_build_takes_the_cpu_pipeline_for_llvm_targets():
-    executable = relay_amp.pipeline.build(ConvMatmul, NEON)
+    executable = relay_amp.builds.pipeline.build(ConvMatmul, NEON)
     asm = "\n".join(m.inspect_source("asm") for m in [executable.mod, *executable.mod.imports]
                     if m.kind == "llvm")
     assert re.findall(A64_F32_VECTOR_FMA, asm) and not re.findall(A64_SCALAR_FMA, asm)

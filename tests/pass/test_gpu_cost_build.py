@@ -11,8 +11,8 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
-from relay_amp import pipeline
-from relay_amp.gpu_cost import gpu_cost, lower_for_cuda
+from relay_amp.builds import pipeline
+from relay_amp.builds.gpu_cost import gpu_cost, lower_for_cuda
 
 SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 

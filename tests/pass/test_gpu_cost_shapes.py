@@ -15,7 +15,7 @@ from helpers import IMAGENET_UINT8, convert_checked, run_module
 from tvm import relax
 
 import relay_amp
-from relay_amp.gpu_cost import gpu_cost, lower_for_cuda
+from relay_amp.builds.gpu_cost import gpu_cost, lower_for_cuda
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 DTYPES = ("float16", "bfloat16")

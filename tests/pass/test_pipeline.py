@@ -12,7 +12,8 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
-from relay_amp import execution, pipeline
+from relay_amp import execution
+from relay_amp.builds import pipeline
 
 SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 

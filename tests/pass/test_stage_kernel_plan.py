@@ -332,7 +332,7 @@ def test_an_importer_kernel_that_selects_among_its_inputs_is_stored_low(dtype):
     nothing: its result fits the low dtype where its input does, so the multiply it feeds is
     stored in low precision once, for the matmul as for the mean (no float32 copy for the
     matmul to round in its own kernel), with no cast kernel."""
-    from relay_amp.gpu_cost import gpu_cost
+    from relay_amp.builds.gpu_cost import gpu_cost
 
     mod = _importer_kernel_between_matmuls(_clip, "clip")
     new, report = convert_checked(mod, dtype, target=CUDA, low_precision_inputs=["w"])

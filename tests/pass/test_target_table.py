@@ -8,7 +8,7 @@ cores. No GPU is needed; x86 and aarch64 code is compiled, never run.
 The layers' dot products have every extent but the batch above 64 (dlight's threshold for
 tensor cores), so the CUDA row's tensor-core claim is checked on them too. Everything here takes
 about 40 s on 2 cores (the tensor-core builds register only the TVM intrinsics they name:
-``relay_amp.tensor_cores.cuda_intrinsics``)."""
+``relay_amp.builds.tensor_cores.cuda_intrinsics``)."""
 
 import contextlib
 import functools
@@ -358,7 +358,7 @@ def test_cuda_sm90_tensor_cores_with_float32_accumulation_and_no_low_precision_a
                   and name not in tensor_cores]
     assert len(cuda_cores) == (2 if _has_attention(layer_name) else 0), cuda_cores
     assert built.macs("dot") == ({"float32"} if _has_attention(layer_name) else set())
-    assert built.macs("attention") == set()  # decomposed (relay_amp.pipeline.DecomposeAttention)
+    assert built.macs("attention") == set()  # decomposed (DecomposeAttention)
 
 
 @pytest.mark.parametrize("layer_name", ["bert", "llama"])

@@ -1,6 +1,6 @@
 """Tensor cores for float16 and bfloat16, for every spelling of a CUDA arch
-(relay_amp.tensor_cores), proven in the generated CUDA and, with nvcc, in the PTX it compiles to
-(no GPU needed); TVM's CUDA intrinsics registered as schedules name them, with the same CUDA as
+(relay_amp.builds.tensor_cores), proven in the generated CUDA and, with nvcc, in the PTX it compiles
+to (no GPU needed); TVM's CUDA intrinsics registered as schedules name them, with the same CUDA as
 TVM's own import gives."""
 
 import inspect
@@ -19,8 +19,8 @@ import tvm
 from tvm import relax
 
 import relay_amp
-from relay_amp import tensor_cores
-from relay_amp.pipeline import SM_COUNT, sm_count
+from relay_amp.builds import tensor_cores
+from relay_amp.builds.pipeline import SM_COUNT, sm_count
 
 NVCC = shutil.which("nvcc")
 TARGETS = {"sm_80": {"kind": "cuda", "arch": "sm_80"}, "sm_90": {"kind": "cuda", "arch": "sm_90"},
@@ -178,7 +178,7 @@ CHILD = textwrap.dedent("""
     import tvm
     from tvm.s_tir import TensorIntrin
     import relay_amp
-    from relay_amp import pipeline, tensor_cores
+    from relay_amp.builds import pipeline, tensor_cores
     from test_target_table import bert_layer
     from test_tensor_cores import _matmul
 

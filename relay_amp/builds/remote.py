@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import tvm
 
-from .execution import contiguous, flatten_outputs
+from ..execution import contiguous, flatten_outputs
 
 #: The GNU cross compilers tried for a target triple's architecture (the first one found on
 #: PATH links the library), beside ``<mtriple>-g++`` itself.

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 import tvm
 from tvm import relax
 
-from .relax_utils import element_count, prim_func_blocks
+from ..relax_utils import element_count, prim_func_blocks
 
 _FLOAT_PREFIXES = ("float", "bfloat")
 _CONSTANT = type(relax.const(0.0))

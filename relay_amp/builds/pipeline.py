@@ -22,7 +22,7 @@ schedules, lowering) with:
    kernel one thread block per output (256 threads for 9 products) as soon as it has an
    elementwise epilogue, which is exactly what a converted depthwise convolution has (its cast,
    its folded batch norm).
-4. dlight's matmul rule as :func:`relay_amp.tensor_cores.tensor_core_matmul`: tensor cores for
+4. dlight's matmul rule as :func:`.tensor_cores.tensor_core_matmul`: tensor cores for
    bfloat16 as well as float16, and for every spelling of the arch (``sm_90a``, which TVM gives
    an H100, fails dlight's own check and gets none).
 
@@ -367,11 +367,11 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
     -----
     Matmuls and convolutions whose extents (batch aside) all exceed 64 run on tensor cores (WMMA)
     in float16 for sm_70+ and in bfloat16 for sm_80+, whatever the arch's spelling (``sm_90a``,
-    the ``nvidia/nvidia-h100`` tag): :mod:`relay_amp.tensor_cores`. That needs
+    the ``nvidia/nvidia-h100`` tag): :mod:`relay_amp.builds.tensor_cores`. That needs
     ``Schedule.tensorize``, which segfaults when apache-tvm 0.27.0 runs with apache-tvm-ffi
     0.1.15 (an ABI mismatch; 0.1.14 works), hence the pin in pyproject.toml.
 
-    Running the pipeline turns on :mod:`relay_amp.codegen.cuda`'s hook (CUDA sources get the
+    Running the pipeline turns on :mod:`.codegen.cuda`'s hook (CUDA sources get the
     operators for volatile half and bfloat16 values) unless it was switched off; importing
     relay_amp does not.
     """
@@ -402,7 +402,7 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.cuda_pipeline")
     def _pipeline(mod, context):
         # CUDA code generation follows this pass in tvm.compile: the volatile half operators
-        # hook goes on here, not when relay_amp is imported (relay_amp.codegen.cuda).
+        # hook goes on here, not when relay_amp is imported (relay_amp.builds.codegen.cuda).
         cuda_codegen.enable_for_build()
         cuda_intrinsics()  # before dlight imports TVM's, which registers all of them
         config = dict(context.config)
@@ -445,7 +445,7 @@ class _BuildStages:
 def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_cores: bool = True,
           relay_amp_schedules: bool = True, timings: dict | None = None):
     """``tvm.compile`` for ``target`` at ``opt_level=3``: CUDA through :func:`cuda_pipeline`
-    (which turns on the CUDA source hook of :mod:`relay_amp.codegen.cuda`), ``llvm`` (any CPU)
+    (which turns on the CUDA source hook of :mod:`.codegen.cuda`), ``llvm`` (any CPU)
     through :func:`relay_amp.cpu_pipeline` (dot products vectorized).
 
     Parameters

@@ -16,7 +16,7 @@ the numbers are those of the plain build up to FMA contraction; what changes is 
 instructions compute them.
 
 ``tvm.compile(mod, target, relax_pipeline=relay_amp.cpu_pipeline(target))``, or
-:func:`relay_amp.pipeline.build`, which takes it for every ``llvm`` target.
+:func:`relay_amp.builds.pipeline.build`, which takes it for every ``llvm`` target.
 """
 
 from __future__ import annotations

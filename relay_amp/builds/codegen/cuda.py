@@ -14,7 +14,7 @@ assignment) plus explicit volatile load/store helpers, through TVM's
 * a callback registered before relay_amp keeps running first: relay_amp chains, never replaces;
 * importing relay_amp registers nothing. relay_amp's CUDA builds turn the hook on:
   :func:`relay_amp.cuda_pipeline` (so ``tvm.compile(mod, target,
-  relax_pipeline=relay_amp.cuda_pipeline(target))``) and :func:`relay_amp.pipeline.build` with a
+  relax_pipeline=relay_amp.cuda_pipeline(target))``) and :func:`.pipeline.build` with a
   CUDA target (the ``relay-amp convert`` command and the GPU bundle build through it), unless
   :func:`disable` or ``volatile_half_operators(False)`` switched it off;
 * whoever compiles converted modules with ``tvm.compile(mod, target)`` and TVM's own pipeline
