@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import tvm
 
+from .schedule_rules import apply_rules
+
 #: Output lanes one vector of partial sums holds: the widest of these that divides the output's
 #: last axis (16 float32 sums are four 128-bit NEON registers) ...
 VECTOR_LANES = (16, 12, 8)
@@ -150,7 +152,7 @@ class VectorizeDotProduct:
         return sch
 
 
-def cpu_pipeline(target, relay_amp_schedules: bool = True):
+def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     """TVM's CPU compile pipeline with :class:`VectorizeDotProduct` after fusion.
 
     Parameters
@@ -159,6 +161,9 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True):
         An ``llvm`` target (any CPU: aarch64, x86).
     relay_amp_schedules : bool
         False: TVM's CPU pipeline as ``tvm.compile`` runs it.
+    rule_log : relay_amp.builds.schedule_rules.RuleLog, optional
+        A rule that raises on a kernel leaves it as TVM legalized it instead of failing the
+        build; this log records which rule raised on which kernel.
 
     Returns
     -------
@@ -166,10 +171,9 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True):
         For ``tvm.compile(mod, target, relax_pipeline=...)``.
     """
     from tvm.relax.backend.cpu_generic import pipeline
-    from tvm.s_tir import dlight as dl
 
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    schedules = [dl.ApplyDefaultSchedule(VectorizeDotProduct())] if relay_amp_schedules else []
+    schedules = [apply_rules([VectorizeDotProduct()], rule_log)] if relay_amp_schedules else []
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + pipeline.legalize_passes(target) + schedules
         + pipeline.dataflow_lower_passes(target) + pipeline.finalize_passes(target))

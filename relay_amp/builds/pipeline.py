@@ -40,6 +40,7 @@ from tvm import relax
 
 from .codegen import cuda as cuda_codegen
 from .cpu_pipeline import cpu_pipeline
+from .schedule_rules import RuleLog, apply_rules
 from .tensor_cores import DLIGHT_MIN_EXTENT, arch_number, cuda_intrinsics, tensor_core_matmul
 
 _LOW = ("float16", "bfloat16")
@@ -335,7 +336,8 @@ CUDA_GRAPH_OPTION = "relax.backend.use_cuda_graph"
 
 
 def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool = True,
-                  split_k: bool = True, cuda_graph: bool | None = None):
+                  split_k: bool = True, cuda_graph: bool | None = None,
+                  rule_log: RuleLog | None = None):
     """TVM's CUDA compile pipeline with :func:`DecomposeAttention` and :class:`SmallReduction`
     (see the module docstring); ``relay_amp_schedules=False`` gives TVM's own pipeline.
 
@@ -357,6 +359,11 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
         (with ``relay_amp_schedules``; TVM's own pipeline keeps TVM's default, off). On an
         H100 it measured 0-12% faster than the plain VM on the four bundle models, never
         slower (docs/GPU.md).
+    rule_log : relay_amp.builds.schedule_rules.RuleLog, optional
+        With ``relay_amp_schedules``, a schedule rule that raises on a kernel passes it to the
+        next rule (down to dlight's ``Fallback``) instead of failing the build; this log
+        records which rule raised on which kernel and which scheduled it instead. TVM's own
+        pipeline (``relay_amp_schedules=False``) fails as ``tvm.compile`` does.
 
     Returns
     -------
@@ -392,7 +399,8 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
     # every PrimFunc already scheduled (dlight skips those). The test
     # test_tvms_default_schedule_pass_is_replaced_exactly_once fails if TVM renames or removes it.
     legalize = [p for p in pipeline.legalize_passes(target)
-                if p.info.name != TVM_SCHEDULE_PASS] + [dl.ApplyDefaultSchedule(*rules)]
+                if p.info.name != TVM_SCHEDULE_PASS] + [
+        apply_rules(rules, rule_log) if relay_amp_schedules else dl.ApplyDefaultSchedule(*rules)]
     before = graph_rewrites(target, split_k) if relay_amp_schedules else []
 
     passes = tvm.transform.Sequential(
@@ -443,7 +451,8 @@ class _BuildStages:
 
 
 def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_cores: bool = True,
-          relay_amp_schedules: bool = True, timings: dict | None = None):
+          relay_amp_schedules: bool = True, timings: dict | None = None,
+          rule_log: RuleLog | None = None):
     """``tvm.compile`` for ``target`` at ``opt_level=3``: CUDA through :func:`cuda_pipeline`
     (which turns on the CUDA source hook of :mod:`.codegen.cuda`), ``llvm`` (any CPU)
     through :func:`relay_amp.cpu_pipeline` (dot products vectorized).
@@ -462,6 +471,9 @@ def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_core
         schedules: for CUDA, dlight's and the tensor intrinsics they name), ``tir_passes_s``
         (lowering the scheduled TIR) and ``codegen_s`` (the rest: the target's code and the
         VM's).
+    rule_log : relay_amp.builds.schedule_rules.RuleLog, optional
+        Records the schedule rules that raised on a kernel and the rule that scheduled it
+        instead (:func:`cuda_pipeline`, :func:`relay_amp.cpu_pipeline`).
 
     Returns
     -------
@@ -476,10 +488,11 @@ def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_core
                                    instruments=[stages] if stages is not None else None):
         if target.kind.name == "cuda":
             executable = tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(
-                target, tensor_cores, relay_amp_schedules, cuda_graph=cuda_graph))
+                target, tensor_cores, relay_amp_schedules, cuda_graph=cuda_graph,
+                rule_log=rule_log))
         elif target.kind.name == "llvm":
             executable = tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(
-                target, relay_amp_schedules))
+                target, relay_amp_schedules, rule_log=rule_log))
         else:
             executable = tvm.compile(mod, target=target)
     if timings is not None:

@@ -28,7 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from .arguments import (
     NORMALIZE_HELP,
@@ -309,15 +309,19 @@ def _cross_compiler(target: dict):
 
 
 def _build(mod, target: dict, folder: str, timings: dict):
-    """Compile for ``target`` and export; returns ``(executable, library file name, note)``.
+    """Compile for ``target`` and export; returns ``(executable, library file name, note,
+    schedule rule errors)`` (:class:`relay_amp.builds.schedule_rules.RuleError`: a rule that
+    raised on a kernel, and the rule that scheduled it instead).
     ``timings`` gets the seconds of the build's stages (``build_relax_passes_s``,
     ``build_tir_passes_s``, ``build_codegen_s``: :func:`relay_amp.builds.pipeline.build`) and of the
     export (``build_export_s``)."""
 
     from ..builds.pipeline import build
+    from ..builds.schedule_rules import RuleLog
 
     stages: dict = {}
-    executable = build(mod, target, timings=stages)
+    rule_log = RuleLog()
+    executable = build(mod, target, timings=stages, rule_log=rule_log)
     timings.update({f"build_{name}": seconds for name, seconds in stages.items()})
     start = time.perf_counter()
     fcompile, library, note = _cross_compiler(target)
@@ -327,7 +331,7 @@ def _build(mod, target: dict, folder: str, timings: dict):
     else:
         executable.export_library(path)
     timings["build_export_s"] = time.perf_counter() - start
-    return executable, library, note
+    return executable, library, note, rule_log.errors
 
 
 def _runs_here(target: dict) -> bool:
@@ -561,13 +565,15 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     start = time.perf_counter()
     with _stage(f"build for {checked.target.get('kind')}", progress):
         try:
-            executable, library, build_note = _build(converted, checked.target, work, timings)
+            executable, library, build_note, rule_errors = _build(converted, checked.target,
+                                                                  work, timings)
         except (*TVM_ERRORS, OSError) as err:  # TVM rejects the module, or the library's files
             raise ConvertFailure(f"compiling for {options.target} failed: {one_line(err)}") \
                 from None
     timings["build_s"] = time.perf_counter() - start
     if build_note:
         notes.append(build_note)
+    notes.extend(error.text() for error in rule_errors)
 
     accuracy = None
     if data is not None:
@@ -605,6 +611,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
                      if accuracy else None),
         "accuracy_warning": accuracy_warning(accuracy, options.warn_above),
         "timings_s": timings,
+        "schedule_rule_errors": [asdict(error) for error in rule_errors],
         "notes": notes,
         "advice": advice,
         "conversion": report.to_dict(),

@@ -1,0 +1,133 @@
+"""Schedule rules that cannot cost the user the library: a rule that raises on a kernel passes
+it to the next rule.
+
+dlight's ``ApplyDefaultSchedule`` gives each PrimFunc to its rules in order and takes the first
+schedule one returns. A rule that raises on a kernel it misjudged fails the whole build: TVM
+0.27's GEMV rule asserts on a fused multiply-square-sum whose thread extent stays symbolic
+(``'FloorDiv' object has no attribute 'value'``), so one kernel of an audio model cost its CUDA
+library, in float32 as well. :func:`apply_rules` wraps each rule: its error is recorded in a
+:class:`RuleLog` and the kernel goes on to the next rule (on CUDA down to dlight's
+``Fallback``; on a CPU, where nothing follows, TVM's unscheduled loop nest).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RuleError:
+    """A schedule rule that raised on a kernel.
+
+    Attributes
+    ----------
+    kernel : str
+        The kernel (its PrimFunc's name).
+    rule : str
+        The rule that raised (its class name).
+    error : str
+        The last line of its error.
+    scheduled_by : str or None
+        The rule that scheduled the kernel instead; None where none did (it is then built as
+        TVM legalized it, or, on CUDA, fails to build for lack of a thread binding).
+    """
+
+    kernel: str
+    rule: str
+    error: str
+    scheduled_by: str | None
+
+    def text(self) -> str:
+        instead = (f"scheduled by {self.scheduled_by} instead" if self.scheduled_by
+                   else "no later rule scheduled it")
+        return f"{self.kernel}: schedule rule {self.rule} raised ({self.error}); {instead}"
+
+
+class RuleLog:
+    """What the guarded rules of one build saw: which raised, on which kernel, and which rule
+    scheduled that kernel after."""
+
+    def __init__(self):
+        self._raised: list = []  # (kernel, rule, error), in order
+        self._scheduled: dict = {}  # kernel -> the rule that scheduled it
+        self._names: dict = {}  # a PrimFunc's handle -> its name in the module being scheduled
+
+    def name_kernels(self, mod) -> None:
+        """Learn the names of ``mod``'s PrimFuncs: dlight hands a rule the function alone."""
+        from tvm import tirx
+
+        self._names = {func.__chandle__(): gvar.name_hint
+                       for gvar, func in mod.functions_items() if isinstance(func, tirx.PrimFunc)}
+
+    def kernel_name(self, func) -> str:
+        return self._names.get(func.__chandle__(), "<unnamed kernel>")
+
+    def raised(self, kernel: str, rule: str, error: str) -> None:
+        self._raised.append((kernel, rule, error))
+
+    def scheduled(self, kernel: str, rule: str) -> None:
+        self._scheduled.setdefault(kernel, rule)
+
+    @property
+    def errors(self) -> list:
+        """Every :class:`RuleError`, in the order the rules raised."""
+        return [RuleError(kernel, rule, error, self._scheduled.get(kernel))
+                for kernel, rule, error in self._raised]
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    text = lines[-1] if lines else ""
+    return f"{type(error).__name__}: {text}"[:200] if text else type(error).__name__
+
+
+def apply_rules(rules, log: RuleLog | None = None):
+    """dlight's ``ApplyDefaultSchedule`` with ``rules``, each wrapped so that an exception it
+    raises on a kernel is recorded in ``log`` and the kernel is offered to the next rule.
+
+    Parameters
+    ----------
+    rules : sequence of tvm.s_tir.dlight.ScheduleRule
+        In the order dlight tries them.
+    log : RuleLog, optional
+        Where the errors and the rules that scheduled those kernels instead are recorded.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        The kernels' names learnt, then ``ApplyDefaultSchedule`` with the guarded rules.
+    """
+    import tvm
+    from tvm.s_tir import dlight as dl
+
+    log = log if log is not None else RuleLog()
+
+    @tvm.transform.module_pass(opt_level=0, name="relay_amp.NameKernels")
+    def name_kernels(mod, _context):
+        log.name_kernels(mod)
+        return mod
+
+    class Guarded(dl.ScheduleRule):
+        def __init__(self, rule):
+            self.rule = rule
+            self.name = type(rule).__name__
+
+        def apply(self, func, target, tunable):
+            kernel = log.kernel_name(func)
+            try:
+                space = self.rule.apply(func, target, tunable)
+            except Exception as err:  # noqa: BLE001 - a rule's bug, in whatever form: next rule
+                log.raised(kernel, self.name, _one_line(err))
+                return None
+            if space is not None:
+                log.scheduled(kernel, self.name)
+            return space
+
+        def is_target_available(self, target) -> bool:
+            return self.rule.is_target_available(target)
+
+    return tvm.transform.Sequential(
+        [name_kernels, dl.ApplyDefaultSchedule(*[Guarded(rule) for rule in rules])])
+
+
+__all__ = ["RuleError", "RuleLog", "apply_rules"]

@@ -1,0 +1,93 @@
+"""A schedule rule that raises on a kernel costs that kernel its rule, never the library: the next
+rule schedules it (relay_amp.builds.schedule_rules), and the build says which rule raised."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from relay_amp import execution
+from relay_amp.builds import pipeline
+from relay_amp.builds.schedule_rules import RuleError, RuleLog, apply_rules
+
+CUDA = {"kind": "cuda", "arch": "sm_90"}
+
+
+def complex_magnitude(dtype="float32"):
+    """An audio model's kernel, reduced: a (1, 309, 172, 2) spectrum times a (309, 1, 1)
+    constant, squared, summed over the last axis; fused into one kernel
+    (``fused_multiply_multiply1_sum``), on which TVM 0.27's dlight GEMV rule raises."""
+    weight = np.random.default_rng(0).standard_normal((309, 1, 1)).astype(dtype)
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 309, 172, 2), dtype))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            scaled = builder.emit(relax.op.multiply(x, relax.const(weight)))
+            squared = builder.emit(relax.op.multiply(scaled, scaled))
+            out = builder.emit_output(builder.emit(relax.op.sum(squared, axis=[-1])))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def test_tvms_own_cuda_pipeline_still_fails_on_the_kernel():
+    """What the guard is for: if a TVM release fixes its GEMV rule, this fails, and the guard
+    below stops being exercised by this kernel."""
+    with pytest.raises(AttributeError, match="FloorDiv"):
+        pipeline.build(complex_magnitude(), CUDA, relay_amp_schedules=False)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_kernel_builds_for_cuda_with_the_rule_that_raised_named(dtype):
+    log = RuleLog()
+    executable = pipeline.build(complex_magnitude(dtype), CUDA, rule_log=log)
+    errors = log.errors
+    assert [(e.kernel, e.rule) for e in errors] == [("fused_multiply_multiply1_sum", "GEMV")]
+    assert "FloorDiv" in errors[0].error
+    assert errors[0].scheduled_by == "SmallReduction"
+    text = errors[0].text()
+    assert "GEMV raised" in text and "scheduled by SmallReduction instead" in text
+    source = executable.mod.imports[0].imports[0].inspect_source("cuda")
+    assert "fused_multiply_multiply1_sum_kernel" in source and "threadIdx.x" in source
+
+
+class _Raises:
+    """A rule with a bug: it raises on every kernel."""
+
+    def apply(self, func, target, tunable):
+        raise ValueError("a rule's bug")
+
+    def is_target_available(self, target):
+        return True
+
+
+def test_on_a_cpu_a_raising_rule_leaves_the_kernel_as_tvm_legalized_it():
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    mod = complex_magnitude()
+    target = tvm.target.Target("llvm")
+    log = RuleLog()
+    passes = tvm.transform.Sequential(
+        cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
+        + [apply_rules([_Raises()], log)] + cpu.dataflow_lower_passes(target)
+        + cpu.finalize_passes(target))
+
+    @tvm.transform.module_pass(opt_level=0, name="test_pipeline")
+    def relax_pipeline(module, _context):
+        with target:
+            return passes(module)
+
+    executable = tvm.compile(mod, target=target, relax_pipeline=relax_pipeline)
+    assert [(e.kernel, e.rule, e.scheduled_by) for e in log.errors] == [
+        ("fused_multiply_multiply1_sum", "_Raises", None)]
+    assert "ValueError: a rule's bug" in log.errors[0].error
+    assert "no later rule scheduled it" in log.errors[0].text()
+    x = np.random.default_rng(1).standard_normal((1, 309, 172, 2)).astype("float32")
+    got = execution.run(relax.VirtualMachine(executable, tvm.cpu()), [x])[0]
+    want = execution.run(execution.compile_module(mod), [x])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_rule_error_is_plain_data():
+    error = RuleError("k", "GEMV", "AttributeError: x", None)
+    assert error.text() == "k: schedule rule GEMV raised (AttributeError: x); no later rule " \
+                           "scheduled it"
