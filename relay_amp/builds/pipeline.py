@@ -1,4 +1,4 @@
-"""A CUDA compile pipeline for mixed-precision modules: TVM's own, with four changes that decide
+"""A CUDA compile pipeline for mixed-precision modules: TVM's own, with the changes that decide
 whether a float16 model runs faster than its float32 original on a GPU.
 
 ``tvm.compile(mod, target, relax_pipeline=relay_amp.cuda_pipeline(target))`` runs TVM's CUDA
@@ -25,6 +25,10 @@ schedules, lowering) with:
 4. dlight's matmul rule as :func:`.tensor_cores.tensor_core_matmul`: tensor cores for
    bfloat16 as well as float16, and for every spelling of the arch (``sm_90a``, which TVM gives
    an H100, fails dlight's own check and gets none).
+5. :func:`.several_outputs.several_outputs_rule` after ``GeneralReduction``: a row reduction
+   whose result is written twice (a layer_norm writing the residual stream in float32 and the
+   next matmul's operand in float16) gets a thread block per row instead of dlight's fallback.
+6. Every rule guarded (:mod:`.schedule_rules`): a rule that raises on a kernel passes it on.
 
 Float32 modules compile with the same pipeline, so float32 and low precision are compared on
 equal terms; ``relay_amp_schedules=False`` gives TVM's own pipeline and ``tensor_cores=False``
@@ -41,6 +45,7 @@ from tvm import relax
 from .codegen import cuda as cuda_codegen
 from .cpu_pipeline import cpu_pipeline
 from .schedule_rules import RuleLog, apply_rules
+from .several_outputs import several_outputs_rule
 from .tensor_cores import DLIGHT_MIN_EXTENT, arch_number, cuda_intrinsics, tensor_core_matmul
 
 _LOW = ("float16", "bfloat16")
@@ -393,7 +398,10 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
     rules = [matmul, dl.gpu.GEMV()]
     if relay_amp_schedules:  # ahead of Reduction, which takes short outer-axis sums too
         rules.append(_small_reduction_rule())
-    rules += [dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    rules += [dl.gpu.Reduction(), dl.gpu.GeneralReduction()]
+    if relay_amp_schedules:  # where GeneralReduction refuses a row written more than once
+        rules.append(several_outputs_rule())
+    rules.append(dl.gpu.Fallback())
     # TVM's legalize passes end in dlight's ApplyDefaultSchedule with TVM's own rules; it is
     # dropped (by name, wherever it sits) for one with the rules above, which would otherwise find
     # every PrimFunc already scheduled (dlight skips those). The test

@@ -69,6 +69,11 @@ class RuleLog:
         self._scheduled.setdefault(kernel, rule)
 
     @property
+    def rules(self) -> dict:
+        """The rule that scheduled each kernel a guarded rule scheduled, by kernel name."""
+        return dict(self._scheduled)
+
+    @property
     def errors(self) -> list:
         """Every :class:`RuleError`, in the order the rules raised."""
         return [RuleError(kernel, rule, error, self._scheduled.get(kernel))

@@ -163,12 +163,14 @@ def compare(reference: list, outputs: list) -> dict:
     and the count of NaN/Inf values where the reference is finite.
 
     The error is taken where both are finite, so that a few non-finite values do not hide how
-    close the rest is; the count says how many there are.
+    close the rest is; the count says how many there are. Where the reference itself is not
+    finite (``reference_nonfinite`` counts its values) or has no float value at all, nothing is
+    compared there: with no value compared the error is NaN, never a zero that looks perfect.
     """
     if len(reference) != len(outputs):
         raise ValueError(f"{len(outputs)} outputs but {len(reference)} reference outputs")
     num = den = 0.0
-    nonfinite = 0
+    nonfinite = reference_nonfinite = compared = 0
     for ref, out in zip(reference, outputs):
         if ref.shape != out.shape:
             raise ValueError(f"output shape {out.shape} differs from reference {ref.shape}")
@@ -176,12 +178,20 @@ def compare(reference: list, outputs: list) -> dict:
             continue
         ref64, out64 = ref.astype(np.float64), out.astype(np.float64)
         finite_ref = np.isfinite(ref64)
+        reference_nonfinite += int(np.count_nonzero(~finite_ref))
         nonfinite += int(np.count_nonzero(finite_ref & ~np.isfinite(out64)))
         keep = finite_ref & np.isfinite(out64)
+        compared += int(np.count_nonzero(keep))
         num += float(np.sum((ref64[keep] - out64[keep]) ** 2))
         den += float(np.sum(ref64[keep] ** 2))
-    return {"relative_l2": float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num)),
-            "nonfinite": nonfinite}
+    if not compared:
+        error = float("nan")
+    else:
+        error = float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+    row = {"relative_l2": error, "nonfinite": nonfinite}
+    if reference_nonfinite:
+        row["reference_nonfinite"] = reference_nonfinite
+    return row
 
 
 # ------------------------------------------------------------------------------ TVM runtime
@@ -510,7 +520,8 @@ def transformers_module(spec: dict):
         def forward(self, input_ids, attention_mask):
             out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                              token_type_ids=torch.zeros_like(input_ids),
-                             position_ids=torch.arange(input_ids.shape[1]).unsqueeze(0))
+                             position_ids=torch.arange(input_ids.shape[1],
+                                                       device=input_ids.device).unsqueeze(0))
             pooled = getattr(out, "pooler_output", None)
             hidden = out.last_hidden_state
             return hidden, hidden[:, 0] if pooled is None else pooled
@@ -779,6 +790,8 @@ def format_markdown(results: dict) -> str:
             speedup = f"{row['speedup_vs_fp32']:.2f}" if "speedup_vs_fp32" in row else "-"
             rel = f"{row['relative_l2']:.2e}" if "relative_l2" in row else "-"
             nonfinite = row.get("nonfinite", "-")
+            if row.get("reference_nonfinite"):
+                nonfinite = f"{nonfinite} ({row['reference_nonfinite']} in float32's output)"
             lines.append(f"| {model} | {variant} | {row['latency_ms']:.3f} | {speedup} | {rel} "
                          f"| {nonfinite} |")
     if results.get("weights"):

@@ -189,6 +189,19 @@ def test_compare_counts_nonfinite_and_ignores_them_in_the_error():
         bundle_runner.compare(reference, [np.ones((5,), np.float32)])
 
 
+def test_compare_says_when_the_reference_itself_is_not_finite():
+    """A float32 reference that is NaN everywhere compares nothing: the error is NaN (it was
+    0.0, which the results table showed as a perfect match), and the row counts the reference's
+    non-finite values."""
+    reference = [np.full((4,), np.nan, np.float32)]
+    got = bundle_runner.compare(reference, [np.ones((4,), np.float32)])
+    assert np.isnan(got["relative_l2"]) and got["reference_nonfinite"] == 4
+    partly = bundle_runner.compare([np.array([1, np.inf], np.float32)],
+                                   [np.array([1, 2], np.float32)])
+    assert partly == {"relative_l2": 0.0, "nonfinite": 0, "reference_nonfinite": 1}
+    assert np.isnan(bundle_runner.compare([np.arange(3)], [np.arange(3)])["relative_l2"])
+
+
 def test_runner_reports_a_missing_gpu_per_row(cpu_bundle, tmp_path):
     """A CUDA bundle on a host without a GPU: every row says why, the exit status is 1."""
     folder, _ = cpu_bundle
