@@ -118,10 +118,11 @@ def _import_onnx(path: str, specs: dict, notes: list) -> Imported:
     from tvm import relax
 
     try:
-        model = onnx.load(path)
+        model = onnx.load(path, load_external_data=False)
     except (OSError, DecodeError) as err:  # not a protobuf message
         raise UsageError(f"cannot read {path!r} as ONNX ({one_line(err)}); give "
                          f"{FORMATS_TEXT}") from None
+    _load_external_data(model, path)
     if not model.graph.node:
         raise UsageError(f"{path!r} holds no ONNX graph; give {FORMATS_TEXT}")
     initializers = {i.name for i in model.graph.initializer}
@@ -147,6 +148,50 @@ def _import_onnx(path: str, specs: dict, notes: list) -> Imported:
     inputs = [ModelInput(p.name, name, shapes[name], dtype)
               for p, (name, _, dtype) in zip(params, declared)]
     return Imported(mod, inputs, notes)
+
+
+def _load_external_data(model, path: str) -> None:
+    """Read the tensors ``model`` keeps in files beside ``path`` (models past protobuf's 2 GB
+    limit ship so), after checking that each file exists and holds its tensor's bytes: a
+    missing or truncated file is a usage error naming it, not an import error later."""
+    import numpy as np
+    import onnx
+    from onnx import external_data_helper
+
+    folder = os.path.dirname(os.path.abspath(path))
+    tensors = [t for t in _onnx_tensors(model.graph)
+               if external_data_helper.uses_external_data(t)]
+    for tensor in tensors:
+        info = external_data_helper.ExternalDataInfo(tensor)
+        file = os.path.join(folder, info.location)
+        if not os.path.isfile(file):
+            raise UsageError(f"{path!r} keeps tensor {tensor.name!r} in {info.location!r}, which "
+                             f"is not beside it ({file} does not exist): copy the model's weight "
+                             "files with it")
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        needed = info.length or itemsize * int(np.prod(tensor.dims, dtype=np.int64))
+        end = (info.offset or 0) + needed
+        if os.path.getsize(file) < end:
+            raise UsageError(f"{info.location!r} beside {path!r} is truncated: tensor "
+                             f"{tensor.name!r} needs bytes {info.offset or 0}..{end}, the file has "
+                             f"{os.path.getsize(file)}")
+    if tensors:
+        external_data_helper.load_external_data_for_model(model, folder)
+
+
+def _onnx_tensors(graph):
+    """Every tensor of an ONNX graph: its initializers, and those of its nodes' attributes and
+    subgraphs (an If's branches, a Loop's body)."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("g"):
+                yield from _onnx_tensors(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _onnx_tensors(subgraph)
 
 
 def _has_unknown_shape(ty) -> bool:
