@@ -235,20 +235,24 @@ class Decider:
         result is integers or booleans (a comparison, a cast to an integer) where one element
         of the operand decides many of the result (:func:`_governs_many`)."""
         items = self.scope.bindings(seq)
+        call_args = self.scope.call_args
         producers = {var: value for _, var, value in items if type(value) is Call}
         for _, var, value in reversed(items):
-            op = op_name(value) if type(value) is Call else None
+            args = call_args.get(var)  # an op call's arguments, canonical (Scope.read)
+            if args is None:
+                continue
+            op = op_name(value)
             record = op_info(op)
             operands = record.decision_operands
-            if (op and not operands and not record.integer_side and self._discrete(var)
+            if (not operands and not record.integer_side and self._discrete(var)
                     and not _tests_infinity(value)):
-                operands = tuple(i for i, arg in enumerate(value.args)
+                operands = tuple(i for i, (arg, _) in enumerate(args)
                                  if is_floating(tensor_dtype(arg))
                                  and _governs_many(arg, var))
-            for index in operands if op else ():
-                if index >= len(value.args) or not is_var(value.args[index]):
+            for index in operands:
+                if index >= len(args) or not is_var(args[index][0]):
                     continue
-                operand = self.scope.canonical(value.args[index])
+                operand = args[index][0]
                 limit = _elements(operand)
                 stack = [operand] if limit is not None else []
                 while stack:
@@ -262,9 +266,11 @@ class Decider:
                     stack.extend(self.scope.canonical(leaf) for arg in producer.args
                                  for leaf in leaves_of(arg) if is_var(leaf))
 
-    @staticmethod
-    def _discrete(var) -> bool:
+    def _discrete(self, var) -> bool:
         """Is ``var`` a tensor (or tuple of tensors) of integers or booleans?"""
+        dtype = self.scope.dtype_of(var)  # cached; None for a tuple
+        if dtype is not None:
+            return not is_floating(dtype)
         dtypes = [str(t.dtype) for t in type_leaves(var.ty)]
         return bool(dtypes) and not any(is_floating(d) for d in dtypes)
 

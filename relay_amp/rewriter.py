@@ -360,7 +360,7 @@ class MixedPrecisionRewriter(PyExprMutator):
                 if dtype is not None:
                     in_dtypes.append(dtype)
         out_dtype = self.dtype_of(new_var)
-        demand = self.plan.demand.get(var, set())
+        demand = self.plan.demand.get(var, ())
         stored = [out_dtype] if out_dtype else []
         if out_dtype in ("float32", self.low):
             stored += sorted(d for d in demand if d in ("float32", self.low) and d != out_dtype)
@@ -374,16 +374,17 @@ class MixedPrecisionRewriter(PyExprMutator):
             compute = out_dtype
         else:
             compute = next((d for d in in_dtypes if is_floating(d)), "-")
+        info = op_info(plan.op)
         self.report.row(BindingRecord(
             function=self._function_name, name=plan.name, op=plan.op,
             category=plan.category.value if plan.category else (
-                "passthrough" if op_info(plan.op).passthrough else "unknown"),
+                "passthrough" if info.passthrough else "unknown"),
             input_dtypes=tuple(in_dtypes), compute_dtype=compute,
             accumulation_dtype=plan.accumulation or compute,
             output_dtype="+".join(stored) if stored else "-",
             casts_added=self.casts.binding_casts + max(0, len(stored) - 1),
             reasons=tuple(plan.reasons),
-            mac_source=call if op_info(plan.op).macs else 0))
+            mac_source=call if info.macs else 0))
 
     def _mixed_out_dtype(self, var, output: bool):
         """What a mixed kernel writes: the low dtype, float32, or both (a residual stream
