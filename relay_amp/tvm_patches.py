@@ -69,6 +69,17 @@ PATCHES = (
         pin="tests/pass/test_codegen_cuda.py",
     ),
     Patch(
+        name="CUDA compiler for the GPU host",
+        where="relay_amp.cuda_loader:enable_cuda",
+        patches="the global function tvm_callback_cuda_compile (registered with override=True)",
+        why="TVM's own callback asks the current compilation target for the arch, which a "
+            "runtime-only TVM on the GPU host cannot answer: a library holding CUDA source "
+            "would not load",
+        lasts="the process, from the user's call of enable_cuda; not undone (it is what "
+              "loads every CUDA library after it)",
+        pin="tests/eval/test_gpu_bundle.py",
+    ),
+    Patch(
         name="lazy CUDA tensor intrinsics",
         where="relay_amp.builds.tensor_cores:cuda_intrinsics",
         patches="sys.modules['tvm.s_tir.tensor_intrin.cuda'] (TVM's module run from its source "

@@ -57,7 +57,7 @@ def loading_snippet(saved: dict) -> list:
         return [
             "```python",
             "import tvm",
-            "from relay_amp.eval.bundle_runner import enable_cuda  # NVRTC compiles the CUDA "
+            "from relay_amp.cuda_loader import enable_cuda  # NVRTC compiles the CUDA "
             "source at load",
             "enable_cuda(tvm, 'nvrtc')",
             f"vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module('{library}'), "

@@ -8,7 +8,8 @@ standalone script on a host that has numpy and nothing of relay_amp or TVM insta
 It imports only numpy, the standard library and the TVM (runtime only, without the compiler
 library) that the bundle carries. Libraries built for CUDA hold CUDA source, which TVM's CUDA
 loader compiles when it loads them, through the global function ``tvm_callback_cuda_compile``:
-NVRTC (cuda-bindings) by default, nvcc with ``--compiler nvcc``. Weights are made here, the same
+NVRTC (cuda-bindings) by default, nvcc with ``--compiler nvcc`` (``relay_amp/cuda_loader.py``,
+copied into the bundle beside this file). Weights are made here, the same
 values for every variant, each variant taking them in its own dtype (:func:`model_weights`): from
 the manifest's seed (:func:`make_weights`), read from a file the bundle carries, or rebuilt with
 ``transformers`` from the registry's config and seed and checked bit for bit against the build's
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import ctypes
 import gzip
 import hashlib
 import json
@@ -34,6 +34,11 @@ import tempfile
 import time
 
 import numpy as np
+
+try:  # beside this file in a bundle; from the package where relay_amp is installed
+    from cuda_loader import enable_cuda
+except ImportError:
+    from relay_amp.cuda_loader import enable_cuda
 
 MANIFEST = "manifest.json"
 
@@ -226,73 +231,6 @@ def loaded_tvm_libraries() -> list:
     except OSError:
         return []
     return sorted(paths)
-
-
-def enable_cuda(tvm, compiler: str, cache: str | None = None) -> None:
-    """Load TVM's CUDA runtime and register the CUDA source compiler its loader calls.
-
-    TVM loads ``libtvm_runtime_cuda.so`` only when its compiler library is present, so it is
-    loaded here. TVM's own ``tvm_callback_cuda_compile`` asks the current compilation target for
-    the arch, which runtime-only TVM cannot answer, so a callback that passes the GPU's arch
-    replaces it. With ``cache``, a folder, each compiled cubin is kept there under the hash of
-    its source, arch and compiler, and a later load of the same source reads it back.
-    """
-    import tvm_ffi
-
-    library = os.path.join(os.path.dirname(tvm.__file__), "lib", "libtvm_runtime_cuda.so")
-    try:
-        ctypes.CDLL(library, ctypes.RTLD_LOCAL)
-    except OSError as error:
-        raise RuntimeError(f"cannot load TVM's CUDA runtime ({error}); is CUDA 13's libcudart "
-                           "on the library path (LD_LIBRARY_PATH)?") from None
-    device = tvm.cuda(0)
-    if not device.exist:
-        raise RuntimeError("no CUDA GPU is visible to TVM on this machine")
-    arch = "sm_" + device.compute_version.replace(".", "")
-
-    def compile_uncached(code):
-        if compiler == "nvcc":
-            return _nvcc(code, arch)
-        from tvm.support import nvcc
-
-        return nvcc.compile_cuda(code, target_format="cubin", arch=arch, compiler="nvrtc")
-
-    def compile_cuda(code):
-        if not cache:
-            return compile_uncached(code)
-        key = hashlib.sha256(f"{compiler} {arch}\n{code}".encode()).hexdigest()
-        path = os.path.join(cache, key + ".cubin")
-        if os.path.exists(path):
-            with open(path, "rb") as handle:
-                return bytearray(handle.read())
-        binary = compile_uncached(code)
-        os.makedirs(cache, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=cache, delete=False) as handle:
-            handle.write(bytes(binary))
-        os.replace(handle.name, path)  # atomic: parallel compilers never see half a file
-        return binary
-
-    tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)
-
-
-# the flags TVM's own nvcc path passes, so both compilers build the same code the same way
-_NVCC_FLAGS = ["-O3", "--use_fast_math", "-U__CUDA_NO_HALF_OPERATORS__",
-               "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_OPERATORS__",
-               "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_BFLOAT162_OPERATORS__",
-               "-U__CUDA_NO_BFLOAT162_CONVERSIONS__"]
-
-
-def _nvcc(code: str, arch: str) -> bytearray:
-    with tempfile.TemporaryDirectory(prefix="bundle_nvcc_") as folder:
-        source, cubin = os.path.join(folder, "kernels.cu"), os.path.join(folder, "kernels.cubin")
-        with open(source, "w", encoding="utf-8") as handle:
-            handle.write(code)
-        result = subprocess.run(["nvcc", "--cubin", f"-arch={arch}", *_NVCC_FLAGS, "-o", cubin,
-                                 source], capture_output=True, text=True, check=False)
-        if result.returncode:
-            raise RuntimeError(f"nvcc failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
-        with open(cubin, "rb") as handle:
-            return bytearray(handle.read())
 
 
 # ------------------------------------------------------------------------------ running

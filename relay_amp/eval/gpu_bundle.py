@@ -7,7 +7,9 @@ for one target, exports each library, and writes one folder::
     BUNDLE/
       manifest.json        models, variants, libraries, parameter names and dtypes, where each
                            model's weights come from, sizes
-      bundle_runner.py     the runner (a copy of relay_amp/bundle_runner.py): numpy + this folder
+      bundle_runner.py     the runner (a copy of relay_amp/eval/bundle_runner.py): numpy + this
+                           folder
+      cuda_loader.py       relay_amp/cuda_loader.py, which the runner imports
       <model>/<variant>.so.gz the exported libraries, gzip-compressed
       <model>/inputs.npz   the data inputs (weights are generated on the host from their seed,
                            or rebuilt there: see :mod:`.bundle_zoo`)
@@ -39,6 +41,7 @@ import time
 import numpy as np
 import tvm
 
+from .. import cuda_loader
 from ..cli.progress import progress_bar
 from . import bundle_runner, bundle_zoo, gpu_bench
 
@@ -258,6 +261,7 @@ def _build(out_dir, models, target, kind, python, weight_seed, cuda_graph, progr
         record["bytes"] = folder_bytes(os.path.join(out_dir, folder))
     bar.close()
     shutil.copy(bundle_runner.__file__, os.path.join(out_dir, "bundle_runner.py"))
+    shutil.copy(cuda_loader.__file__, os.path.join(out_dir, "cuda_loader.py"))
     return manifest
 
 

@@ -25,7 +25,7 @@ def _resolve(where: str):
 
 
 def test_every_listed_place_and_pin_exists():
-    assert len(PATCHES) == 3
+    assert len(PATCHES) == 4
     for patch in PATCHES:
         assert callable(_resolve(patch.where)), patch.where
         path, _, test = patch.pin.partition("::")
