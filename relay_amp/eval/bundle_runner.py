@@ -516,13 +516,25 @@ def time_torch(spec: dict, values: dict, device_kind: str, repeats: int, warmup:
 
 
 def _time_torch_variant(torch, module, inputs, device, compiled, dtype, mode, repeats, warmup):
-    run = torch.compile(module, mode=mode) if compiled else module
+    compiled_run = torch.compile(module, mode=mode) if compiled else module
+    graphs = compiled and mode == "reduce-overhead"
+
+    def run(*args):
+        # torch.compile's CUDA graphs reuse their output buffers: each call is a new step,
+        # and what is kept past the next call is a copy
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        return compiled_run(*args)
+
     autocast = (torch.autocast(device.type, dtype=getattr(torch, dtype)) if dtype
                 else contextlib.nullcontext())
     cuda = device.type == "cuda"
     times = []
     with torch.inference_mode(), autocast:
         output = run(*inputs)
+        if graphs:
+            output = tuple(o.clone() for o in (
+                output if isinstance(output, (tuple, list)) else (output,)))
         for _ in range(warmup):
             run(*inputs)
         for _ in range(repeats):
