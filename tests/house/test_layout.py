@@ -81,14 +81,14 @@ def test_tvm_private_builder_calls_are_used_in_one_wrapper_and_still_exist():
 
 
 def test_readme_layout_names_every_module():
-    """Each module of the package appears in the README's Layout section (by path, or by file
-    name in a line that lists several of one folder)."""
-    readme = (PACKAGE.parent / "README.md").read_text()
-    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    """Each module of the package appears in docs/DESIGN.md's Layout section (by path, or by
+    file name in a line that lists several of one folder)."""
+    design = (PACKAGE.parent / "docs" / "DESIGN.md").read_text()
+    layout = design.split("## Layout", 1)[1].split("\n## ", 1)[0]
     missing = [str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")
                if p.name != "__init__.py" and f"`{p.relative_to(PACKAGE.parent)}`" not in layout
                and f"`{p.name}`" not in layout]
-    assert not missing, f"README's Layout section does not name {missing}"
+    assert not missing, f"docs/DESIGN.md's Layout section does not name {missing}"
 
 
 

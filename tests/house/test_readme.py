@@ -46,3 +46,31 @@ def test_quick_start_is_two_commands():
     commands = [b.strip() for b in re.findall(r"```bash\n(.*?)```", quick, flags=re.S)]
     assert len(commands) == 2 and all("\n" not in c for c in commands)
     assert commands[0].endswith("relay-amp sweep") and commands[1].endswith("pytest")
+
+
+DOCS = pathlib.Path(__file__).parents[2] / "docs"
+
+
+def test_the_readme_is_a_page_and_points_to_the_rest():
+    assert len(README.splitlines()) <= 300
+    for guide in ("docs/GUIDE.md", "docs/DESIGN.md"):
+        assert f"]({guide})" in README
+
+
+def test_no_harness_import_in_what_a_user_runs():
+    """The README's code (Python and the GPU host's snippet) imports the package's public API,
+    never the harness (relay_amp.eval) or the command's internals."""
+    code = "\n".join(_blocks("python") + _blocks("py"))
+    assert "relay_amp.eval" not in code and "relay_amp.cli" not in code
+    assert "from relay_amp.cuda_loader import enable_cuda" in code
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves():
+    broken = []
+    for path in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text(encoding="utf-8")):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (path.parent / target).exists():
+                broken.append(f"{path.name}: {target}")
+    assert broken == []

@@ -1,4 +1,4 @@
-"""The target table (relay_amp/targets.py's docstring, the README's "Target defaults"), checked
+"""The target table (relay_amp/targets.py's docstring, docs/GUIDE.md's "Target defaults"), checked
 against the code TVM 0.27 generates: for each row a convnet block, a BERT layer and a LLaMA layer
 are converted for the row's target, compiled, and the generated code of their dot products is
 read: LLVM's assembly for CPUs and AMD GPUs, and for the source-printing GPU back ends (CUDA,
