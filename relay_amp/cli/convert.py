@@ -387,28 +387,72 @@ def measure_accuracy(mod, converted, executable, target: dict, data: Calibration
             "outputs": per_output, "per_batch": per_batch}
 
 
-def contributors(mod, report, data: CalibrationBatches, dtype: str, progress: bool,
-                 count: int = 5) -> list:
-    """The bindings whose rounding moves the outputs most, ``[name, output error with it alone
-    in dtype]``, largest first: the search's where it ran, else measured on the calibration
-    data (:func:`relay_amp.fallback.output_effects`)."""
+#: The most bindings the warning's advice keeps float32 (more is --tolerance's job).
+MAX_ADVISED = 12
+
+
+def output_effects_of(mod, report, data: CalibrationBatches, dtype: str, progress: bool) -> dict:
+    """Binding name -> the output error with it alone in ``dtype``, for every binding that
+    computes or stores low precision: the search's ranking where it ran (its largest only),
+    else measured on the calibration data (:func:`relay_amp.fallback.output_effects`)."""
     from ..fallback import RANKING_BATCHES, output_effects
 
     if report.search is not None and report.search.contributors:
-        return [list(item) for item in report.search.contributors[:count]]
+        return dict(report.search.contributors)
     # a target that only stores low precision rounds the outputs it stores: those count too
     low = [r.name for r in report.ops if r.function == "main"
            and (r.compute_dtype == dtype or dtype in r.output_dtype.split("+"))]
     with _stage(f"accuracy: what moves the outputs ({len(low)} bindings)", progress):
-        effects = output_effects(mod, data.reference[:RANKING_BATCHES], low, dtype)
+        return output_effects(mod, data.reference[:RANKING_BATCHES], low, dtype)
+
+
+def contributors(effects: dict, count: int = 5) -> list:
+    """``[name, effect]`` of the ``count`` bindings whose rounding moves the outputs most."""
     ranked = sorted(effects, key=lambda name: -effects[name])[:count]
     return [[name, effects[name]] for name in ranked]
 
 
+def measured_advice(mod, policy, target: dict, calibration, data: CalibrationBatches,
+                    effects: dict, error: float, goal: float, progress: bool) -> dict | None:
+    """The fewest bindings, largest effect first, whose float32 is estimated to bring the
+    error within ``goal``, then converted that way and measured on the calibration data.
+
+    Roundings add in quadrature, so keeping a set float32 removes about its share of the
+    effects' sum of squares: the error left is ``error * sqrt(1 - Σ_set e² / Σ_all e²)``, and an
+    error spread over many bindings needs many. The estimate only chooses the set: the advice
+    states the error measured with it. None where no set of at most :data:`MAX_ADVISED`
+    bindings reaches ``goal`` by the estimate."""
+    total = sum(effect ** 2 for effect in effects.values())
+    if total <= 0.0:
+        return None
+    left, chosen = 1.0, []
+    for name in sorted(effects, key=lambda item: -effects[item])[:MAX_ADVISED]:
+        if error * math.sqrt(max(left, 0.0)) <= goal:
+            break
+        chosen.append(name)
+        left -= effects[name] ** 2 / total
+    estimate = error * math.sqrt(max(left, 0.0))
+    if not chosen or estimate > goal:
+        return None
+    import relay_amp
+
+    from ..policy import Policy
+
+    advised = Policy.from_dict(policy.to_dict()).exclude(*chosen)  # exclude() changes its policy
+    with _stage(f"accuracy: check the advice ({len(chosen)} bindings float32)", progress):
+        converted, _ = relay_amp.convert(mod, policy=advised, target=target,
+                                         calibration=calibration)
+    measured = measure_accuracy(mod, converted, None, target, data, False)
+    return {"exclude": chosen, "estimated_relative_l2": estimate,
+            "measured_relative_l2": measured["relative_l2"],
+            "measured_nonfinite": measured["nonfinite"]}
+
+
 def accuracy_warning(accuracy: dict | None, warn_above: float) -> str | None:
-    """The line that says the conversion lost accuracy, naming what lost it; or, without
-    calibration data, that nothing was measured and how to measure it. None: measured, within
-    ``warn_above``."""
+    """The line that says the conversion lost accuracy, naming what lost it and, where a few
+    bindings kept float32 fix it, the ``--exclude`` with the error measured with it; or,
+    without calibration data, that nothing was measured and how to measure it. None:
+    measured, within ``warn_above``."""
     if accuracy is None:
         return ("accuracy not measured: add --calibrate DIR (images) or FILE.npz (an array per "
                 "input) to measure the error against float32, and --tolerance to bound it")
@@ -420,12 +464,18 @@ def accuracy_warning(accuracy: dict | None, warn_above: float) -> str | None:
              f"relative L2 {accuracy['relative_l2']:.3g} against float32, above {warn_above:g}")
     text = f"warning: accuracy lost: {error}"
     if not names:
-        text += ("; no binding computes or stores low precision to attribute it to (constants "
-                 "stored low and rounded inputs are not bindings)")
-    else:
-        text += (f"; the bindings whose rounding alone moves the outputs most: {names}; keep "
-                 f"them in float32 with --exclude {','.join(n for n, _ in worst[:3])}, or let "
-                 "--tolerance find the fewest")
+        return text + ("; no binding computes or stores low precision to attribute it to "
+                       "(constants stored low and rounded inputs are not bindings)")
+    text += f"; the bindings whose rounding alone moves the outputs most: {names}"
+    advice = accuracy.get("advice")
+    if advice is None:
+        return text + (f"; no {MAX_ADVISED} bindings kept float32 are estimated to bring it "
+                       f"within {warn_above:g}: --tolerance finds the fewest that do")
+    measured = advice["measured_relative_l2"]
+    text += (f"; with --exclude {','.join(advice['exclude'])} it measured relative L2 "
+             f"{measured:.3g} on this data")
+    if measured > warn_above or advice["measured_nonfinite"]:
+        text += f", still above {warn_above:g}: --tolerance finds the fewest that do"
     return text
 
 
@@ -583,7 +633,12 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
             accuracy["tolerance"] = options.tolerance
             accuracy["metric"] = options.metric
         if accuracy["relative_l2"] > options.warn_above or accuracy["nonfinite"]:
-            accuracy["contributors"] = contributors(mod, report, data, dtype, progress)
+            effects = output_effects_of(mod, report, data, dtype, progress)
+            accuracy["contributors"] = contributors(effects)
+            if report.search is None and not accuracy["nonfinite"]:
+                accuracy["advice"] = measured_advice(
+                    mod, io_policy, checked.target, calibration, data, effects,
+                    accuracy["relative_l2"], options.warn_above, progress)
         timings["accuracy_s"] = time.perf_counter() - start
         with open(os.path.join(work, "accuracy.json"), "w", encoding="utf-8") as handle:
             json.dump(_json_safe(accuracy), handle, indent=2)
