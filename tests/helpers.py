@@ -1,4 +1,8 @@
-"""Shared test helpers: the invariants of every conversion, and numeric runs."""
+"""Shared test helpers: the invariants of every conversion, numeric runs, nvcc, and modules
+several test files use."""
+
+import shutil
+import subprocess
 
 import numpy as np
 import tvm
@@ -74,3 +78,35 @@ class MatmulReluMatmulSoftmax:
             gv = R.nn.softmax(lv2)
             R.output(gv)
         return gv
+
+
+@I.ir_module
+class PostNorm:
+    """Two post-norm residual blocks (BERT's ``layer_norm(x + f(x))``): the first norm's result
+    is the second block's residual stream and its matmul's operand."""
+
+    @R.function
+    def main(x: R.Tensor((2, 8, 16), "float32"), w: R.Tensor((16, 16), "float32"),
+             g: R.Tensor((16,), "float32"), b: R.Tensor((16,), "float32")):
+        with R.dataflow():
+            y = R.matmul(x, w)
+            s = R.add(x, y)
+            n = R.nn.layer_norm(s, g, b, axes=[-1])
+            z = R.matmul(n, w)
+            r = R.add(n, z)
+            o = R.nn.layer_norm(r, g, b, axes=[-1])
+            R.output(o)
+        return o
+
+
+NVCC = shutil.which("nvcc")
+
+
+def nvcc_compile(code: str, tmp_path, archs=("sm_80", "sm_90")):
+    """Compile CUDA source with nvcc for ``archs``: ``(exit status, its output)``."""
+    source = tmp_path / "kernel.cu"
+    source.write_text(code)
+    gencode = [f for a in archs for f in ("-gencode", f"arch=compute_{a[3:]},code={a}")]
+    result = subprocess.run([NVCC, "-fatbin", *gencode, "-o", str(tmp_path / "kernel.fatbin"),
+                             str(source)], capture_output=True, text=True, check=False)
+    return result.returncode, result.stdout + result.stderr

@@ -5,7 +5,6 @@ import ctypes
 import ctypes.util
 import glob
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import tvm
+from helpers import NVCC, nvcc_compile
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -20,7 +20,6 @@ import relay_amp
 from relay_amp.builds.codegen import cuda
 
 ROOT = Path(__file__).resolve().parents[2]
-NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
 
 # The shape older TVM emitted for a warp reduction over volatile shared memory: the RFC's error.
@@ -71,15 +70,6 @@ CUDA_TYPES = {"float16": "half", "bfloat16": "__nv_bfloat16"}
 def reduction(idiom: str, dtype: str) -> str:
     return IDIOMS[idiom].replace("T*", CUDA_TYPES[dtype] + "*").replace(
         "T red", CUDA_TYPES[dtype] + " red")
-
-
-def nvcc_compile(code: str, tmp_path, archs=("sm_80", "sm_90")):
-    source = tmp_path / "kernel.cu"
-    source.write_text(code)
-    gencode = [f for a in archs for f in ("-gencode", f"arch=compute_{a[3:]},code={a}")]
-    result = subprocess.run([NVCC, "-fatbin", *gencode, "-o", str(tmp_path / "kernel.fatbin"),
-                             str(source)], capture_output=True, text=True, check=False)
-    return result.returncode, result.stdout + result.stderr
 
 
 @needs_nvcc

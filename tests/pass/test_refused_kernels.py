@@ -3,28 +3,13 @@ path, the module stays well-formed and right, and the report says what was emitt
 
 import pytest
 import tvm
-from helpers import convert_checked, random_inputs, run_module
-from tvm.script import ir as I
-from tvm.script import relax as R
+from helpers import PostNorm, convert_checked, random_inputs, run_module
 
 import relay_amp
 from relay_amp import kernels
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 TOLERANCE = {"float16": 3e-3, "bfloat16": 2e-2}
-
-
-@I.ir_module
-class ResidualNorm:
-    @R.function
-    def main(x: R.Tensor((2, 8, 16), "float32"), w: R.Tensor((16, 16), "float32"),
-             g: R.Tensor((16,), "float32"), b: R.Tensor((16,), "float32")):
-        with R.dataflow():
-            y = R.matmul(x, w)
-            s = R.add(x, y)
-            n = R.nn.layer_norm(s, g, b, axes=[-1])
-            R.output(n)
-        return n
 
 
 def _refuse(monkeypatch, absorbing: bool, mixed: bool):
@@ -42,8 +27,8 @@ def _refuse(monkeypatch, absorbing: bool, mixed: bool):
 
 
 def _check_numbers(converted, dtype):
-    inputs = random_inputs(ResidualNorm, seed=5)
-    want = run_module(ResidualNorm, inputs)
+    inputs = random_inputs(PostNorm, seed=5)
+    want = run_module(PostNorm, inputs)
     got = run_module(converted, inputs)
     error = relay_amp.agreement(want, got)
     assert error.relative_l2 < TOLERANCE[dtype], error  # a NaN or Inf makes it inf
@@ -55,7 +40,7 @@ def _rows(report):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_without_refusal_the_norm_absorbs_the_add(dtype):
-    converted, report = convert_checked(ResidualNorm, dtype, target=CUDA)
+    converted, report = convert_checked(PostNorm, dtype, target=CUDA)
     rows = _rows(report)
     assert "absorbed_add" in rows["s"].codes
     assert "absorbing_kernel" in rows["n"].codes
@@ -65,7 +50,7 @@ def test_without_refusal_the_norm_absorbs_the_add(dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_a_refused_absorbing_kernel_leaves_the_add_its_own_kernel(monkeypatch, dtype):
     _refuse(monkeypatch, absorbing=True, mixed=False)
-    converted, report = convert_checked(ResidualNorm, dtype, target=CUDA)
+    converted, report = convert_checked(PostNorm, dtype, target=CUDA)
     rows = _rows(report)
     assert "absorbed_add" not in rows["s"].codes
     assert "add_not_absorbed" in rows["s"].codes and "forced by the test" in rows["s"].rule
@@ -83,7 +68,7 @@ def test_a_refused_absorbing_kernel_leaves_the_add_its_own_kernel(monkeypatch, d
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_both_refused_the_norm_computes_as_tvm_legalizes_it(monkeypatch, dtype):
     _refuse(monkeypatch, absorbing=True, mixed=True)
-    converted, report = convert_checked(ResidualNorm, dtype, target=CUDA)
+    converted, report = convert_checked(PostNorm, dtype, target=CUDA)
     rows = _rows(report)
     assert "add_not_absorbed" in rows["s"].codes
     codes = rows["n"].codes
@@ -98,7 +83,7 @@ def test_a_refused_mixed_kernel_alone_falls_back_with_its_reason(monkeypatch, dt
     """With the absorbing kernel built, the mixed refusal is never reached: the row is the
     plain absorbing one; the report names no kernel that was not emitted."""
     _refuse(monkeypatch, absorbing=False, mixed=True)
-    converted, report = convert_checked(ResidualNorm, dtype, target=CUDA)
+    converted, report = convert_checked(PostNorm, dtype, target=CUDA)
     codes = _rows(report)["n"].codes
     assert "absorbing_kernel" in codes and "kernel_not_emitted" not in codes
     _check_numbers(converted, dtype)
@@ -107,7 +92,7 @@ def test_a_refused_mixed_kernel_alone_falls_back_with_its_reason(monkeypatch, dt
 def test_the_forced_refusal_reaches_the_emitter(monkeypatch):
     _refuse(monkeypatch, absorbing=True, mixed=True)
     emitter = kernels.KernelEmitter(tvm.relax.BlockBuilder(), None, "float16")
-    call = ResidualNorm["main"].body.blocks[0].bindings[2].value
+    call = PostNorm["main"].body.blocks[0].bindings[2].value
     assert emitter.emit_mixed("nn.layer_norm", call, list(call.args), "float32", "n",
                               False) is None
     assert emitter.not_emitted.values["why"] == "forced by the test"

@@ -1,12 +1,10 @@
 """A row reduction written twice (a post-norm layer_norm: the residual stream in float32, the next
 matmul's operand in float16) gets a thread block per row on CUDA, not dlight's fallback."""
 
-import shutil
-import subprocess
-
 import pytest
 import tvm
 import tvm_ffi
+from helpers import NVCC, nvcc_compile
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -19,7 +17,7 @@ SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
 
 @I.ir_module
-class PostNorm:
+class WidePostNorm:
     """Two post-norm residual blocks: the first layer_norm's result is the second block's
     residual stream (float32) and its matmul's operand (low precision)."""
 
@@ -39,7 +37,7 @@ class PostNorm:
 
 
 def _scheduled_kernels(dtype):
-    converted, report = relay_amp.convert(PostNorm, dtype, target=SM90)
+    converted, report = relay_amp.convert(WidePostNorm, dtype, target=SM90)
     log = RuleLog()
     with tvm.transform.PassContext(opt_level=3):
         built = pipeline.cuda_pipeline(SM90, rule_log=log)(converted)
@@ -95,13 +93,10 @@ def PostNormFloat32Norm():
     return tvm.relax.transform.LegalizeOps()(Norm)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_the_build_compiles_with_nvcc(tmp_path):
-    converted, _ = relay_amp.convert(PostNorm, "float16", target=SM90)
+    converted, _ = relay_amp.convert(WidePostNorm, "float16", target=SM90)
     executable = pipeline.build(converted, SM90)
-    source = executable.mod.imports[0].imports[0].inspect_source("cuda")
-    path = tmp_path / "kernels.cu"
-    path.write_text(source)
-    result = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / "k.cubin"),
-                             str(path)], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr[-1000:]
+    status, log = nvcc_compile(executable.mod.imports[0].imports[0].inspect_source("cuda"),
+                               tmp_path, archs=("sm_90",))
+    assert status == 0, log[-1000:]

@@ -5,29 +5,13 @@ inputs arrive; then the structural tests of the conversion at kernel boundaries.
 
 import numpy as np
 import pytest
-from helpers import convert_checked, random_inputs, run_module
+from helpers import PostNorm, convert_checked, random_inputs, run_module
 from stages import CUDA, DTYPES, MatmulReluMatmulSoftmax, Stages
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 from relay_amp.kinds import Mode
-
-
-@I.ir_module
-class PostNorm:
-    @R.function
-    def main(x: R.Tensor((2, 8, 16), "float32"), w: R.Tensor((16, 16), "float32"),
-             g: R.Tensor((16,), "float32"), b: R.Tensor((16,), "float32")):
-        with R.dataflow():
-            y = R.matmul(x, w)
-            s = R.add(x, y)
-            n = R.nn.layer_norm(s, g, b, axes=[-1])
-            z = R.matmul(n, w)
-            r = R.add(n, z)
-            o = R.nn.layer_norm(r, g, b, axes=[-1])
-            R.output(o)
-        return o
 
 
 @I.ir_module
