@@ -182,6 +182,41 @@ def target_caps(target: tvm.target.Target) -> TargetCaps:
     return TargetCaps(kind, False, False)
 
 
+#: The aarch64 cores users name in ``mcpu``, for :func:`arm_cpu_path`.
+ARM_CPUS = ("neoverse-n1", "neoverse-v1", "neoverse-v2", "cortex-a76", "cortex-a55",
+            "cortex-a53", "apple-m1", "apple-m2")
+#: The features that decide relay_amp's aarch64 path (LLVM's names).
+ARM_FEATURES = ("fullfp16", "fp16fml", "bf16", "i8mm", "sve")
+
+
+def arm_cpu_path(mcpu: str) -> dict:
+    """What an aarch64 core named ``mcpu`` has (LLVM's own feature table) and the path
+    relay_amp's build takes for float16 and bfloat16 there.
+
+    Returns
+    -------
+    dict
+        ``mcpu``, ``features`` (feature -> bool, :data:`ARM_FEATURES`), ``float16`` and
+        ``bfloat16`` (the path, in words: what the dot products execute).
+    """
+    target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": mcpu})
+    features = {name: _llvm_has(name, target) for name in ARM_FEATURES}
+    caps = target_caps(target)
+    if caps.computes("float16"):
+        float16 = ("converts: float16 operands widened (fcvtl) into float32 vector FMAs "
+                   "(fmla v.4s); fmla v.8h with float16 accumulation asked")
+        if features["fp16fml"]:
+            float16 += "; FMLAL (fp16fml) is there and not used yet"
+    else:
+        float16 = "storage: float32 compute, weights stored in float16 (no fullfp16)"
+    if caps.computes("bfloat16"):
+        bfloat16 = ("converts: bfloat16 operands widened by shifts into float32 vector FMAs; "
+                    "BFMMLA/BFDOT (bf16) are there and not used yet")
+    else:
+        bfloat16 = "storage: float32 compute, weights stored in bfloat16 (no bf16)"
+    return {"mcpu": mcpu, "features": features, "float16": float16, "bfloat16": bfloat16}
+
+
 def _shader_bf16_limitation(kind: str) -> str:
     if tvm.get_global_func(f"target.build.{kind}", allow_missing=True) is None:
         return f"this TVM build has no {kind} code generator (target.build.{kind})"

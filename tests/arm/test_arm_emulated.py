@@ -216,3 +216,20 @@ def test_the_users_call_in_a_plain_rpc_session(emulator, tmp_path):
         assert isinstance(session, tvm.rpc.RPCSession)
         outputs = remote.run_remote(session, lib, inputs)
     assert relay_amp.agreement(reference, outputs).relative_l2 <= FLOAT32_TOLERANCE
+
+
+@pytest.mark.parametrize("cpu", ["neoverse-n1", "cortex-a76", "cortex-a53"])
+def test_a_build_for_a_core_runs_on_that_core(cpu, tmp_path):
+    """``mcpu`` decides the path (relay_amp.targets.arm_cpu_path): built for a core with
+    relay_amp's build, float16 runs under QEMU's model of that core without SIGILL and close
+    to float32, float16 arithmetic where the core has it (A76, N1), float32 where not (A53)."""
+    target = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": cpu}
+    inputs, reference = _host_float32("convnet")
+    mod, report = relay_amp.convert(MODELS["convnet"](), "float16", target=target)
+    assert bool(report.converted) == relay_amp.targets.arm_cpu_path(cpu)["features"]["fullfp16"]
+    executable = relay_amp.builds.pipeline.build(mod, target)
+    lib = remote.export_for(executable, tmp_path / f"convnet_{cpu}.so", target)
+    with ArmEmulator(cpu=cpu) as core:
+        outputs = core.run(lib, inputs)
+    agreement = relay_amp.agreement(reference, outputs)
+    assert agreement.nonfinite == 0 and agreement.relative_l2 <= TOLERANCE["float16"], agreement

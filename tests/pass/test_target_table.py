@@ -22,6 +22,7 @@ import tvm_ffi
 from tvm import relax, tirx
 
 import relay_amp
+from relay_amp.targets import ARM_CPUS, ARM_FEATURES, arm_cpu_path
 
 op = relax.op
 SEQ, HIDDEN, HEADS, FFN, CHANNELS = 128, 128, 2, 256, 128
@@ -134,6 +135,7 @@ TARGETS = {
     "vulkan": "vulkan",
     "c": "c",
 }
+TARGETS.update({f"aarch64 {cpu}": {**A64, "mcpu": cpu} for cpu in ARM_CPUS})
 #: Policy variants: float16 accumulation asked for every dot product (CPU targets' opt-in).
 FLOAT16_ACCUMULATION = "float16 accumulation"
 
@@ -554,3 +556,29 @@ def test_other_llvm_cpus_store_float16_and_compute_float32():
         code = "\n".join(built.kernels.values())
         assert re.findall(r"\bf(?:n?m(?:add|sub)|add|sub|mul|div)\.h\b", code) == []
         assert built.found("dot", r"\bfmadd\.s\b")
+
+
+# ------------------------------------------------------------------- aarch64, per named core
+@pytest.mark.parametrize("cpu", ARM_CPUS)
+def test_each_named_core_gets_the_path_the_table_gives(cpu):
+    """relay_amp.targets.arm_cpu_path says, from LLVM's feature table for ``mcpu``, what a core
+    has and what the build does; the convnet block built for that core does exactly that."""
+    path = arm_cpu_path(cpu)
+    target = tvm.target.Target(TARGETS[f"aarch64 {cpu}"])
+    assert path["features"] == {f: bool(tvm.target.codegen.llvm_cpu_has_features(f, target))
+                                for f in ARM_FEATURES}
+    built = build(f"aarch64 {cpu}", "convnet", "float16")
+    assert built.found("dot", A64_HALF_ARITHMETIC) == []  # float32 accumulation either way
+    assert built.found("dot", A64_F32_VECTOR_FMA)
+    converts = path["float16"].startswith("converts")
+    assert converts == path["features"]["fullfp16"]
+    assert bool(built.found("dot", A64_WIDEN_HALF)) == converts
+    computes = {row.compute_dtype for row in built.report.ops if row.op == "nn.conv2d"}
+    assert computes == ({"float16"} if converts else {"float32"})
+    assert re.findall(A64_BF16, "\n".join(built.kernels.values())) == []
+    if path["features"]["bf16"]:
+        assert path["bfloat16"].startswith("converts")
+        bf16 = build(f"aarch64 {cpu}", "convnet", "bfloat16")
+        assert bf16.found("dot", A64_WIDEN_BY_SHIFT) and bf16.found("dot", A64_F32_VECTOR_FMA)
+    else:
+        assert path["bfloat16"].startswith("storage")
