@@ -17,7 +17,6 @@ from tvm.relax import (
     TupleGetItem,
 )
 
-from . import plan as plan_module
 from .kinds import STORING_KINDS, Category, FusionKind, Mode
 from .op_registry import fuses, fusion_kind, op_info, widens_in_own_kernel
 from .plan import Scope
@@ -199,7 +198,7 @@ class KernelPlanner:
     decisions : relay_amp.decide.Decisions
         Step 1's output.
     settings : KernelSettings
-        The target's kernel settings (``low_precision_residuals``).
+        The target's kernel settings (``low_precision_residuals``, ``result_budget``).
     callee_kinds : dict
         PrimFunc name -> the FusionKind of a ``call_tir`` of it.
     """
@@ -208,6 +207,7 @@ class KernelPlanner:
         self.scope, self.decisions = scope, decisions
         self.out = KernelPlan(scope, decisions)
         self.residual_mode = settings.low_precision_residuals
+        self.result_budget = settings.result_budget
         self.callee_kinds = callee_kinds or {}
         self.kernel_root: dict = {}  # var -> a later binding of its kernel (itself: the last)
         self.uncentred_streams: dict = {}  # residual stream stored low -> an op adding to it
@@ -289,7 +289,7 @@ class KernelPlanner:
         """The values that keep float32 between kernels because they feed a function result:
         each value a result is computed from through elementwise and data-movement follow ops
         (a sigmoid, a reshape, a concatenation), smallest first, while the bytes that keeping
-        them float32 adds stay within :data:`relay_amp.plan.RESULT_BUDGET` of the function's
+        them float32 adds stay within the policy's ``result_budget`` of the function's
         float32 bytes at kernel boundaries. Returns var -> its reason."""
         plans, found, stack = self.decisions.plans, {}, list(results)
         seen = set(stack)
@@ -310,7 +310,7 @@ class KernelPlanner:
         if not any(found.values()):
             return {}
         traffic = self._boundary_traffic(items, results)
-        share = plan_module.RESULT_BUDGET
+        share = self.result_budget
         budget, spent, kept = share * traffic, 0, {}
         for var, saving in sorted(found.items(), key=lambda item: item[1]):
             if saving == 0 or spent + saving > budget:

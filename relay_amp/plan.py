@@ -21,12 +21,6 @@ from .policy import Decision, Policy
 from .reasons import Reason
 from .relax_utils import VAR_TYPES, TupleType, leaves_of, lowered_type, op_name
 
-#: The share of a function's float32 bytes at kernel boundaries that the values feeding its
-#: results may keep in float32 (``KernelPlanner.result_feeders``): a result's error is the
-#: error of what feeds it, and a few hundred bytes of a model that moves megabytes save no
-#: time. Below the 0.005 of float32's bytes that a cost table reports to three decimals.
-RESULT_BUDGET = 0.004
-
 
 @dataclass(frozen=True)
 class Context:

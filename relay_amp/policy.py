@@ -48,6 +48,12 @@ _FALLBACKS = (None, "storage")
 #: Policy settings whose None means "the target's default" (see relay_amp.targets.KernelSettings).
 KERNEL_SETTINGS = ("decompose_batch_norm", "mixed_kernels", "low_precision_boundaries",
                    "low_precision_residuals")
+#: The share of a function's float32 bytes at kernel boundaries that the values feeding its
+#: results may keep in float32 (reason ``feeds_result``) when the policy's ``result_budget`` is
+#: None: a result's error is the error of what feeds it, and a few hundred bytes of a model
+#: that moves megabytes save no time. Below the 0.005 of float32's bytes that a cost table
+#: reports to three decimals.
+DEFAULT_RESULT_BUDGET = 0.004
 
 
 def known_op_names() -> list[str]:
@@ -203,6 +209,11 @@ class Policy:
         reads) in ``dtype``: fewer bytes, one more rounding per block. Off, a residual add that
         feeds layer_norm is formed inside layer_norm's kernel. None (default): off on every
         target.
+    result_budget : float, optional
+        With ``low_precision_boundaries``: the share (0 to 1) of a function's float32 bytes at
+        kernel boundaries that the values feeding its results may keep in float32 (reason
+        ``feeds_result``), smallest first. None (default): :data:`DEFAULT_RESULT_BUDGET`;
+        0 turns the rule off.
 
     Examples
     --------
@@ -235,6 +246,7 @@ class Policy:
         mixed_kernels: bool | None = None,
         low_precision_boundaries: bool | None = None,
         low_precision_residuals: bool | None = None,
+        result_budget: float | None = None,
     ):
         self.dtype = check_low_precision_dtype(dtype)
         self._categories: dict[str, Category] = {}
@@ -276,6 +288,11 @@ class Policy:
                                                           "low_precision_boundaries")
         self.low_precision_residuals = _as_optional_bool(low_precision_residuals,
                                                          "low_precision_residuals")
+        if result_budget is not None and (isinstance(result_budget, bool) or not isinstance(
+                result_budget, (int, float)) or not 0.0 <= result_budget <= 1.0):
+            raise ValueError(f"result_budget is a share of the bytes, from 0 to 1, or None; got "
+                             f"{result_budget!r}")
+        self.result_budget = None if result_budget is None else float(result_budget)
 
     # ----------------------------------------------------------------- fluent setters
     def _set(self, ops: Iterable[str], category: Category, where: str) -> "Policy":
@@ -377,6 +394,7 @@ class Policy:
             "input_dtypes": dict(self.input_dtypes),
             "input_normalization": {k: dict(v) for k, v in self.input_normalization.items()},
             **{name: getattr(self, name) for name in KERNEL_SETTINGS},
+            "result_budget": self.result_budget,
             **({"strict_io_dtypes": True} if self.strict_io_dtypes else {}),
         }
 
@@ -400,6 +418,7 @@ class Policy:
             input_dtypes=data.get("input_dtypes"),
             input_normalization=data.get("input_normalization"),
             **{name: data.get(name) for name in KERNEL_SETTINGS},
+            result_budget=data.get("result_budget"),
         )
         for op, category in data.get("op_categories", {}).items():
             policy.set_category(op, category)

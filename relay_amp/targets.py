@@ -282,6 +282,8 @@ class KernelSettings:
     low_precision_boundaries: bool = False
     low_precision_residuals: bool | str = False
     reasons: tuple = ()  # (setting, value, why), in KERNEL_SETTINGS order
+    #: Policy.result_budget, resolved (relay_amp.policy.DEFAULT_RESULT_BUDGET where None).
+    result_budget: float = 0.0
 
     def describe(self) -> str:
         return "; ".join(f"{name} {_setting_word(value)} ({why})"
@@ -296,7 +298,7 @@ def _setting_word(value) -> str:
 
 def kernel_settings(policy, target) -> KernelSettings:
     """The policy's kernel settings, with None resolved by the target's default."""
-    from .policy import KERNEL_SETTINGS
+    from .policy import DEFAULT_RESULT_BUDGET, KERNEL_SETTINGS
 
     caps = target_caps(target) if target is not None else None
     values, reasons = {}, []
@@ -317,4 +319,6 @@ def kernel_settings(policy, target) -> KernelSettings:
         else:
             values[name], why = False, f"target {caps.name} is compute-bound"
         reasons.append((name, values[name], why))
-    return KernelSettings(**values, reasons=tuple(reasons))
+    budget = policy.result_budget
+    return KernelSettings(**values, reasons=tuple(reasons),
+                          result_budget=DEFAULT_RESULT_BUDGET if budget is None else budget)

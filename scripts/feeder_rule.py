@@ -1,4 +1,4 @@
-"""What the result-feeder rule (``relay_amp.plan.RESULT_BUDGET``, reason ``feeds_result``:
+"""What the result-feeder rule (``Policy(result_budget=...)``, reason ``feeds_result``:
 values that feed a function result through elementwise and data-movement ops keep float32
 between kernels) changes on registry models: each model converted for CUDA sm_90 (float16,
 float32 I/O, uncalibrated, as the GPU cost table of docs/PERFORMANCE.md) with the rule and with
@@ -27,7 +27,6 @@ def measure(name: str) -> dict:
     import tvm_ffi
 
     import relay_amp
-    from relay_amp import plan
     from relay_amp.builds.gpu_cost import gpu_cost, symbolic_sizes
     from relay_amp.eval import models
 
@@ -38,14 +37,10 @@ def measure(name: str) -> dict:
     ret = mod["main"].body.ty
     outputs = len(ret.fields) if hasattr(ret, "fields") else 1
     row = {"model": name, "outputs": outputs, "float32": fp32.as_dict()}
-    budget = plan.RESULT_BUDGET
     converted = {}
-    for label, value in (("rule", budget), ("rule off", 0.0)):
-        plan.RESULT_BUDGET = value
-        try:
-            converted[label], report = relay_amp.convert(mod, "float16", target=TARGET)
-        finally:
-            plan.RESULT_BUDGET = budget
+    for label, value in (("rule", None), ("rule off", 0.0)):
+        converted[label], report = relay_amp.convert(mod, "float16", target=TARGET,
+                                                     result_budget=value)
         cost = gpu_cost(converted[label], TARGET, sizes)
         kept = [r.name for r in report.rows if "feeds_result" in r.codes]
         row[label] = {**cost.as_dict(), "bytes_ratio": cost.bytes / fp32.bytes, "kept": kept}

@@ -406,3 +406,22 @@ def test_a_shader_target_this_tvm_cannot_build_says_so(monkeypatch):
     monkeypatch.setattr(tvm, "get_global_func", lambda name, allow_missing=False: print)
     assert relay_amp.target_caps(vulkan).bf16_limitation.startswith(
         "TVM's vulkan code generator has no bfloat16 type")
+
+
+def test_the_result_budget_is_a_policy_setting():
+    """The share of bytes that result feeders may keep float32 (reason ``feeds_result``): a
+    share from 0 to 1 or None (the default), in the JSON, and resolved in the kernel settings."""
+    from relay_amp.policy import DEFAULT_RESULT_BUDGET
+    from relay_amp.targets import kernel_settings
+
+    policy = Policy("float16", result_budget=0.01)
+    assert Policy.from_json(policy.to_json()) == policy
+    assert Policy.from_json(policy.to_json()).result_budget == 0.01
+    assert Policy().to_dict()["result_budget"] is None
+    cuda = {"kind": "cuda", "arch": "sm_90"}
+    assert kernel_settings(Policy(), tvm.target.Target(cuda)).result_budget \
+        == DEFAULT_RESULT_BUDGET
+    assert kernel_settings(policy, tvm.target.Target(cuda)).result_budget == 0.01
+    for bad in (-0.1, 1.5, "0.1", True):
+        with pytest.raises(ValueError, match="result_budget"):
+            Policy(result_budget=bad)

@@ -239,13 +239,13 @@ class WideScores:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_small_value_that_feeds_a_result_keeps_float32(dtype, monkeypatch):
+def test_a_small_value_that_feeds_a_result_keeps_float32(dtype):
     """The scores ``c`` feed the results ``s`` and ``t`` through elementwise ops and their low
     copy would save 1.5 KiB of about 2 MiB: stored float32, with the reason; ``a``, which feeds
     the results only through dot products, is stored low. On inputs where nothing else
     rounds, ``s`` is then float32's exactly; with the results' budget at 0 (the rule off) ``c``
     is stored low too, and ``s`` moves."""
-    from relay_amp import plan
+    from relay_amp.policy import DEFAULT_RESULT_BUDGET
 
     stages = Stages(SmallScores, dtype, CUDA)
     kernels = stages.kernels()
@@ -253,7 +253,8 @@ def test_a_small_value_that_feeds_a_result_keeps_float32(dtype, monkeypatch):
     reason = kernels.reasons[stages.var("c")][-1]
     assert reason.code == "feeds_result"
     assert reason.values["saving"] == 256 * 2 * 3  # 2 bytes an element, written once, read twice
-    assert 0 < reason.values["share"] < plan.RESULT_BUDGET
+    assert 0 < reason.values["share"] < DEFAULT_RESULT_BUDGET
+    assert reason.values["budget"] == DEFAULT_RESULT_BUDGET
     assert "feeds a function result" in reason.text()
 
     # x, w in {-1, 0, 1} and v seven-bit multiples of 1/1024: exact in float16 and bfloat16,
@@ -266,9 +267,10 @@ def test_a_small_value_that_feeds_a_result_keeps_float32(dtype, monkeypatch):
     expected = run_module(SmallScores, inputs)[1]
     kept = run_module(convert_checked(SmallScores, dtype, target=CUDA)[0], inputs)[1]
     np.testing.assert_array_equal(kept, expected)
-    monkeypatch.setattr(plan, "RESULT_BUDGET", 0.0)
-    assert names(Stages(SmallScores, dtype, CUDA).kernels().stored_low) == ["a", "c"]
-    rounded = run_module(convert_checked(SmallScores, dtype, target=CUDA)[0], inputs)[1]
+    assert names(Stages(SmallScores, dtype, CUDA, result_budget=0.0).kernels().stored_low) \
+        == ["a", "c"]
+    rounded = run_module(convert_checked(SmallScores, dtype, target=CUDA, result_budget=0.0)[0],
+                         inputs)[1]
     assert np.abs(rounded - expected).max() > 0
 
 
