@@ -15,7 +15,7 @@ from tvm.relax import (
 
 from .dtypes import short_dtype as _short
 from .reasons import Reason
-from .relax_utils import TVM_ERRORS
+from .relax_utils import TVM_ERRORS, last_line
 
 
 class KernelEmitter:
@@ -116,7 +116,7 @@ class KernelEmitter:
             legalize(recorder, legal_call)
         except TVM_ERRORS as err:  # the recorder's refusal comes back through the FFI as one
             raise _NotEmitted(recorder.refused or f"its legalization rejects the operands: "
-                              f"{_one_line(err)}") from None
+                              f"{last_line(err)}") from None
         if len(recorder.calls) != 1:
             raise _NotEmitted(f"its legalization makes {len(recorder.calls)} TE computations, "
                               "not one")
@@ -177,18 +177,13 @@ class KernelEmitter:
             value = self.builder.normalize(self.builder.call_te(
                 compute, *args, primfunc_name_hint=f"relay_amp_{hint}", **kwargs))
         except TVM_ERRORS as err:  # TE rejects these dtypes: keep the op as it is
-            raise _NotEmitted(f"TE rejects it: {_one_line(err)}") from None
+            raise _NotEmitted(f"TE rejects it: {last_line(err)}") from None
         return self.casts.emit_named(value, name, output)
 
 
 
 class _NotEmitted(Exception):
     """Why a kernel is not emitted (the op then computes as TVM legalizes it, operands cast)."""
-
-
-def _one_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return (lines[-1] if lines else type(error).__name__)[:160]
 
 
 class _TeRecorder:

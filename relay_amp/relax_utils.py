@@ -46,6 +46,13 @@ class DtypeCache:
         return entry[1]
 
 
+def last_line(error: BaseException, limit: int = 160) -> str:
+    """The last non-empty line of ``error``'s message (TVM's carry a traceback first), at most
+    ``limit`` characters; the error's type name where the message is empty."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else type(error).__name__)[:limit]
+
+
 _ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
                "FloorDiv": lambda a, b: a // b, "FloorMod": lambda a, b: a % b,
                "Max": max, "Min": min}

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..relax_utils import last_line
+
 
 @dataclass(frozen=True)
 class RuleError:
@@ -80,12 +82,6 @@ class RuleLog:
                 for kernel, rule, error in self._raised]
 
 
-def _one_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    text = lines[-1] if lines else ""
-    return f"{type(error).__name__}: {text}"[:200] if text else type(error).__name__
-
-
 def apply_rules(rules, log: RuleLog | None = None):
     """dlight's ``ApplyDefaultSchedule`` with ``rules``, each wrapped so that an exception it
     raises on a kernel is recorded in ``log`` and the kernel is offered to the next rule.
@@ -122,7 +118,8 @@ def apply_rules(rules, log: RuleLog | None = None):
             try:
                 space = self.rule.apply(func, target, tunable)
             except Exception as err:  # noqa: BLE001 - a rule's bug, in whatever form: next rule
-                log.raised(kernel, self.name, _one_line(err))
+                kind, text = type(err).__name__, last_line(err)
+                log.raised(kernel, self.name, text if text == kind else f"{kind}: {text}")
                 return None
             if space is not None:
                 log.scheduled(kernel, self.name)

@@ -22,12 +22,12 @@ THREADS = 256
 UNROLL = 256
 
 
-def _shape(sch, info):
+def _shape(info):
     """``(kinds, extents)`` of a block's iterators, as dlight's analysis gives them."""
     return info.dom_kind(), [it.dom for it in info.iters]
 
 
-def _fits(sch, infos) -> tuple | None:
+def _fits(infos) -> tuple | None:
     """``(reductions, outputs, leading)`` where ``infos`` is reductions of one shape ``S…SR…R``
     then two or more elementwise blocks over the same domain; None otherwise."""
     import tvm
@@ -36,7 +36,7 @@ def _fits(sch, infos) -> tuple | None:
     outputs = infos[len(reductions):]
     if not reductions or len(outputs) < 2 or any("R" in i.dom_kind() for i in outputs):
         return None
-    kinds, extents = _shape(sch, reductions[0])
+    kinds, extents = _shape(reductions[0])
     leading = len(kinds) - len(kinds.lstrip("S"))
     if leading == 0 or kinds != "S" * leading + "R" * (len(kinds) - leading):
         return None
@@ -45,10 +45,10 @@ def _fits(sch, infos) -> tuple | None:
     def same(a, b):
         return len(a) == len(b) and all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b))
 
-    if any(_shape(sch, info)[0] != kinds or not same(_shape(sch, info)[1], extents)
+    if any(_shape(info)[0] != kinds or not same(_shape(info)[1], extents)
            for info in reductions[1:]):
         return None
-    if any(not info.is_injective() or not same(_shape(sch, info)[1], extents)
+    if any(not info.is_injective() or not same(_shape(info)[1], extents)
            for info in outputs):
         return None
     return reductions, outputs, leading
@@ -78,7 +78,7 @@ def several_outputs_rule():
                 return None
             sch = s_tir.Schedule(func)
             infos = try_inline_contiguous_spatial(sch, normalize_prim_func(sch))
-            fits = _fits(sch, infos) if infos else None
+            fits = _fits(infos) if infos else None
             if fits is None:
                 return None
             reductions, outputs, leading = fits
