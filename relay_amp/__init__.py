@@ -10,8 +10,9 @@ evaluation harness (model-zoo sweep, benchmarks, conformance, fuzzing, GPU bundl
 """
 
 from .builds import DecomposeAttention, GpuCost, codegen, cpu_pipeline, cuda_pipeline, gpu_cost
+from .builds.pipeline import compile_module
 from .calibrate import Calibration, calibrate
-from .execution import Agreement, agreement, compile_module, host_target, run
+from .execution import Agreement, agreement, host_target, run
 from .fallback import auto_mixed_precision, bisect_fallback
 from .op_registry import Category
 from .policy import Policy, amp_config, current_policy

@@ -19,7 +19,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .execution import as_batches, check_batch, compile_module, contiguous, with_function
+from .builds.pipeline import compile_module
+from .execution import as_batches, check_batch, contiguous, with_function
 from .instrument import instrument, returning_stats
 
 

@@ -24,13 +24,6 @@ def with_function(mod: tvm.IRModule, name: str, func) -> tvm.IRModule:
     return tvm.IRModule(functions, attrs=mod.attrs)
 
 
-def compile_module(mod: tvm.IRModule, target=None):
-    """Compile ``mod`` with TVM's default pipeline and return a Relax VirtualMachine."""
-    target = target or host_target()
-    executable = tvm.compile(mod, target=target)
-    return relax.VirtualMachine(executable, tvm.cpu())
-
-
 def contiguous(array) -> np.ndarray:
     """A C-contiguous copy-if-needed of ``array`` that keeps 0-d arrays 0-d."""
     array = np.asarray(array)

@@ -23,9 +23,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .builds.pipeline import compile_module
 from .calibrate import Calibration, calibrate
 from .dtypes import numpy_dtype
-from .execution import agreement, as_batches, check_batch, compile_module, contiguous, with_function
+from .execution import agreement, as_batches, check_batch, contiguous, with_function
 from .instrument import instrument, returning_stats
 from .op_registry import op_info
 from .policy import Policy

@@ -32,7 +32,7 @@ def measure(name: str, batches: int) -> list:
                                      calibration=calibration)
 
     def outputs(module) -> list:
-        vm = execution.compile_module(module)
+        vm = relay_amp.compile_module(module)
         return [execution.run(vm, batch) for batch in loaded.batches]
 
     reference, ours, theirs = outputs(mod), outputs(converted), outputs(builtin_convert(mod))

@@ -61,7 +61,7 @@ def random_inputs(mod, seed=0, low=-1.0, high=1.0, func="main"):
 
 
 def run_module(mod, inputs):
-    return execution.run(execution.compile_module(mod), inputs)
+    return execution.run(relay_amp.compile_module(mod), inputs)
 
 
 @I.ir_module

@@ -11,7 +11,7 @@ the pass's ground-floor helpers (dtypes, Relax utilities, execution), never a pa
 from . import codegen
 from .cpu_pipeline import cpu_pipeline
 from .gpu_cost import GpuCost, gpu_cost
-from .pipeline import DecomposeAttention, build, cuda_pipeline
+from .pipeline import DecomposeAttention, build, compile_module, cuda_pipeline
 
 __all__ = ["codegen", "cpu_pipeline", "GpuCost", "gpu_cost", "DecomposeAttention", "build",
-           "cuda_pipeline"]
+           "compile_module", "cuda_pipeline"]

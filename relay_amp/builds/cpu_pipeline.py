@@ -34,6 +34,23 @@ MIN_LANES, MAX_LANES = 4, 16
 #: Rows of outputs computed together, widest first (4 rows of 16 float32 lanes are 16 of NEON's
 #: 32 vector registers).
 BLOCK_ROWS = (4, 2)
+#: Where a tile's partial sums live, by the target's architecture (measured, docs/PERFORMANCE.md
+#: and docs/ARM.md). TVM lowers a CPU buffer of any scope but "global" to a
+#: ``TVMBackendAllocWorkspace`` call, whose memory LLVM keeps: each FMA loads and stores its sum.
+#: A "global" buffer under 1 KiB is a stack ``alloca`` that LLVM promotes to registers: on x86
+#: that is 0.69-0.71 x the time and lets the tiles run in parallel (a workspace would be
+#: allocated per tile); on aarch64 LLVM's SLP vectorizer then rebuilds each vector of sums lane by
+#: lane (``ins``/``mov`` per lane: 2.3 x the executed instructions), so there the sums stay in
+#: memory and the tiles serial.
+REGISTER_SUMS_ARCHES = ("x86_64", "i386", "i686")
+
+
+def registers_hold_the_sums(target) -> bool:
+    """Whether ``target``'s kernels keep a tile's partial sums in registers (and so run the
+    tiles in parallel): :data:`REGISTER_SUMS_ARCHES`, by the target's ``mtriple`` or, without
+    one, this machine's."""
+    triple = target.attrs.get("mtriple") or tvm.target.codegen.llvm_get_system_triple()
+    return str(triple).startswith(REGISTER_SUMS_ARCHES)
 
 
 def lanes_for(extent: int) -> int | None:
@@ -88,6 +105,20 @@ def _row_block(block, spatial, axis):
     return 1, None
 
 
+def _inline_epilogue(sch, write_back) -> None:
+    """Fold the elementwise blocks that read the tile's result (a bias, an activation, a
+    residual add: the epilogue TVM fused into the kernel) into its write-back, one consumer at a
+    time while each is the only reader: the epilogue runs on the tile in registers, vectorized
+    and in parallel, and no intermediate buffer is left for it to load back."""
+    from tvm import s_tir
+
+    while len(consumers := sch.get_consumers(write_back)) == 1:
+        try:
+            sch.reverse_compute_inline(consumers[0])
+        except s_tir.ScheduleError:  # not elementwise in the tile's output: it stays a loop
+            return
+
+
 class VectorizeDotProduct:
     """A dlight schedule rule for ``llvm`` targets: a kernel with one dot-product block (a
     convolution, a matmul) computes adjacent outputs of its last axis at once
@@ -96,10 +127,13 @@ class VectorizeDotProduct:
     The loops become ``[spatial loops..., the last axis / lanes, reduction loops..., rows,
     lanes]``: ``rows`` (``BLOCK_ROWS``) adjacent values of another spatial axis that the vector
     operand does not depend on (:func:`_row_block`) reuse each vector it loads. The partial sums
-    live in a ``local`` buffer written back once per tile (``cache_write``), initialised by a
-    vectorized loop; the update's rows and lanes are unrolled, which LLVM's SLP vectorizer turns
-    into vector FMAs. Kernels with another reduction, with a last axis that has no divisor from
-    4 to 16 (:func:`lanes_for`), or whose loops are not one per block iterator are left alone.
+    live in a buffer written back once per tile (``cache_write``; in registers and the tiles in
+    parallel where :func:`registers_hold_the_sums`), initialised by a vectorized loop; the
+    elementwise epilogue TVM fused after the kernel is computed in the write-back
+    (:func:`_inline_epilogue`); the update's rows and lanes are unrolled, which LLVM's SLP
+    vectorizer turns into vector FMAs. Kernels with another reduction, with a last axis that
+    has no divisor from 4 to 16 (:func:`lanes_for`), or whose loops are not one per block
+    iterator are left alone.
     dlight's ``ApplyDefaultSchedule`` calls :meth:`apply`.
     """
 
@@ -139,8 +173,13 @@ class VectorizeDotProduct:
                      for it in spatial if it is not axis]
             sch.reorder(*loops, outer, *(it.loop_rv for it in reduce),
                         *([row_inner] if row_inner is not None else []), inner)
-            write_back = sch.cache_write(info.block_rv, 0, "local")
-            sch.reverse_compute_at(write_back, outer)
+            tile = sch.fuse(*loops, outer) if loops else outer
+            in_registers = registers_hold_the_sums(target)
+            if in_registers:
+                sch.parallel(tile)
+            write_back = sch.cache_write(info.block_rv, 0, "global" if in_registers else "local")
+            sch.reverse_compute_at(write_back, tile)
+            _inline_epilogue(sch, write_back)
             init = sch.decompose_reduction(info.block_rv, reduce[0].loop_rv)
             for vectorized in (init, write_back):
                 sch.vectorize(sch.get_loops(vectorized)[-1])
@@ -186,4 +225,5 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     return _pipeline
 
 
-__all__ = ["BLOCK_ROWS", "VECTOR_LANES", "VectorizeDotProduct", "cpu_pipeline", "lanes_for"]
+__all__ = ["BLOCK_ROWS", "REGISTER_SUMS_ARCHES", "VECTOR_LANES", "VectorizeDotProduct",
+           "cpu_pipeline", "lanes_for", "registers_hold_the_sums"]

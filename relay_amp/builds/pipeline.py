@@ -508,3 +508,31 @@ def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_core
         timings.update(relax_passes_s=relax_s, tir_passes_s=tir_s,
                        codegen_s=time.perf_counter() - start - relax_s - tir_s)
     return executable
+
+
+def compile_module(mod: tvm.IRModule, target=None, relay_amp_schedules: bool = True):
+    """Compile ``mod`` with :func:`build` and return a Relax VirtualMachine on the target's
+    device: what calibration, the fallback search, the sweep, conformance and the fuzzer run.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        The module to compile.
+    target : tvm.target.Target or dict, optional
+        Default: this machine's CPU (:func:`relay_amp.host_target`).
+    relay_amp_schedules : bool
+        False: TVM's own pipeline for the target (for ``llvm``, its unscheduled loops).
+
+    Returns
+    -------
+    tvm.relax.VirtualMachine
+    """
+    from tvm import relax
+
+    from ..execution import host_target
+
+    target = target or host_target()
+    target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    executable = build(mod, target, relay_amp_schedules=relay_amp_schedules)
+    device = tvm.cpu() if target.kind.name in ("llvm", "c") else tvm.device(target.kind.name)
+    return relax.VirtualMachine(executable, device)

@@ -353,7 +353,8 @@ def measure_accuracy(mod, converted, executable, target: dict, data: Calibration
     """float32 vs the converted model on the calibration data, both run on this CPU."""
     from tvm import relax
 
-    from ..execution import agreement, compile_module, run
+    from ..builds.pipeline import compile_module
+    from ..execution import agreement, run
 
     with _stage("accuracy: compile float32 for this CPU", progress):
         reference_vm = compile_module(mod)

@@ -19,8 +19,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..builds.pipeline import compile_module
 from ..cli.progress import progress_bar
-from ..execution import compile_module, host_target
+from ..execution import host_target
 from ..transform import convert
 from .stats import builtin_convert, module_stats
 from .sweep import error_message, machine_description

@@ -7,7 +7,8 @@ import os
 import numpy as np
 
 from .. import fallback
-from ..execution import agreement, compile_module, run
+from ..builds.pipeline import compile_module
+from ..execution import agreement, run
 from ..transform import convert
 from .data import sample_images
 

@@ -308,10 +308,8 @@ class _Case:
     def __init__(self, path: str, stage):
         from tvm.relax.frontend.onnx import from_onnx
 
-        from relay_amp.execution import (
-            compile_module,
-            run,
-        )
+        from relay_amp.builds.pipeline import compile_module
+        from relay_amp.execution import run
 
         self.stage = stage
         self.skip = None

@@ -186,7 +186,8 @@ def check_invariants(case: Case, dtype: str, target=None) -> tuple:
 
 def check_numerics(case: Case, converted: tvm.IRModule, dtype: str) -> float:
     """Relative L2 error of ``converted`` against the float32 module on bounded inputs."""
-    from ..execution import agreement, compile_module, run
+    from ..builds.pipeline import compile_module
+    from ..execution import agreement, run
 
     reference = run(compile_module(case.mod), case.inputs)
     outputs = run(compile_module(converted), case.inputs)

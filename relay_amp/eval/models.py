@@ -598,7 +598,7 @@ def _load_onnx_model(path: str, shape: list, spec: ModelSpec, batches, extra=Non
     model = onnx.load(path)
     notes: list = []
     mod = import_onnx(model, {model.graph.input[0].name: shape}, notes, simplify)
-    return LoadedModel(spec, mod, batches, notes, extra or {})
+    return LoadedModel(spec, mod, batches, notes, {"onnx_path": path, **(extra or {})})
 
 
 def _load_paddleocr(spec: ModelSpec, workdir: str, batches: int | None = None) -> LoadedModel:

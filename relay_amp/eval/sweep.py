@@ -224,7 +224,7 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
     accuracy sweep or one for a CPU target does not read them)."""
     import relay_amp
 
-    from .. import execution
+    from ..builds.pipeline import compile_module
     from . import models
     from .stats import builtin_convert, latency_ms, module_stats
 
@@ -257,7 +257,7 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
 
     try:
         start = time.perf_counter()
-        vm = execution.compile_module(reference_mod)
+        vm = compile_module(reference_mod)
         compile_s = time.perf_counter() - start
         reference, first_run = _run_all(vm, loaded.batches)
         if nms_inputs:
@@ -318,7 +318,7 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
         row.update(module_stats(converted, dtype))
         try:
             start = time.perf_counter()
-            vm = execution.compile_module(expose(converted))
+            vm = compile_module(expose(converted))
             row["compile_s"] = time.perf_counter() - start
         except Exception as err:
             result["variants"][variant] = {**row, **_error("compile error", err)}

@@ -9,10 +9,11 @@ import pytest
 from tvm import relax
 
 import relay_amp
+from relay_amp.builds.pipeline import compile_module
 from relay_amp.eval import bench
 from relay_amp.eval.stats import builtin_convert
 from relay_amp.eval.synthetic import KINDS, count_bindings, synthetic_module
-from relay_amp.execution import compile_module, run
+from relay_amp.execution import run
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -184,3 +185,24 @@ def test_a_variant_that_fails_to_convert_is_a_message_not_a_lost_row():
     assert "- m, tvm:float16: conversion failed (InternalError: Expected TensorType)" in text
     goals = bench.goals([], results["models"])
     assert "(n)" in goals["casts_ratio"]["measured"]  # the ratio needs both passes
+
+
+def test_cpu_latency_and_compile_module_time_relay_amps_cpu_build(monkeypatch):
+    """What users see: ``relay_amp.compile_module`` (calibration, the fallback search, the
+    sweep) and ``relay-amp bench``'s latency column build ``llvm`` targets with
+    ``relay_amp.cpu_pipeline``; TVM's own build stays one argument away."""
+    from relay_amp.builds import pipeline
+
+    asked = []
+    build = pipeline.build
+    monkeypatch.setattr(pipeline, "build", lambda mod, target, **kw: asked.append(
+        kw.get("relay_amp_schedules", True)) or build(mod, target, **kw))
+    mod = synthetic_module("convnet", 100)
+    inputs = [np.zeros([int(d) for d in p.ty.shape.values], "float32")
+              for p in mod["main"].params]
+    assert set(bench.latency_benchmark({"fp32": mod}, inputs, repeats=1)) == {"fp32"}
+    relay_amp.compile_module(mod, relay_amp_schedules=False)
+    assert asked == [True, False]
+    vm = relay_amp.compile_module(mod)
+    (library,) = [m for m in vm.module.imports if m.kind == "llvm"]
+    assert "TVMBackendParallelLaunch" in library.inspect_source("ll")

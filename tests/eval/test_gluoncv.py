@@ -14,7 +14,7 @@ pytestmark = pytest.mark.zoo  # the model zoo: pip install -r requirements.txt
 @pytest.fixture(scope="module")
 def resnet18(tmp_path_factory):
     model = models.load("resnet18_v1", str(tmp_path_factory.mktemp("zoo")), batch_size=1)
-    reference = execution.run(execution.compile_module(model.mod), model.batches[0])
+    reference = execution.run(relay_amp.compile_module(model.mod), model.batches[0])
     return model, reference
 
 
@@ -28,7 +28,7 @@ def test_batchnorm_reestimation_gives_realistic_logits(resnet18):
 @pytest.fixture(scope="module")
 def builtin_error(resnet18):
     model, reference = resnet18
-    outputs = execution.run(execution.compile_module(builtin_convert(model.mod)),
+    outputs = execution.run(relay_amp.compile_module(builtin_convert(model.mod)),
                            model.batches[0])
     return execution.agreement(reference, outputs)
 
@@ -38,7 +38,7 @@ def test_resnet18_agrees_with_float32(resnet18, builtin_error, dtype, tolerance)
     model, reference = resnet18
     converted, report = relay_amp.convert(model.mod, dtype)
     assert report.low_precision_mac_fraction() == pytest.approx(1.0)
-    outputs = execution.run(execution.compile_module(converted), model.batches[0])
+    outputs = execution.run(relay_amp.compile_module(converted), model.batches[0])
     ours = execution.agreement(reference, outputs)
     print(f"resnet18_v1 {dtype}: relay_amp {ours}, TVM built-in float16 {builtin_error}")
     assert ours.nonfinite == 0

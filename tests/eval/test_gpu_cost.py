@@ -336,10 +336,10 @@ def test_post_norm_transformer_from_transformers_beats_the_builtin_pass():
                                    transformers_zoo._ids_and_masks(ids))
     mod = transformers_zoo.to_relax(built)
     batch = built.batches[0]
-    reference = execution.run(execution.compile_module(mod), batch)
+    reference = execution.run(relay_amp.compile_module(mod), batch)
 
     def error(converted):
-        out = execution.run(execution.compile_module(converted), batch)
+        out = execution.run(relay_amp.compile_module(converted), batch)
         return execution.agreement(reference, out).relative_l2
 
     ours, _ = convert_checked(mod, "float16", target=CUDA)

@@ -22,8 +22,8 @@ def test_loader_and_uint8_model_match_host_normalized_float32(dtype):
     weight = rng.normal(0, 0.3, (8, 3, 3, 3)).astype("float32")
     converted, _ = relay_amp.convert(Conv, dtype, input_dtypes={"data": "uint8"},
                                      input_normalization={"data": IMAGENET_UINT8})
-    reference_vm = execution.compile_module(Conv)
-    converted_vm = execution.compile_module(converted)
+    reference_vm = relay_amp.compile_module(Conv)
+    converted_vm = relay_amp.compile_module(converted)
     reference, outputs = [], []
     for batch in batches:
         assert batch.dtype == np.uint8 and batch.shape == (1, 3, 16, 16)

@@ -41,7 +41,7 @@ def _ort(model, feeds):
 
 def _tvm(model, feeds):
     mod = from_onnx(model, shape_dict={k: list(v.shape) for k, v in feeds.items()})
-    return execution.run(execution.compile_module(mod), list(feeds.values()))
+    return execution.run(relay_amp.compile_module(mod), list(feeds.values()))
 
 
 def _tensor(name, shape, dtype=TensorProto.FLOAT):
@@ -290,7 +290,7 @@ def test_nms_inputs_become_outputs_of_the_converted_module(dtype):
         exposed, count = expose_nms_inputs(module)
         assert count == 2
         relax.analysis.well_formed(exposed)
-        table, negated, boxes, scores = execution.run(execution.compile_module(exposed),
+        table, negated, boxes, scores = execution.run(relay_amp.compile_module(exposed),
                                                       [BOX_TABLE])
         np.testing.assert_array_equal(negated, -BOX_TABLE)
         np.testing.assert_array_equal(boxes, BOX_TABLE[:, :, 2:])  # every anchor, in order

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from test_sweep_parallel import _InProcess
 
+import relay_amp
 from relay_amp.eval import metrics, ocr, sweep
 from relay_amp.eval.models import REGISTRY, get_spec
 
@@ -510,7 +511,7 @@ def test_gluoncv_loader_gives_the_batches_asked_for(tmp_path):
     photos = models.photo_pixels(8, 32)
     assert np.array_equal(loaded.batches[0][0], normalize(photos[:2]))  # the default batch
     assert "4 input batches measured (--batches 4)" in loaded.notes
-    vm = execution.compile_module(loaded.mod)
+    vm = relay_amp.compile_module(loaded.mod)
     outputs = [execution.run(vm, batch)[0] for batch in loaded.batches]
     assert all(o.shape == (2, 10) for o in outputs)
     assert not np.allclose(outputs[0], outputs[1])

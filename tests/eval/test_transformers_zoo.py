@@ -35,7 +35,7 @@ def imported():
 @pytest.mark.parametrize("name", list(zoo.MODELS))
 def test_loader_matches_pytorch_in_tvm_float32(imported, name):
     built, mod, reference = imported(name)
-    vm = execution.compile_module(mod)
+    vm = relay_amp.compile_module(mod)
     for batch, expected in zip(built.batches, reference):
         outputs = execution.run(vm, batch)
         assert [o.shape for o in outputs] == [e.shape for e in expected]
@@ -51,7 +51,7 @@ def test_symbolic_sequence_length_converts_and_runs(imported):
     converted, report = relay_amp.convert(mod, "float16", target=sweep.DEFAULT_TARGET)
     assert isinstance(converted["main"].params[0].ty.shape[1], tvm.tirx.Var)
     assert report.low_precision_mac_fraction() > 0.9
-    vm = execution.compile_module(converted)
+    vm = relay_amp.compile_module(converted)
     for batch, expected in zip(built.batches, reference):
         outputs = execution.run(vm, batch)
         agreement = execution.agreement(expected, outputs)

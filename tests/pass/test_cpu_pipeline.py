@@ -14,10 +14,11 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
-from relay_amp.builds.cpu_pipeline import VectorizeDotProduct, lanes_for
+from relay_amp.builds.cpu_pipeline import VectorizeDotProduct, lanes_for, registers_hold_the_sums
 
 FULLFP16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+fullfp16"]}
 NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
+AVX2 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"}
 A64_SCALAR_FMA = r"\bfmadd\s+[sh]\d+"
 A64_F32_VECTOR_FMA = r"\bfmla\s+v\d+\.4s"
 A64_F16_VECTOR_FMA = r"\bfmla\s+v\d+\.8h"
@@ -81,17 +82,26 @@ def _convert(mod, dtype, target, accumulation=None):
     return relay_amp.convert(mod, dtype, policy=policy, target=target)[0]
 
 
-def test_dot_products_get_a_vector_of_partial_sums():
+@pytest.mark.parametrize("target", [NEON, AVX2])
+def test_dot_products_get_a_vector_of_partial_sums(target):
     """The convolution and the matmul: the last output axis split by the lanes, the partial
-    sums in a local buffer, initialised and written back by vectorized loops."""
-    kernels = _scheduled(ConvMatmul, NEON)
+    sums in a buffer of the tile, initialised and written back by vectorized loops; on x86 the
+    sums on the stack and the tiles in a parallel loop, on aarch64 a workspace and serial
+    tiles (``registers_hold_the_sums``)."""
+    x86 = target is AVX2
+    kernels = _scheduled(ConvMatmul, target)
     dots = {name: script for name, script in kernels.items()
             if "conv2d" in name or "matmul" in name}
     assert len(dots) == 2, sorted(kernels)
     for name, script in dots.items():
-        assert 'scope="local"' in script, name
+        assert ("_global = T.sblock_alloc_buffer" in script) == x86, name
+        assert ('scope="local"' in script) == (not x86), name
         assert script.count("T.vectorized(") == 2, name
         assert "T.unroll(" in script, name
+        assert script.count("T.parallel(") == int(x86), name
+    # the relu TVM fused after the convolution is computed in the write-back, on the tile
+    assert "T.max(" in dots["fused_conv2d_relu"]
+    assert 'T.sblock("compute' not in dots["fused_conv2d_relu"]
 
 
 def test_lanes_divide_the_axis_multiples_of_four_first():
@@ -103,7 +113,7 @@ def test_lanes_divide_the_axis_multiples_of_four_first():
 def test_other_reductions_and_odd_axes_are_left_alone():
     """softmax reduces without multiply-accumulating; a 19-wide matmul output has no lanes."""
     for name, script in _scheduled(SoftmaxOdd, NEON).items():
-        assert "T.vectorized(" not in script and 'scope="local"' not in script, name
+        assert "T.vectorized(" not in script and "T.parallel(" not in script, name
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -134,6 +144,35 @@ def test_aarch64_dot_products_are_vector_fmas():
         assert re.findall(A64_F32_VECTOR_FMA, asm) and not re.findall(A64_SCALAR_FMA, asm)
     asm = _assembly(_convert(ConvMatmul, "float16", FULLFP16, "float16"), FULLFP16)
     assert re.findall(A64_F16_VECTOR_FMA, asm) and not re.findall(A64_SCALAR_FMA, asm)
+
+
+def _llvm_ir(mod, target, schedules=True):
+    executable = tvm.compile(mod, target=tvm.target.Target(target),
+                             relax_pipeline=relay_amp.cpu_pipeline(target, schedules))
+    modules = [executable.mod, *executable.mod.imports]
+    return "\n".join(m.inspect_source("ll") for m in modules if m.kind == "llvm")
+
+
+WORKSPACE = "load ptr, ptr @__TVMBackendAllocWorkspace"
+
+
+def test_registers_hold_the_sums_on_x86_only():
+    assert registers_hold_the_sums(tvm.target.Target(AVX2))
+    assert not registers_hold_the_sums(tvm.target.Target(NEON))
+
+
+def test_partial_sums_live_in_registers_and_tiles_run_in_parallel_on_x86():
+    """A buffer of any scope but "global" is a ``TVMBackendAllocWorkspace`` call on a CPU:
+    LLVM would load and store each partial sum around every FMA. The tile's sums add no
+    workspace to TVM's build (the relu's input, which the epilogue no longer needs, is one
+    less), and no ``alloca`` survives LLVM (all promoted to registers); the tiles are handed to
+    TVM's thread pool."""
+    plain, scheduled = (_llvm_ir(ConvMatmul, AVX2, schedules) for schedules in (False, True))
+    assert scheduled.count(WORKSPACE) == plain.count(WORKSPACE) - 1
+    assert not re.findall(r"alloca (?:\[\d+ x (?:float|half)\]|<\d+ x )", scheduled)
+    assert "@__TVMBackendParallelLaunch" in scheduled
+    assert "@__TVMBackendParallelLaunch" not in plain
+    assert "@__TVMBackendParallelLaunch" not in _llvm_ir(ConvMatmul, NEON)
 
 
 def test_build_takes_the_cpu_pipeline_for_llvm_targets():

@@ -10,8 +10,9 @@ from helpers import convert_checked, run_module
 from tvm.script import ir as I
 from tvm.script import relax as R
 
+from relay_amp.builds.pipeline import compile_module
 from relay_amp.dtypes import numpy_dtype
-from relay_amp.execution import compile_module, run
+from relay_amp.execution import run
 
 
 @I.ir_module

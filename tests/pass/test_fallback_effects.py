@@ -11,7 +11,8 @@ import pytest
 from tvm import relax
 
 import relay_amp
-from relay_amp.execution import agreement, compile_module, run
+from relay_amp.builds.pipeline import compile_module
+from relay_amp.execution import agreement, run
 from relay_amp.fallback import local_errors, output_effects
 
 SAMPLES, BINS, KERNEL, HOP = 4096, 48, 256, 64

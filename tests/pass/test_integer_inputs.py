@@ -110,11 +110,11 @@ def test_input_read_only_in_float32_is_cast_to_float32(dtype):
     batch = rng.integers(0, 256, (1, 3, 16, 16)).astype("uint8")
     inputs = [rng.normal(0, 0.3, (8, 3, 3, 3)).astype("float32"),
               rng.normal(0, 0.5, 3).astype("float32"), rng.uniform(0.5, 2, 3).astype("float32")]
-    reference = execution.run(execution.compile_module(DataBatchNorm),
+    reference = execution.run(relay_amp.compile_module(DataBatchNorm),
                               [host_normalize(batch), *inputs])
-    error = execution.agreement(reference, execution.run(execution.compile_module(new),
+    error = execution.agreement(reference, execution.run(relay_amp.compile_module(new),
                                                          [batch, *inputs])).relative_l2
-    twice = execution.agreement(reference, execution.run(execution.compile_module(untargeted),
+    twice = execution.agreement(reference, execution.run(relay_amp.compile_module(untargeted),
                                                          [batch, *inputs])).relative_l2
     assert error < {"float16": 1e-3, "bfloat16": 1e-2}[dtype]
     assert error <= twice

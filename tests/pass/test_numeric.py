@@ -184,12 +184,12 @@ SEEDS = range(6)
 
 def _reference(mod, seeds=(1,)):
     inputs = [random_inputs(mod, seed=seed) for seed in seeds]
-    vm = execution.compile_module(mod)
+    vm = relay_amp.compile_module(mod)
     return inputs, [out for batch in inputs for out in execution.run(vm, batch)]
 
 
 def _outputs(mod, inputs):
-    vm = execution.compile_module(mod)
+    vm = relay_amp.compile_module(mod)
     return [out for batch in inputs for out in execution.run(vm, batch)]
 
 

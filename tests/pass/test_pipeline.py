@@ -57,8 +57,8 @@ def test_float32_decomposition_equals_tvms_legalization(causal, scale, bias, seq
     assert not any(op.startswith("relax.nn.attention") for op in _ops(after))
     assert _ops(after).count("relax.matmul") == 2
     inputs = _inputs(before)
-    reference = execution.run(execution.compile_module(before), inputs)
-    outputs = execution.run(execution.compile_module(after), inputs)
+    reference = execution.run(relay_amp.compile_module(before), inputs)
+    outputs = execution.run(relay_amp.compile_module(after), inputs)
     np.testing.assert_allclose(outputs[0], reference[0], rtol=1e-5, atol=1e-6)
 
 
@@ -79,12 +79,12 @@ def test_float16_decomposition_is_closer_to_float32_than_tvms_legalization():
     reference_mod = _attention_module("float32", seq=128, seq_kv=128)
     low = _attention_module("float16", seq=128, seq_kv=128)
     inputs = _inputs(reference_mod, 3)
-    reference = execution.run(execution.compile_module(reference_mod), inputs)
+    reference = execution.run(relay_amp.compile_module(reference_mod), inputs)
     low_inputs = [x.astype("float16") for x in inputs]
     tvm_error = execution.agreement(
-        reference, execution.run(execution.compile_module(low), low_inputs)).relative_l2
+        reference, execution.run(relay_amp.compile_module(low), low_inputs)).relative_l2
     ours = execution.agreement(reference, execution.run(
-        execution.compile_module(pipeline.DecomposeAttention(low)), low_inputs)).relative_l2
+        relay_amp.compile_module(pipeline.DecomposeAttention(low)), low_inputs)).relative_l2
     assert ours <= tvm_error
 
 
@@ -210,8 +210,8 @@ def test_split_k_is_partial_products_and_their_sum_with_the_same_result(dtype, o
     assert [int(d) for d in partial.shape.values] == [8, 1, 128, 256]
     assert str(partial.dtype) == out_dtype
     inputs = _inputs(Before)
-    reference = execution.run(execution.compile_module(Before), inputs)
-    outputs = execution.run(execution.compile_module(after), inputs)
+    reference = execution.run(relay_amp.compile_module(Before), inputs)
+    outputs = execution.run(relay_amp.compile_module(after), inputs)
     tolerance = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}[dtype]
     scale = float(np.abs(reference[0]).max())  # another summation order: error ~ the sum's size
     np.testing.assert_allclose(outputs[0], reference[0], rtol=0, atol=tolerance * scale)
