@@ -254,7 +254,8 @@ def main(argv=None) -> int:
             return child.returncode
     import relay_amp
 
-    print(_table(rows, str(relay_amp.host_target())))
+    if rows:
+        print(_table(rows, str(relay_amp.host_target())))
     if chains:
         print("\n| MatMul + elementwise chain | TVM's build (s) | relay_amp's build (s) | ratio |")
         print("|---:|---:|---:|---:|")

@@ -96,13 +96,14 @@ def _row_block(block, spatial, axis):
     them; ``(1, None)`` where none divides."""
     vector_reads = [region for region in block.reads
                     if any(_uses(r.min, axis.var) for r in region.region)]
+    shared = [it for it in reversed(spatial) if it is not axis and not any(
+        _uses(r.min, it.var) for region in vector_reads for r in region.region)]
     for rows in BLOCK_ROWS:
-        for it in reversed(spatial):
-            if it is axis or not isinstance(it.dom, (int, tvm.tirx.IntImm)) or int(it.dom) % rows:
-                continue
-            if not any(_uses(r.min, it.var) for region in vector_reads for r in region.region):
+        for it in shared:
+            if isinstance(it.dom, (int, tvm.tirx.IntImm)) and int(it.dom) % rows == 0:
                 return rows, it
-    return 1, None
+    symbolic = [it for it in shared if not isinstance(it.dom, (int, tvm.tirx.IntImm))]
+    return (BLOCK_ROWS[0], symbolic[0]) if symbolic else (1, None)
 
 
 def _inline_epilogue(sch, write_back) -> None:
@@ -116,7 +117,10 @@ def _inline_epilogue(sch, write_back) -> None:
         try:
             sch.reverse_compute_inline(consumers[0])
         except s_tir.ScheduleError:  # not elementwise in the tile's output: it stays a loop
-            return
+            try:  # the copy out of a padded result: the epilogue reads the padded one
+                sch.compute_inline(consumers[0])
+            except s_tir.ScheduleError:
+                return
 
 
 class VectorizeDotProduct:
@@ -165,6 +169,18 @@ class VectorizeDotProduct:
             return None
         rows, row_axis = _row_block(block, spatial, axis)
         try:
+            if row_axis is not None and not isinstance(row_axis.dom, (int, tvm.tirx.IntImm)):
+                # a symbolic extent (a sequence length) is padded to a multiple of the rows:
+                # the padded rows are zeros computed and never written out
+                position = {id(it): n for n, it in enumerate(info.iters)}
+                sch.pad_einsum(info.block_rv, [rows if it is row_axis else 1
+                                               for it in info.iters])
+                info = next(i for i in normalize_prim_func(sch) or ()
+                            if any(it.kind == "R" for it in i.iters))
+                spatial = [info.iters[position[id(it)]] for it in spatial]
+                reduce = [info.iters[position[id(it)]] for it in reduce]
+                axis = info.iters[position[id(axis)]]
+                row_axis = info.iters[position[id(row_axis)]]
             outer, inner = sch.split(axis.loop_rv, [None, lanes])
             row_outer = row_inner = None
             if row_axis is not None:

@@ -49,6 +49,18 @@ class SoftmaxOdd:
         return gv
 
 
+@I.ir_module
+class SymbolicRows:
+    @R.function
+    def main(x: R.Tensor(("n", 32), "float32"), w: R.Tensor((32, 48), "float32"),
+             b: R.Tensor((48,), "float32")):
+        with R.dataflow():
+            lv = R.matmul(x, w)
+            gv = R.add(lv, b)
+            R.output(gv)
+        return gv
+
+
 def _inputs(mod, seed=0):
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal([int(d) for d in p.ty.shape.values]) / 4).astype("float32")
@@ -144,6 +156,24 @@ def test_aarch64_dot_products_are_vector_fmas():
         assert re.findall(A64_F32_VECTOR_FMA, asm) and not re.findall(A64_SCALAR_FMA, asm)
     asm = _assembly(_convert(ConvMatmul, "float16", FULLFP16, "float16"), FULLFP16)
     assert re.findall(A64_F16_VECTOR_FMA, asm) and not re.findall(A64_SCALAR_FMA, asm)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8])
+def test_a_symbolic_extent_is_padded_to_blocks_of_rows(rows):
+    """A sequence length (symbolic) cannot be split exactly: the rule pads it to a multiple of
+    ``BLOCK_ROWS[0]`` (zeros, computed and never written out), so each loaded vector still
+    serves 4 rows; the write-back writes the rows that exist, the bias add folded in."""
+    (script,) = [s for n, s in _scheduled(SymbolicRows, AVX2).items() if "matmul" in n]
+    assert "T.if_then_else(" in script and "T.where(" in script
+    assert "for ax0_1 in T.unroll(T.int64(4))" in script
+    assert 'T.sblock("T_add"' not in script
+    rng = np.random.default_rng(rows)
+    inputs = [rng.standard_normal(shape).astype("float32") for shape in
+              ((rows, 32), (32, 48), (48,))]
+    outputs = [relay_amp.execution.run(relay_amp.compile_module(SymbolicRows, None, schedules),
+                                       inputs)[0] for schedules in (False, True)]
+    assert outputs[1].shape == (rows, 48)
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=0, atol=1e-5)
 
 
 def _llvm_ir(mod, target, schedules=True):
