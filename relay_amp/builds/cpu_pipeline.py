@@ -93,7 +93,9 @@ def _row_block(block, spatial, axis):
     """``(rows, iterator)``: the spatial iterator whose ``rows`` adjacent values share the
     vector operand (no read that the lanes index depends on it: a convolution's output
     channels, a matmul's rows) and so are computed together, each vector loaded once for all of
-    them; ``(1, None)`` where none divides."""
+    them; where no constant extent divides, a symbolic one (a sequence length, which
+    :class:`VectorizeDotProduct` pads to a multiple of the rows); ``(1, None)`` where neither
+    exists."""
     vector_reads = [region for region in block.reads
                     if any(_uses(r.min, axis.var) for r in region.region)]
     shared = [it for it in reversed(spatial) if it is not axis and not any(
