@@ -33,17 +33,6 @@ THREAD_VARIABLES = ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                     "OPENBLAS_NUM_THREADS")
 
 
-def _relative_l2(reference, output) -> float:
-    import numpy as np
-
-    reference = np.asarray(reference, dtype=np.float64)
-    output = np.asarray(output, dtype=np.float64)
-    if reference.shape != output.shape:
-        return float("nan")
-    scale = float(np.linalg.norm(reference))
-    return float(np.linalg.norm(output - reference) / (scale if scale else 1.0))
-
-
 def _onnx_peer(path: str, threads: int):
     import onnx
     import onnxruntime
@@ -108,13 +97,13 @@ def _cases(name: str, tokens):
     spec = models.get_spec(name)
     if spec.family == "transformers":
         built = transformers_zoo.build(name)
-        loaded = models.load(name)
+        mod = transformers_zoo.to_relax(built)
         first = built.batches[0]
         lengths = tokens or [first[0].shape[-1]]
         for length in lengths:
             inputs = [np.ascontiguousarray(np.resize(x, (*x.shape[:-1], length)))
                       if x.dtype.kind == "i" else x for x in first]
-            yield f"{name} ({length} tokens)", loaded.mod, (
+            yield f"{name} ({length} tokens)", mod, (
                 lambda threads, m=built.module: _torch_peer(m, threads)), inputs
         return
     workdir = tempfile.mkdtemp(prefix="bench_peers_")
@@ -131,7 +120,8 @@ def _child(args) -> int:
     import tvm
 
     import relay_amp
-    from relay_amp.execution import flatten_outputs
+    from relay_amp.eval.bench import interleaved_times
+    from relay_amp.execution import agreement, flatten_outputs
 
     target = tvm.target.Target(relay_amp.host_target())
     threads = args.threads_child
@@ -143,19 +133,10 @@ def _child(args) -> int:
             peer, peer_run = peer_factory(threads)
             tvm_inputs = [tvm.runtime.tensor(x) for x in inputs]
             reference = [np.asarray(o) for o in peer_run(*inputs)]
-            outputs = flatten_outputs(ours(*tvm_inputs))
-            error = max((_relative_l2(r, o) for r, o in zip(reference, outputs)),
-                        default=float("nan"))
-            functions = {"peer": functools.partial(peer_run, *inputs),
-                         "ours": functools.partial(ours, *tvm_inputs)}
-            times = {key: [] for key in functions}
-            for function in functions.values():
-                function()
-            for _ in range(args.rounds):
-                for key, function in functions.items():
-                    start = time.perf_counter()
-                    function()
-                    times[key].append(time.perf_counter() - start)
+            error = agreement(reference, flatten_outputs(ours(*tvm_inputs))).relative_l2
+            times = interleaved_times({"peer": functools.partial(peer_run, *inputs),
+                                       "ours": functools.partial(ours, *tvm_inputs)},
+                                      (), args.rounds)
             ratios = [o / p for o, p in zip(times["ours"], times["peer"])]
             print(json.dumps({
                 "model": label, "threads": threads, "peer": peer,

@@ -64,15 +64,21 @@ def _timed(function, *args) -> float:
     return time.perf_counter() - begin
 
 
-def interleaved_medians(functions: dict, args: tuple, repeats: int) -> dict:
-    """Median seconds of each function on ``args``: one warm-up each, then ``repeats`` rounds
-    in which every function runs once."""
+def interleaved_times(functions: dict, args: tuple, repeats: int) -> dict:
+    """Seconds of each function on ``args``, one per round: one warm-up each, then ``repeats``
+    rounds in which every function runs once."""
     for function in functions.values():
         function(*args)
     times = {name: [] for name in functions}
     for _ in range(repeats):
         for name, function in functions.items():
             times[name].append(_timed(function, *args))
+    return times
+
+
+def interleaved_medians(functions: dict, args: tuple, repeats: int) -> dict:
+    """Median seconds of each function over :func:`interleaved_times`' rounds."""
+    times = interleaved_times(functions, args, repeats)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
