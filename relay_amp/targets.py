@@ -202,11 +202,13 @@ def arm_cpu_path(mcpu: str) -> dict:
     target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": mcpu})
     features = {name: _llvm_has(name, target) for name in ARM_FEATURES}
     caps = target_caps(target)
-    if caps.computes("float16"):
+    if caps.computes("float16") and features["fp16fml"]:
+        float16 = ("converts: float16 operands multiplied into float32 sums (fmlal/fmlal2) where "
+                   "a kernel's lanes are contiguous and a multiple of 4, else widened (fcvtl) "
+                   "into fmla v.4s; fmla v.8h with float16 accumulation asked")
+    elif caps.computes("float16"):
         float16 = ("converts: float16 operands widened (fcvtl) into float32 vector FMAs "
                    "(fmla v.4s); fmla v.8h with float16 accumulation asked")
-        if features["fp16fml"]:
-            float16 += "; FMLAL (fp16fml) is there and not used yet"
     else:
         float16 = "storage: float32 compute, weights stored in float16 (no fullfp16)"
     if caps.computes("bfloat16"):

@@ -10,7 +10,8 @@ instruction by kind, and its outputs compared with float32's (relative L2).
 Variants: ``float32-tvm`` and ``float16-tvm`` are built by TVM's CPU pipeline (what
 ``tvm.compile`` gives: dot products mostly scalar); the others by ``relay_amp.cpu_pipeline``
 (dot products vectorized): ``float32`` (``+neon``), ``float16`` (relay_amp's aarch64 defaults,
-``+neon,+fullfp16``: float32 accumulation), ``float16-acc16`` (the same with float16
+``+neon,+fullfp16``: float32 accumulation), ``float16-fmlal`` (the same with ``+fp16fml``:
+float16 dot products on FMLAL), ``float16-acc16`` (the same with float16
 accumulation of convolutions and matmuls asked, the fast and less accurate choice) and
 ``bfloat16`` (``+neon,+bf16``). Batch 1, the model's first input batch, conversions
 uncalibrated. Rows already in ``--out`` are kept; each model runs in its own process. Counts are
@@ -26,11 +27,16 @@ import tempfile
 import time
 
 MODELS = ("resnet50_v1", "mobilenetv2_1.0", "yolov8n_320", "bert_base", "llama_smollm_135m")
-#: name -> (dtype, accumulation asked for convolutions and matmuls, relay_amp.cpu_pipeline)
+#: name -> (dtype, accumulation asked for convolutions and matmuls, relay_amp.cpu_pipeline,
+#: the target: a name in relay_amp.eval.arm_emulator)
 VARIANTS = {
-    "float32-tvm": ("float32", None, False), "float16-tvm": ("float16", None, False),
-    "float32": ("float32", None, True), "float16": ("float16", None, True),
-    "float16-acc16": ("float16", "float16", True), "bfloat16": ("bfloat16", None, True),
+    "float32-tvm": ("float32", None, False, "TARGET_FP32"),
+    "float16-tvm": ("float16", None, False, "TARGET_FP16"),
+    "float32": ("float32", None, True, "TARGET_FP32"),
+    "float16": ("float16", None, True, "TARGET_FP16"),
+    "float16-fmlal": ("float16", None, True, "TARGET_FP16FML"),
+    "float16-acc16": ("float16", "float16", True, "TARGET_FP16"),
+    "bfloat16": ("bfloat16", None, True, "TARGET_BF16"),
 }
 MIX_COLUMNS = ("fma .4s", "fma s", "fma .8h", "fma h", "fmlal", "bfdot", "bfmmla", "convert")
 
@@ -41,10 +47,10 @@ def build(loaded, variant: str, workdir: str) -> str:
 
     import relay_amp
     from relay_amp.builds.remote import export_for
-    from relay_amp.eval.arm_emulator import TARGET_BF16, TARGET_FP16, TARGET_FP32
+    from relay_amp.eval import arm_emulator
 
-    dtype, accumulation, schedules = VARIANTS[variant]
-    target = {"float32": TARGET_FP32, "float16": TARGET_FP16, "bfloat16": TARGET_BF16}[dtype]
+    dtype, accumulation, schedules, target_name = VARIANTS[variant]
+    target = getattr(arm_emulator, target_name)
     mod = loaded.mod
     if dtype != "float32":
         policy = relay_amp.Policy(dtype)
@@ -79,8 +85,8 @@ def measure(name: str, variants: tuple) -> dict:
                 row["variants"][variant] = {"status": "error",
                                             "message": f"{type(err).__name__}: {err}"[:400]}
                 continue
-            if variant == "float32-tvm":
-                reference = count.outputs
+            if variant == "float32-tvm" or (variant == "float32" and reference is None):
+                reference = count.outputs  # TVM's float32 build, else relay_amp's
             row["variants"][variant] = {
                 "status": "ok", "total": count.total, "mix": count.mix(),
                 "top": dict(sorted(count.kinds.items(), key=lambda kv: -kv[1])[:20]),

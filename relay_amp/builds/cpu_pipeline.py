@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import tvm
 
+from .neon_tiles import has_fmlal, operand_dtype, register_tile, tensorize_fmlal
 from .schedule_rules import apply_rules
 
 #: Output lanes one vector of partial sums holds: the widest of these that divides the output's
@@ -53,14 +54,22 @@ def registers_hold_the_sums(target) -> bool:
     return str(triple).startswith(REGISTER_SUMS_ARCHES)
 
 
-def lanes_for(extent: int) -> int | None:
+def _aarch64(target) -> bool:
+    triple = target.attrs.get("mtriple") or tvm.target.codegen.llvm_get_system_triple()
+    return str(triple).startswith(("aarch64", "arm64"))
+
+
+def lanes_for(extent: int, multiple: int = 1) -> int | None:
     """How many adjacent outputs of an axis of ``extent`` one vector of partial sums holds
-    (None: the axis has no divisor from ``MIN_LANES`` to ``MAX_LANES``)."""
+    (None: the axis has no divisor from ``MIN_LANES`` to ``MAX_LANES``). ``multiple``: a
+    divisor that is a multiple of it first, where one exists (FMLAL computes 4 lanes at once
+    and the rest one by one)."""
     for lanes in VECTOR_LANES:
         if extent % lanes == 0:
             return lanes
     divisors = [n for n in range(MIN_LANES, MAX_LANES + 1) if extent % n == 0]
-    return divisors[-1] if divisors else None
+    whole = [n for n in divisors if n % multiple == 0]
+    return (whole or divisors or [None])[-1]
 
 
 def _dot_product(block) -> bool:
@@ -137,9 +146,12 @@ class VectorizeDotProduct:
     parallel where :func:`registers_hold_the_sums`), initialised by a vectorized loop; the
     elementwise epilogue TVM fused after the kernel is computed in the write-back
     (:func:`_inline_epilogue`); the update's rows and lanes are unrolled, which LLVM's SLP
-    vectorizer turns into vector FMAs. Kernels with another reduction, with a last axis that
-    has no divisor from 4 to 16 (:func:`lanes_for`), or whose loops are not one per block
-    iterator are left alone.
+    vectorizer turns into vector FMAs. On aarch64 the update is tensorized instead where
+    :mod:`relay_amp.builds.neon_tiles` has an intrinsic for it (a register tile reading the
+    scalars as lanes, in float32 and float16; FMLAL for float16 with ``+fp16fml``, whose lanes
+    are then a multiple of 4 where the axis allows). Kernels with another reduction, with a
+    last axis that has no divisor from 4 to 16 (:func:`lanes_for`), or whose loops are not one
+    per block iterator are left alone.
     dlight's ``ApplyDefaultSchedule`` calls :meth:`apply`.
     """
 
@@ -166,7 +178,11 @@ class VectorizeDotProduct:
         axis = next((it for it in spatial if last.min.same_as(it.var)), None)
         if axis is None or not isinstance(axis.dom, (int, tvm.tirx.IntImm)):
             return None
-        lanes = lanes_for(int(axis.dom))
+        dtype = operand_dtype(block)
+        fmlal = has_fmlal(target) and dtype == "float16"
+        tiles = fmlal or (dtype == "float32" and not registers_hold_the_sums(target)
+                          and _aarch64(target))
+        lanes = lanes_for(int(axis.dom), 4 if fmlal else 1)
         if lanes is None:
             return None
         rows, row_axis = _row_block(block, spatial, axis)
@@ -201,7 +217,14 @@ class VectorizeDotProduct:
             init = sch.decompose_reduction(info.block_rv, reduce[0].loop_rv)
             for vectorized in (init, write_back):
                 sch.vectorize(sch.get_loops(vectorized)[-1])
-            sch.unroll(inner)
+            scope = "global" if in_registers else "local"
+            if tiles:
+                tiled = register_tile(sch, inner, row_inner, [it.loop_rv for it in reduce],
+                                      lanes, rows, scope)
+                if tiled is not None:
+                    return tiled
+            if not (fmlal and tensorize_fmlal(sch, inner, lanes, scope)):
+                sch.unroll(inner)
             if row_inner is not None:
                 sch.unroll(row_inner)
         except s_tir.ScheduleError:  # a kernel this cannot schedule keeps TVM's loops

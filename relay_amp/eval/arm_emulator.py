@@ -47,6 +47,10 @@ QEMU_PLUGINS = "qemu-aarch64"
 CROSS_CXX = "aarch64-linux-gnu-g++"
 #: The target the tests and the harness compile for: an aarch64 CPU with NEON and FP16 arithmetic.
 TARGET_FP16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+fullfp16"]}
+#: The same with FMLAL (``+fp16fml``: float16 products added into float32 sums, Cortex-A76,
+#: Neoverse N1 and later): relay_amp's build runs float16 dot products on it.
+TARGET_FP16FML = {"kind": "llvm", "mtriple": "aarch64-linux-gnu",
+                  "mattr": ["+neon", "+fullfp16", "+fp16fml"]}
 #: The same with bfloat16 dot products (``+bf16``).
 TARGET_BF16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+bf16"]}
 #: The float32 build's target: NEON, no half or bfloat16 arithmetic.

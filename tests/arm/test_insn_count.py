@@ -18,6 +18,7 @@ from relay_amp.eval import arm_emulator
 from relay_amp.eval.arm_emulator import (
     TARGET_BF16,
     TARGET_FP16,
+    TARGET_FP16FML,
     TARGET_FP32,
     EmulatorError,
     InstructionCount,
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.arm
 
 M, K, N = 32, 64, 48
 WEIGHT = (np.random.default_rng(0).standard_normal((K, N)) / 8).astype("float32")
-VARIANTS = ("float32", "float16", "float16-acc16", "bfloat16")
+VARIANTS = ("float32", "float16", "float16-fmlal", "float16-acc16", "bfloat16")
 #: Multiply-accumulate lanes per instruction of each FMA entry of the mix.
 LANES = {"fma s": 1, "fma h": 1, "fma .4s": 4, "fma .8h": 8, "fmlal": 4, "bfdot": 8,
          "bfmmla": 16}
@@ -46,24 +47,48 @@ def matmul_relu():
     return builder.get()
 
 
-def _library(variant, tmp_path, schedules=False):
-    """``variant`` of :func:`matmul_relu` built by TVM's CPU pipeline (or with ``schedules``,
+def nhwc_block():
+    """A MediaPipe block in TFLite's layout: x (1, 8, 8, 32), a pointwise convolution to 48
+    channels, relu, a 3x3 depthwise convolution: 98,304 + 27,648 multiply-accumulates."""
+    rng = np.random.default_rng(2)
+    x = relax.Var("x", relax.TensorType((1, 8, 8, 32), "float32"))
+    pointwise = relax.const((rng.standard_normal((1, 1, 32, 48)) / 8).astype("float32"))
+    depthwise = relax.const((rng.standard_normal((3, 3, 48, 1)) / 4).astype("float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.nn.conv2d(x, pointwise, data_layout="NHWC",
+                                                kernel_layout="HWIO"))
+            y = builder.emit(relax.op.nn.relu(y))
+            out = builder.emit_output(relax.op.nn.conv2d(
+                y, depthwise, padding=[1, 1], groups=48, data_layout="NHWC",
+                kernel_layout="HWOI"))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+NHWC_MACS = 8 * 8 * 32 * 48 + 8 * 8 * 48 * 9
+
+
+def _library(variant, tmp_path, schedules=False, model=matmul_relu):
+    """``variant`` of ``model`` built by TVM's CPU pipeline (or with ``schedules``,
     relay_amp's) and linked for aarch64."""
-    mod = matmul_relu()
+    mod = model()
     if variant == "float32":
         target = TARGET_FP32
     elif variant == "bfloat16":
         target = TARGET_BF16
         mod, _ = relay_amp.convert(mod, "bfloat16", target=target)
     else:
-        target = TARGET_FP16
+        target = TARGET_FP16FML if variant == "float16-fmlal" else TARGET_FP16
         policy = relay_amp.Policy("float16")
         if variant == "float16-acc16":
             policy = policy.set_accumulation_dtype("matmul", "float16")
         mod, _ = relay_amp.convert(mod, "float16", policy=policy, target=target)
     executable = tvm.compile(mod, target=tvm.target.Target(target),
                              relax_pipeline=relay_amp.cpu_pipeline(target, schedules))
-    return remote.export_for(executable, tmp_path / f"{variant}_{schedules}.so", target)
+    return remote.export_for(executable, tmp_path / f"{model.__name__}_{variant}_{schedules}.so",
+                             target)
 
 
 def _inputs():
@@ -75,7 +100,8 @@ def _inputs():
 def test_each_multiply_accumulate_is_counted_once(counter, variant, schedules, tmp_path):
     """The FMA lanes the run executes are the matmul's multiply-accumulates, in the dtype its
     accumulation asks for: float16 accumulation in half FMAs, every other variant in float32;
-    one lane per instruction in TVM's build, vectors in relay_amp's."""
+    one lane per instruction in TVM's build, vectors in relay_amp's (``fmlal`` with
+    ``+fp16fml``)."""
     count = counter.count(_library(variant, tmp_path, schedules), _inputs())
     mix = count.mix()
     lanes = {name: mix[name] * LANES[name] for name in LANES}
@@ -83,8 +109,42 @@ def test_each_multiply_accumulate_is_counted_once(counter, variant, schedules, t
     half = lanes["fma h"] + lanes["fma .8h"]
     assert half == (M * K * N if variant == "float16-acc16" else 0), mix
     assert mix["total"] == count.total > M * K * N
-    vector = lanes["fma .4s"] + lanes["fma .8h"]
+    vector = lanes["fma .4s"] + lanes["fma .8h"] + lanes["fmlal"]
     assert vector == (M * K * N if schedules else 0), mix
+    assert lanes["fmlal"] == (M * K * N if schedules and variant == "float16-fmlal" else 0), mix
+
+
+def test_fmlal_gives_the_widening_builds_sums_in_fewer_instructions(counter, tmp_path):
+    """FMLAL multiplies two float16 values exactly and adds the product into a float32 sum
+    with one rounding, as the widened operands' ``fmla v.4s`` does: the outputs are the
+    ``+fullfp16`` build's bit for bit, with no operand widened in the dot product (``fcvtl``:
+    only the result's widening and the input's cast remain) and fewer instructions executed.
+    (Against float32, docs/ARM.md counts whole models: on this small matmul the float16
+    module's cast kernels and their calls weigh as much as the dot product's saving.)"""
+    fmlal = counter.count(_library("float16-fmlal", tmp_path, True), _inputs())
+    widened = counter.count(_library("float16", tmp_path, True), _inputs())
+    np.testing.assert_array_equal(fmlal.outputs[0], widened.outputs[0])
+    assert fmlal.mix()["convert"] < widened.mix()["convert"] / 4, (fmlal.mix(), widened.mix())
+    assert fmlal.total < widened.total - M * K * N / 16, (fmlal.total, widened.total)
+
+
+@pytest.mark.parametrize("variant", ["float32", "float16-fmlal"])
+def test_an_nhwc_block_runs_every_product_in_vector_lanes(counter, variant, tmp_path):
+    """The pointwise convolution on the register tile (a vector of input channels per row,
+    by element), the depthwise one lane-wise: every multiply-accumulate in ``fmla v.4s``
+    (float32) or ``fmlal`` (float16, ``+fp16fml``) lanes, outputs those of TVM's float32
+    build (float32) or bit for bit the widening ``+fullfp16`` build (float16)."""
+    inputs = [np.random.default_rng(3).standard_normal((1, 8, 8, 32)).astype("float32")]
+    count = counter.count(_library(variant, tmp_path, True, nhwc_block), inputs)
+    lanes = {name: n * LANES[name] for name, n in count.mix().items() if name in LANES}
+    assert lanes["fmlal" if variant == "float16-fmlal" else "fma .4s"] == NHWC_MACS, lanes
+    if variant == "float32":
+        plain = counter.run(_library("float32", tmp_path, False, nhwc_block), inputs)
+        np.testing.assert_allclose(count.outputs[0], plain[0], rtol=0,
+                                   atol=1e-5 * np.abs(plain[0]).max())
+    else:
+        widened = counter.run(_library("float16", tmp_path, True, nhwc_block), inputs)
+        np.testing.assert_array_equal(count.outputs[0], widened[0])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -17,11 +17,15 @@ import relay_amp
 from relay_amp.builds.cpu_pipeline import VectorizeDotProduct, lanes_for, registers_hold_the_sums
 
 FULLFP16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+fullfp16"]}
+FP16FML = {"kind": "llvm", "mtriple": "aarch64-linux-gnu",
+           "mattr": ["+neon", "+fullfp16", "+fp16fml"]}
 NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
 AVX2 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"}
 A64_SCALAR_FMA = r"\bfmadd\s+[sh]\d+"
 A64_F32_VECTOR_FMA = r"\bfmla\s+v\d+\.4s"
 A64_F16_VECTOR_FMA = r"\bfmla\s+v\d+\.8h"
+A64_FMLAL = r"\bfmlal2?\s+v\d+\.4s"
+A64_WIDEN = r"\bfcvtl2?\s+v\d+\.4s"
 
 
 @I.ir_module
@@ -156,6 +160,74 @@ def test_aarch64_dot_products_are_vector_fmas():
         assert re.findall(A64_F32_VECTOR_FMA, asm) and not re.findall(A64_SCALAR_FMA, asm)
     asm = _assembly(_convert(ConvMatmul, "float16", FULLFP16, "float16"), FULLFP16)
     assert re.findall(A64_F16_VECTOR_FMA, asm) and not re.findall(A64_SCALAR_FMA, asm)
+
+
+@I.ir_module
+class StridedConv:
+    @R.function
+    def main(x: R.Tensor((1, 8, 16, 16), "float32"), w: R.Tensor((16, 8, 3, 3), "float32")):
+        with R.dataflow():
+            gv = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1])
+            R.output(gv)
+        return gv
+
+
+def test_float16_dot_products_run_on_fmlal_where_the_cpu_has_it():
+    """With ``+fp16fml`` the float16 convolution and matmul (float32 accumulation) multiply
+    their float16 operands into float32 sums in ``fmlal``/``fmlal2`` (relay_amp.builds.neon_tiles):
+    no operand widened, no ``fmla v.4s``. Without the feature, the same kernels widen their
+    operands (``fcvtl``) into ``fmla v.4s`` and no ``fmlal`` appears."""
+    asm = _assembly(_convert(ConvMatmul, "float16", FP16FML), FP16FML)
+    assert re.findall(A64_FMLAL, asm) and not re.findall(A64_WIDEN, asm)
+    assert not re.findall(A64_F32_VECTOR_FMA, asm) and not re.findall(A64_SCALAR_FMA, asm)
+    plain = _assembly(_convert(ConvMatmul, "float16", FULLFP16), FULLFP16)
+    assert not re.findall(A64_FMLAL, plain) and re.findall(A64_WIDEN, plain)
+
+
+@I.ir_module
+class NHWCBlock:
+    """A MobileNet/MediaPipe block in TFLite's layout: pointwise then depthwise convolution."""
+
+    @R.function
+    def main(x: R.Tensor((1, 8, 8, 32), "float32"), pw: R.Tensor((1, 1, 32, 48), "float32"),
+             dw: R.Tensor((3, 3, 48, 1), "float32")):
+        with R.dataflow():
+            lv = R.nn.conv2d(x, pw, data_layout="NHWC", kernel_layout="HWIO")
+            lv1 = R.nn.relu(lv)
+            gv = R.nn.conv2d(lv1, dw, padding=[1, 1], groups=48, data_layout="NHWC",
+                             kernel_layout="HWOI")
+            R.output(gv)
+        return gv
+
+
+A64_F32_BY_ELEMENT = r"\bfmla\s+v\d+\.4s, v\d+\.4s, v\d+\.s\[[1-3]\]"
+A64_FMLAL_BY_ELEMENT = r"\bfmlal2?\s+v\d+\.4s, v\d+\.4h, v\d+\.h\[[1-7]\]"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_aarch64_matmuls_and_pointwise_convolutions_run_on_a_register_tile(dtype):
+    """Where the scalar operand's innermost axis is a reduction (a matmul's row, an NHWC
+    convolution's input channels), the tile loads a vector of it per row and multiplies by
+    its lanes (``fmla v.4s, ..., v.s[k]``; ``fmlal ..., v.h[k]`` with ``+fp16fml``), as
+    XNNPACK's micro-kernels do; the depthwise convolution (both operands vectors) runs on
+    ``fmlal`` too, and no kernel multiplies a lane at a time."""
+    target = NEON if dtype == "float32" else FP16FML
+    for mod in (ConvMatmul, NHWCBlock):
+        mod = mod if dtype == "float32" else _convert(mod, "float16", target)
+        asm = _assembly(mod, target)
+        assert re.findall(A64_F32_BY_ELEMENT if dtype == "float32" else A64_FMLAL_BY_ELEMENT,
+                          asm)
+        assert not re.findall(A64_SCALAR_FMA, asm)
+        if dtype == "float16":
+            assert not re.findall(A64_WIDEN, asm) and not re.findall(A64_F32_VECTOR_FMA, asm)
+
+
+def test_a_strided_operand_keeps_the_widening_kernel():
+    """A stride-2 convolution reads every other input: FMLAL's tensor intrinsic (contiguous
+    lanes) does not match, and the kernel keeps the unrolled update in ``fmla v.4s``."""
+    asm = _assembly(_convert(StridedConv, "float16", FP16FML), FP16FML)
+    assert re.findall(A64_F32_VECTOR_FMA, asm) and not re.findall(A64_FMLAL, asm)
+    assert not re.findall(A64_SCALAR_FMA, asm)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 8])

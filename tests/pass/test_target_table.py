@@ -322,6 +322,7 @@ A64_F32_VECTOR_FMA = r"\bfmla\s+v\d+\.4s"
 A64_HALF_VECTOR_FMA = r"\bfmla\s+v\d+\.8h"
 A64_SCALAR_FMA = r"\bfn?m(?:add|sub)\s+[hs]\d+"
 A64_WIDEN_HALF = r"\bfcvtl2?\s+v\d+\.4s|\bfcvt\s+s\d+, h\d+"
+A64_FMLAL = r"\bfmlal2?\s+v\d+\.4s"
 A64_BF16 = r"\b(?:bfdot|bfmmla|bfmlal[bt]|bfcvtn2?|bfcvt)\b"
 A64_WIDEN_BY_SHIFT = r"\bshll2?\s+v\d+\.4s, v\d+\.[48]h, #16|\blsl\s+w\d+, w\d+, #16"
 # x86: AVX512-FP16 half arithmetic, its float32 FMAs, half widened, AVX512-BF16/AMX dot products
@@ -569,10 +570,13 @@ def test_each_named_core_gets_the_path_the_table_gives(cpu):
                                 for f in ARM_FEATURES}
     built = build(f"aarch64 {cpu}", "convnet", "float16")
     assert built.found("dot", A64_HALF_ARITHMETIC) == []  # float32 accumulation either way
-    assert built.found("dot", A64_F32_VECTOR_FMA)
     converts = path["float16"].startswith("converts")
     assert converts == path["features"]["fullfp16"]
-    assert bool(built.found("dot", A64_WIDEN_HALF)) == converts
+    fmlal = converts and path["features"]["fp16fml"]
+    assert ("fmlal" in path["float16"]) == fmlal
+    assert bool(built.found("dot", A64_FMLAL)) == fmlal
+    assert bool(built.found("dot", A64_F32_VECTOR_FMA)) == (not fmlal)
+    assert bool(built.found("dot", A64_WIDEN_HALF)) == (converts and not fmlal)
     computes = {row.compute_dtype for row in built.report.ops if row.op == "nn.conv2d"}
     assert computes == ({"float16"} if converts else {"float32"})
     assert re.findall(A64_BF16, "\n".join(built.kernels.values())) == []
