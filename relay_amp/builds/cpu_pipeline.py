@@ -24,6 +24,7 @@ from __future__ import annotations
 import tvm
 
 from .neon_tiles import has_fmlal, operand_dtype, register_tile, tensorize_fmlal
+from .nhwc import nhwc_convolutions
 from .schedule_rules import apply_rules
 
 #: Output lanes one vector of partial sums holds: the widest of these that divides the output's
@@ -233,7 +234,8 @@ class VectorizeDotProduct:
 
 
 def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
-    """TVM's CPU compile pipeline with :class:`VectorizeDotProduct` after fusion.
+    """TVM's CPU compile pipeline with :class:`VectorizeDotProduct` after fusion and, on
+    aarch64, convolutions in NHWC before it (:mod:`relay_amp.builds.nhwc`).
 
     Parameters
     ----------
@@ -254,8 +256,10 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
 
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     schedules = [apply_rules([VectorizeDotProduct()], rule_log)] if relay_amp_schedules else []
+    layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and _aarch64(target) else []
     passes = tvm.transform.Sequential(
-        pipeline.library_dispatch_passes(target) + pipeline.legalize_passes(target) + schedules
+        pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)
+        + schedules
         + pipeline.dataflow_lower_passes(target) + pipeline.finalize_passes(target))
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.cpu_pipeline")

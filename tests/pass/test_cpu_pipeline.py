@@ -15,6 +15,7 @@ from tvm.script import relax as R
 
 import relay_amp
 from relay_amp.builds.cpu_pipeline import VectorizeDotProduct, lanes_for, registers_hold_the_sums
+from relay_amp.builds.nhwc import nhwc_convolutions
 
 FULLFP16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+fullfp16"]}
 FP16FML = {"kind": "llvm", "mtriple": "aarch64-linux-gnu",
@@ -223,10 +224,15 @@ def test_aarch64_matmuls_and_pointwise_convolutions_run_on_a_register_tile(dtype
 
 
 def test_a_strided_operand_keeps_the_widening_kernel():
-    """A stride-2 convolution reads every other input: FMLAL's tensor intrinsic (contiguous
-    lanes) does not match, and the kernel keeps the unrolled update in ``fmla v.4s``."""
-    asm = _assembly(_convert(StridedConv, "float16", FP16FML), FP16FML)
-    assert re.findall(A64_F32_VECTOR_FMA, asm) and not re.findall(A64_FMLAL, asm)
+    """In NCHW a stride-2 convolution's lanes read every other input: FMLAL's tensor intrinsic
+    (contiguous lanes) does not match, and the kernel keeps the unrolled widening update. The
+    aarch64 pipeline's NHWC layout (relay_amp.builds.nhwc) makes its lanes output channels,
+    contiguous, and the whole convolution runs on ``fmlal``."""
+    converted = _convert(StridedConv, "float16", FP16FML)
+    (script,) = [s for name, s in _scheduled(converted, FP16FML).items() if "conv2d" in name]
+    assert "T.unroll(" in script and "llvm.aarch64.neon.fmlal" not in script
+    asm = _assembly(converted, FP16FML)
+    assert re.findall(A64_FMLAL, asm) and not re.findall(A64_WIDEN, asm)
     assert not re.findall(A64_SCALAR_FMA, asm)
 
 
@@ -282,3 +288,47 @@ def test_build_takes_the_cpu_pipeline_for_llvm_targets():
     asm = "\n".join(m.inspect_source("asm") for m in [executable.mod, *executable.mod.imports]
                     if m.kind == "llvm")
     assert re.findall(A64_F32_VECTOR_FMA, asm) and not re.findall(A64_SCALAR_FMA, asm)
+
+
+def _conv_with_constant_weight():
+    rng = np.random.default_rng(4)
+    x = relax.Var("x", relax.TensorType((1, 8, 12, 12), "float32"))
+    w = relax.const((rng.standard_normal((16, 8, 3, 3)) / 8).astype("float32"))
+    b = relax.const(rng.standard_normal((1, 16, 1, 1)).astype("float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.nn.conv2d(x, w, padding=[1, 1]))
+            out = builder.emit_output(relax.op.nn.relu(relax.op.add(y, b)))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def test_aarch64_convolutions_are_nhwc_with_weights_transposed_at_build_time():
+    """The NCHW convolution becomes NHWC with HWIO weights; the weight's transpose is folded
+    into a constant (no transpose of it left to run), and the module computes what it did."""
+    mod = _conv_with_constant_weight()
+    converted = nhwc_convolutions()(mod)
+    calls = [b.value for b in converted["main"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call)]
+    (conv,) = [c for c in calls if c.op.name == "relax.nn.conv2d"]
+    assert (conv.attrs.data_layout, conv.attrs.kernel_layout) == ("NHWC", "HWIO")
+    assert isinstance(conv.args[1], tvm.ir.expr.Constant)
+    assert [c.op.name for c in calls].count("relax.permute_dims") == 2  # the input and output
+    x = np.random.default_rng(5).standard_normal((1, 8, 12, 12)).astype("float32")
+    outputs = [relay_amp.run(relay_amp.compile_module(m, None, False), [x])[0]
+               for m in (mod, converted)]
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=0, atol=1e-5)
+
+
+def test_a_layout_tvm_cannot_convert_leaves_the_module_and_says_why(monkeypatch):
+    from relay_amp.builds.schedule_rules import RuleLog
+
+    def refuse(layouts):
+        raise tvm.error.InternalError("no layout rule for this op")
+
+    monkeypatch.setattr(relax.transform, "ConvertLayout", refuse)
+    log, mod = RuleLog(), _conv_with_constant_weight()
+    assert nhwc_convolutions(log)(mod).same_as(mod)
+    (error,) = log.errors
+    assert error.rule == "ConvertLayout" and "no layout rule" in error.error

@@ -1,0 +1,50 @@
+"""Convolutions in NHWC on aarch64: the layout :mod:`relay_amp.builds.neon_tiles`' register
+tile reads.
+
+A convolution in NCHW (GluonCV's, PyTorch's exports) reduces over input channels that lie a
+whole feature map apart, and its lanes are output pixels: its weight is the scalar operand, and
+its innermost axis is a 3-wide kernel row. In NHWC with HWIO weights the lanes are output
+channels (contiguous in the weight) and each output pixel's input channels are contiguous: the
+register tile of XNNPACK's and ONNX Runtime's kernels. TVM's ``ConvertLayout`` rewrites the
+convolutions and the elementwise ops around them, transposing only where a layout meets an op
+that keeps its own; ``FoldConstant`` then transposes the weights once, at build time.
+"""
+
+from __future__ import annotations
+
+import tvm
+
+from ..relax_utils import TVM_ERRORS, last_line
+
+#: What ``relax.transform.ConvertLayout`` asks for: NHWC data, HWIO weights.
+LAYOUTS = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
+
+
+def nhwc_convolutions(rule_log=None) -> tvm.transform.Pass:
+    """The pass: convolutions in :data:`LAYOUTS`, weights transposed at build time.
+
+    Parameters
+    ----------
+    rule_log : relay_amp.builds.schedule_rules.RuleLog, optional
+        Where TVM's ``ConvertLayout`` raises, the module keeps its layouts and the log says so.
+
+    Returns
+    -------
+    tvm.transform.Pass
+    """
+    from tvm import relax
+
+    @tvm.transform.module_pass(opt_level=0, name="relay_amp.nhwc_convolutions")
+    def _convert(mod, context):
+        try:
+            converted = relax.transform.ConvertLayout(LAYOUTS)(mod)
+        except TVM_ERRORS as err:  # TVM's own errors: the convolutions keep their layout
+            if rule_log is not None:
+                rule_log.raised("<module>", "ConvertLayout", last_line(err))
+            return mod
+        return relax.transform.FoldConstant()(converted)
+
+    return _convert
+
+
+__all__ = ["LAYOUTS", "nhwc_convolutions"]
