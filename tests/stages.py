@@ -20,6 +20,22 @@ DTYPES = ("float16", "bfloat16")
 
 
 @I.ir_module
+class Residual:
+    """``r`` is a residual stream: ``s`` adds to it, and no normalization centres ``s``."""
+
+    @R.function
+    def main(x: R.Tensor((4, 16), "float32"), w: R.Tensor((16, 16), "float32")):
+        with R.dataflow():
+            a = R.matmul(x, w)
+            r = R.nn.relu(a)
+            y = R.matmul(r, w)
+            s = R.add(y, r)
+            o = R.matmul(s, w)
+            R.output(o)
+        return o
+
+
+@I.ir_module
 class MatmulReluMatmulSoftmax:
     @R.function
     def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float32"),

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 from helpers import PostNorm
-from stages import CUDA, MatmulReluMatmulSoftmax, Stages
+from stages import CUDA, MatmulReluMatmulSoftmax, Residual, Stages
 from tvm import relax, te
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -58,22 +58,6 @@ class Added:
             g = R.matmul(f, w)
             R.output(g)
         return g
-
-
-@I.ir_module
-class Residual:
-    """``r`` is a residual stream: ``s`` adds to it, and no normalization centres ``s``."""
-
-    @R.function
-    def main(x: R.Tensor((4, 16), "float32"), w: R.Tensor((16, 16), "float32")):
-        with R.dataflow():
-            a = R.matmul(x, w)
-            r = R.nn.relu(a)
-            y = R.matmul(r, w)
-            s = R.add(y, r)
-            o = R.matmul(s, w)
-            R.output(o)
-        return o
 
 
 @I.ir_module

@@ -6,26 +6,12 @@ inputs arrive; then the structural tests of the conversion at kernel boundaries.
 import numpy as np
 import pytest
 from helpers import PostNorm, convert_checked, random_inputs, run_module
-from stages import CUDA, DTYPES, MatmulReluMatmulSoftmax, Stages
+from stages import CUDA, DTYPES, MatmulReluMatmulSoftmax, Residual, Stages
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 from relay_amp.kinds import Mode
-
-
-@I.ir_module
-class Residual:
-    @R.function
-    def main(x: R.Tensor((4, 16), "float32"), w: R.Tensor((16, 16), "float32")):
-        with R.dataflow():
-            a = R.matmul(x, w)
-            r = R.nn.relu(a)
-            y = R.matmul(r, w)
-            s = R.add(y, r)
-            o = R.matmul(s, w)
-            R.output(o)
-        return o
 
 
 @I.ir_module
