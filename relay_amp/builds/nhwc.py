@@ -7,7 +7,7 @@ its innermost axis is a 3-wide kernel row. In NHWC with HWIO weights the lanes a
 channels (contiguous in the weight) and each output pixel's input channels are contiguous: the
 register tile of XNNPACK's and ONNX Runtime's kernels. TVM's ``ConvertLayout`` rewrites the
 convolutions and the elementwise ops around them, transposing only where a layout meets an op
-that keeps its own; ``FoldConstant`` then transposes the weights once, at build time.
+that keeps its own; the weights are then transposed once, at build time.
 """
 
 from __future__ import annotations
@@ -42,9 +42,37 @@ def nhwc_convolutions(rule_log=None) -> tvm.transform.Pass:
             if rule_log is not None:
                 rule_log.raised("<module>", "ConvertLayout", last_line(err))
             return mod
-        return relax.transform.FoldConstant()(converted)
+        return _TransposedConstants().transform(converted)
 
     return _convert
+
+
+class _TransposedConstants:
+    """Each ``permute_dims`` of a constant (a weight ``ConvertLayout`` transposed) replaced by
+    the transposed constant: numpy's transpose at build time, where ``FoldConstant`` would
+    compile and run a kernel on the host per weight (8.6 of 14.6 s building mobilenetv2_1.0)."""
+
+    def transform(self, mod):
+        from tvm import relax
+
+        @relax.expr_functor.mutator
+        class Mutator(relax.PyExprMutator):
+            def visit_call_(self, call):
+                call = super().visit_call_(call)
+                if (call.op.same_as(tvm.ir.Op.get("relax.permute_dims"))
+                        and isinstance(call.args[0], tvm.ir.expr.Constant)):
+                    import numpy as np
+
+                    data = call.args[0].value.numpy()
+                    axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+                    return relax.const(np.ascontiguousarray(np.transpose(data, axes)))
+                return call
+
+        mutator = Mutator(mod)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+        return mutator.builder_.get()
 
 
 __all__ = ["LAYOUTS", "nhwc_convolutions"]

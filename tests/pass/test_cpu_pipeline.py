@@ -309,11 +309,13 @@ def test_aarch64_convolutions_are_nhwc_with_weights_transposed_at_build_time():
     into a constant (no transpose of it left to run), and the module computes what it did."""
     mod = _conv_with_constant_weight()
     converted = nhwc_convolutions()(mod)
-    calls = [b.value for b in converted["main"].body.blocks[0].bindings
-             if isinstance(b.value, relax.Call)]
+    bindings = converted["main"].body.blocks[0].bindings
+    calls = [b.value for b in bindings if isinstance(b.value, relax.Call)]
     (conv,) = [c for c in calls if c.op.name == "relax.nn.conv2d"]
     assert (conv.attrs.data_layout, conv.attrs.kernel_layout) == ("NHWC", "HWIO")
-    assert isinstance(conv.args[1], tvm.ir.expr.Constant)
+    (weight,) = [b.value for b in bindings if b.var.same_as(conv.args[1])]
+    assert isinstance(weight, tvm.ir.expr.Constant)
+    assert [int(d) for d in weight.ty.shape.values] == [3, 3, 8, 16]
     assert [c.op.name for c in calls].count("relax.permute_dims") == 2  # the input and output
     x = np.random.default_rng(5).standard_normal((1, 8, 12, 12)).astype("float32")
     outputs = [relay_amp.run(relay_amp.compile_module(m, None, False), [x])[0]
