@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import tvm
 
-from .neon_tiles import has_fmlal, operand_dtype, register_tile, tensorize_fmlal
+from .neon_tiles import has_fmlal, is_aarch64, operand_dtype, register_tile, tensorize_fmlal
 from .nhwc import nhwc_convolutions
 from .schedule_rules import apply_rules
 
@@ -53,11 +53,6 @@ def registers_hold_the_sums(target) -> bool:
     one, this machine's."""
     triple = target.attrs.get("mtriple") or tvm.target.codegen.llvm_get_system_triple()
     return str(triple).startswith(REGISTER_SUMS_ARCHES)
-
-
-def _aarch64(target) -> bool:
-    triple = target.attrs.get("mtriple") or tvm.target.codegen.llvm_get_system_triple()
-    return str(triple).startswith(("aarch64", "arm64"))
 
 
 def lanes_for(extent: int, multiple: int = 1) -> int | None:
@@ -181,8 +176,7 @@ class VectorizeDotProduct:
             return None
         dtype = operand_dtype(block)
         fmlal = has_fmlal(target) and dtype == "float16"
-        tiles = fmlal or (dtype == "float32" and not registers_hold_the_sums(target)
-                          and _aarch64(target))
+        tiles = fmlal or (dtype == "float32" and is_aarch64(target))
         lanes = lanes_for(int(axis.dom), 4 if fmlal else 1)
         if lanes is None:
             return None
@@ -256,7 +250,7 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
 
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     schedules = [apply_rules([VectorizeDotProduct()], rule_log)] if relay_amp_schedules else []
-    layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and _aarch64(target) else []
+    layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and is_aarch64(target) else []
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)
         + schedules

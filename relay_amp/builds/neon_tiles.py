@@ -31,12 +31,18 @@ import tvm
 _REGISTERED: dict = {}
 
 
+def is_aarch64(target) -> bool:
+    """Whether the ``llvm`` target ``target`` compiles for aarch64 (its ``mtriple`` or, without
+    one, this machine's)."""
+    triple = target.attrs.get("mtriple") or tvm.target.codegen.llvm_get_system_triple()
+    return target.kind.name == "llvm" and str(triple).startswith(("aarch64", "arm64"))
+
+
 def has_fmlal(target) -> bool:
     """Whether ``target`` is an aarch64 ``llvm`` target with FEAT_FHM (``+fp16fml``, or an
     ``mcpu`` that has it)."""
-    triple = str(target.attrs.get("mtriple") or tvm.target.codegen.llvm_get_system_triple())
-    return (target.kind.name == "llvm" and triple.startswith(("aarch64", "arm64"))
-            and bool(tvm.target.codegen.llvm_cpu_has_features("fp16fml", target)))
+    return is_aarch64(target) and bool(
+        tvm.target.codegen.llvm_cpu_has_features("fp16fml", target))
 
 
 def _intrinsic(lanes: int, operands: tuple, scope: str) -> str:
@@ -325,4 +331,4 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
     return trial
 
 
-__all__ = ["has_fmlal", "operand_dtype", "register_tile", "tensorize_fmlal"]
+__all__ = ["has_fmlal", "is_aarch64", "operand_dtype", "register_tile", "tensorize_fmlal"]

@@ -42,37 +42,36 @@ def nhwc_convolutions(rule_log=None) -> tvm.transform.Pass:
             if rule_log is not None:
                 rule_log.raised("<module>", "ConvertLayout", last_line(err))
             return mod
-        return _TransposedConstants().transform(converted)
+        return _transpose_constants(converted)
 
     return _convert
 
 
-class _TransposedConstants:
-    """Each ``permute_dims`` of a constant (a weight ``ConvertLayout`` transposed) replaced by
-    the transposed constant: numpy's transpose at build time, where ``FoldConstant`` would
-    compile and run a kernel on the host per weight (8.6 of 14.6 s building mobilenetv2_1.0)."""
+def _transpose_constants(mod):
+    """``mod`` with each ``permute_dims`` of a constant (a weight ``ConvertLayout`` transposed)
+    replaced by the transposed constant: numpy's transpose at build time, where TVM's
+    ``FoldConstant`` would compile and run a kernel on the host per weight (8.6 of 14.6 s
+    building mobilenetv2_1.0)."""
+    import numpy as np
+    from tvm import relax
 
-    def transform(self, mod):
-        from tvm import relax
+    permute = tvm.ir.Op.get("relax.permute_dims")
 
-        @relax.expr_functor.mutator
-        class Mutator(relax.PyExprMutator):
-            def visit_call_(self, call):
-                call = super().visit_call_(call)
-                if (call.op.same_as(tvm.ir.Op.get("relax.permute_dims"))
-                        and isinstance(call.args[0], tvm.ir.expr.Constant)):
-                    import numpy as np
+    @relax.expr_functor.mutator
+    class Transposed(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if call.op.same_as(permute) and isinstance(call.args[0], tvm.ir.expr.Constant):
+                axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+                return relax.const(np.ascontiguousarray(
+                    np.transpose(call.args[0].value.numpy(), axes)))
+            return call
 
-                    data = call.args[0].value.numpy()
-                    axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
-                    return relax.const(np.ascontiguousarray(np.transpose(data, axes)))
-                return call
-
-        mutator = Mutator(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-        return mutator.builder_.get()
+    mutator = Transposed(mod)
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return mutator.builder_.get()
 
 
 __all__ = ["LAYOUTS", "nhwc_convolutions"]
