@@ -84,10 +84,13 @@ class CastCache:
         The conversion's float32 constants.
     cast_params_offline : bool
         Float32 constants are converted at conversion time instead of cast at run time.
+    counted : callable, optional
+        Called once for each run-time cast emitted (the report's count,
+        :meth:`relay_amp.report.ReportBuilder.cast`).
     """
 
     def __init__(self, builder, low: str, dtype_of, constants: Constants,
-                 cast_params_offline: bool = True):
+                 cast_params_offline: bool = True, counted=None):
         self.builder = builder
         self.low = low
         self.dtype_of = dtype_of
@@ -96,8 +99,7 @@ class CastCache:
         self._stack: list[dict] = []
         self._dataflow: list[bool] = []  # parallel to _stack: is it a dataflow block's layer
         self._kernel_copies: set = set()  # handles of low-precision copies a kernel writes
-        self.binding_casts = 0  # astype bindings emitted for the binding being rewritten
-        self.total_casts = 0
+        self.counted = counted or (lambda: None)
 
     def push_layer(self, is_dataflow: bool):
         """A new scope (a SeqExpr, or a dataflow block within one)."""
@@ -204,8 +206,7 @@ class CastCache:
 
     def count_cast(self, var):
         """``var``, a cast this binding added, counted in the report."""
-        self.binding_casts += 1
-        self.total_casts += 1
+        self.counted()
         return var
 
     def adopt_cast(self, source, result):

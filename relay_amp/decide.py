@@ -24,7 +24,7 @@ from .op_hooks import OpSite
 from .op_registry import op_info, selects_among_inputs
 from .plan import BindingPlan, Context, Scope, range_words
 from .policy import Decision
-from .reasons import Reason
+from .reasons import FP32_BOUNDARY, Reason
 from .relax_utils import (
     GenericConst,
     element_count,
@@ -35,7 +35,8 @@ from .relax_utils import (
     tensor_dtype,
     type_leaves,
 )
-from .signature import FP32_BOUNDARY, Signature, result_signature
+from .result_values import result_signature
+from .signature import Signature
 
 
 @dataclass(frozen=True)
@@ -178,8 +179,8 @@ class Decider:
         self.forward(func.body, func.params)
         result_type, kept = None, ()
         if self.signature.results_low:
-            kept_type, kept = result_signature(self.scope, self, self.constant_check,
-                                               func.body.body, func.ret_ty)
+            kept_type, kept = result_signature(self.scope, self.plans, self.hot,
+                                               self.constant_check, func.body.body, func.ret_ty)
             for path, expr, problem in kept:
                 plan = self.plans.get(expr) if is_var(expr) else None
                 if plan is not None:

@@ -33,8 +33,9 @@ from .policy import Policy
 from .reasons import Reason
 from .relax_utils import TVM_ERRORS, op_name
 from .report import Report
+from .resolve import resolve_policy
 from .rewriter import replace_attrs
-from .transform import convert, resolve_policy
+from .transform import convert
 
 METRICS = ("relative_l2", "max_abs")
 #: Input batches the ranking measures on (the search's evaluations use them all): each is one

@@ -1,5 +1,5 @@
 """Instrumentation: bindings appended after a function's own (or replacing one), the one loop
-behind the debug guards (:func:`relay_amp.add_debug_guards`), calibration
+behind the debug guards (:func:`relay_amp.finish.add_debug_guards`), calibration
 (:func:`relay_amp.calibrate`), and the local errors and output effects of the accuracy search
 (:func:`relay_amp.fallback.local_errors`, :func:`relay_amp.fallback.output_effects`)."""
 

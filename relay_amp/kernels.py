@@ -1,11 +1,13 @@
 """The kernels step 3 emits itself (the algorithm is stated in :mod:`relay_amp.transform`): an
 accumulate op as one TensorIR kernel that reads low precision and computes in float32 registers
 (``mixed_kernels``), a centring normalization that also forms the residual add feeding it, and
-a dot product that rounds a float32 operand inside its own kernel; each from TVM's own
-legalization of the op."""
+a dot product that rounds a float32 operand inside its own kernel, each from TVM's own
+legalization of the op; and an integer input's one cast with its normalization folded in
+(:func:`integer_input`)."""
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir import Call
@@ -219,3 +221,52 @@ def _rebind_builder(te_func, recorder, builder) -> int:
             cell.cell_contents = builder
             changed += 1
     return changed
+
+
+def integer_input(builder, param, int_param, normalization, low: str, float32_readers: bool):
+    """``(value, name, note)``: the cast of an integer input, once, straight to the low-precision
+    dtype, folding in its normalization: one kernel reads the integers, applies
+    ``x * scale + offset`` in float32 registers and writes the low-precision dtype, so the
+    value is rounded once and no float32 tensor of the input exists. Where every reader
+    computes float32 the kernel writes float32 instead, and FuseOps puts those readers in
+    its kernel (it is emitted in the function's first dataflow block)."""
+    from tvm import topi
+
+    ndim = param.ty.ndim
+    # Readers that all compute float32 (an inference batch_norm on the input, decomposed)
+    # get float32 (``float32_readers``): a low-precision copy would round the input twice.
+    target_low, low = low, "float32" if float32_readers else low
+    note = f"{param.name}: fed as {int_param.ty.dtype}, cast once to {low}"
+    name = f"{param.name}_{_short(low)}"
+    if not normalization:
+        if low == "float32":
+            note += f"; float32, not {target_low}: every reader computes float32 (one rounding)"
+        return relax.op.astype(int_param, low), name, note
+    if "scale" in normalization:
+        scale = np.float32(normalization["scale"])
+        offset = np.float32(normalization["offset"])
+        note += f" with x * {normalization['scale']:g} + {normalization['offset']:g} folded in"
+    else:
+        axis = normalization["axis"] % ndim
+        channels = int(param.ty.shape.values[axis])
+        if len(normalization["mean"]) != channels:
+            raise ValueError(
+                f"input_normalization[{param.name!r}] has {len(normalization['mean'])} "
+                f"values, but axis {normalization['axis']} of {param.name} has {channels} "
+                "channels")
+        shape = [1] * ndim
+        shape[axis] = channels
+        mean = np.asarray(normalization["mean"], np.float64).reshape(shape)
+        std = np.asarray(normalization["std"], np.float64).reshape(shape)
+        scale, offset = (1.0 / std).astype(np.float32), (-mean / std).astype(np.float32)
+        note += " with (x - mean) / std per channel folded in"
+    if low == "float32":
+        note += f"; float32, not {target_low}: every reader computes float32 (one rounding)"
+
+    def normalize(data, scale_t, offset_t):
+        widened = topi.cast(data, "float32")
+        return topi.cast(topi.add(topi.multiply(widened, scale_t), offset_t), low)
+
+    return builder.call_te(normalize, int_param, relax.const(scale, "float32"),
+                           relax.const(offset, "float32"),
+                           primfunc_name_hint=f"relay_amp_input_{param.name}"), name, note

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import NamedTuple
 
 from tvm.ir import Call
 from tvm.relax import If, SeqExpr
@@ -217,6 +218,9 @@ class FunctionPlan:
         The result type where a low-precision signature keeps some result leaves float32.
     kept : tuple of relay_amp.signature.KeptBoundary
         Those leaves.
+    nested : Mapping
+        Var bound to a nested function -> its :class:`NestedFunction` (signature and plan),
+        planned with this one, in the same context.
     """
 
     scope: Scope
@@ -228,6 +232,7 @@ class FunctionPlan:
     f32_ready: MappingProxyType
     result_type: object = None
     kept: tuple = ()
+    nested: MappingProxyType = dataclasses.field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def canonical(self):
@@ -292,8 +297,16 @@ class FunctionPlan:
         return self.scope.site(call, mode, self.demand.get(var, ()),
                                self.can_low.get(var, False), self.f32_ready.get(var, False))
 
+    def kept_boundaries(self, signature):
+        """``(function name, KeptBoundary)`` of every parameter and result kept float32 at the
+        signature of this function (``signature``) and of its nested functions."""
+        found = [(signature.name, kept) for kept in (*signature.kept, *self.kept)]
+        for inner in self.nested.values():
+            found += inner.plan.kept_boundaries(inner.signature)
+        return found
+
     @staticmethod
-    def build(scope: Scope, decisions, kernels, demand, kept=()) -> FunctionPlan:
+    def build(scope: Scope, decisions, kernels, demand, kept=(), nested=None) -> FunctionPlan:
         """The plan from the three stages' outputs: each binding's decision (step 1) with the
         mode and reasons the kernel plan (step 1b) and demand (step 2) gave it."""
         fixed = kernels.modes if kernels is not None else {}
@@ -311,7 +324,16 @@ class FunctionPlan:
                 reasons=decided.reasons + reasons)
         return FunctionPlan(
             scope, MappingProxyType(plans), demand.demand, demand.item_demand, kernels,
-            decisions.can_low, decisions.f32_ready, decisions.result_type, kept)
+            decisions.can_low, decisions.f32_ready, decisions.result_type, kept,
+            MappingProxyType(dict(nested or {})))
+
+
+class NestedFunction(NamedTuple):
+    """A nested function's signature (:class:`relay_amp.signature.Signature`) and
+    :class:`FunctionPlan`, part of the enclosing function's plan."""
+
+    signature: object
+    plan: FunctionPlan
 
 
 def range_words(value: float, low: str) -> str:
@@ -321,4 +343,4 @@ def range_words(value: float, low: str) -> str:
     return f"underflows to zero in {low}"
 
 
-__all__ = ["Context", "Scope", "BindingPlan", "FunctionPlan", "range_words"]
+__all__ = ["Context", "Scope", "BindingPlan", "FunctionPlan", "NestedFunction", "range_words"]

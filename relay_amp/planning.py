@@ -1,15 +1,18 @@
 """Steps 1, 1b and 2 of the algorithm (stated in :mod:`relay_amp.transform`) for one function,
 in the order they run, each handing its frozen output to the next: :func:`plan_function`
-builds the :class:`~relay_amp.plan.FunctionPlan` that step 3 carries out from the three."""
+builds the :class:`~relay_amp.plan.FunctionPlan` that step 3 carries out from the three, with
+the plans of the function's nested functions (each with its own signature) in it."""
 
 from __future__ import annotations
+
+from tvm.relax import Function
 
 from .decide import Decider
 from .demand import DemandPlanner
 from .kernel_plan import KernelPlanner
-from .plan import Context, FunctionPlan, Scope
+from .plan import Context, FunctionPlan, NestedFunction, Scope
 from .relax_utils import is_var
-from .signature import KeptBoundary, Signature, refuse_if_strict
+from .signature import KeptBoundary, Signature, function_signature, refuse_if_strict
 
 
 def plan_function(func, signature: Signature, context: Context) -> FunctionPlan:
@@ -28,7 +31,8 @@ def plan_function(func, signature: Signature, context: Context) -> FunctionPlan:
     -------
     FunctionPlan
         The plan, with the result type where a low-precision signature keeps some result
-        leaves float32.
+        leaves float32, and the plan of each nested function (its signature keeps its
+        parameters' and results' dtypes; its bindings are planned in ``context``).
 
     Raises
     ------
@@ -48,5 +52,12 @@ def plan_function(func, signature: Signature, context: Context) -> FunctionPlan:
             func.body, low_results=signature.results_low and decisions.result_type is None)
     demand = DemandPlanner(scope, decisions, kernels).plan(func.body, signature.results_low,
                                                            decisions.result_type)
-    return FunctionPlan.build(scope, decisions, kernels, demand, kept)
+    nested = {var: _nested(f"{signature.name}.{var.name}", value, context)
+              for var, value in scope.bound.items() if isinstance(value, Function)}
+    return FunctionPlan.build(scope, decisions, kernels, demand, kept, nested)
+
+
+def _nested(name: str, func, context: Context) -> NestedFunction:
+    signature = function_signature(name, func, context, results_low=False, entry=False)
+    return NestedFunction(signature, plan_function(func, signature, context))
 

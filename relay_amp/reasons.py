@@ -12,6 +12,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+#: Reason code of a function parameter or result kept float32 although the signature asked for
+#: the low-precision dtype (``keep_io_dtypes=False``, ``low_precision_inputs``): calibration, or a
+#: constant, shows a value that dtype cannot hold. ``Policy(strict_io_dtypes=True)`` raises instead.
+FP32_BOUNDARY = "fp32_boundary"
+
+
 #: code -> (prefix, text): the prefix (a category, a dtype, ``kept``, ``identity``) opens a
 #: decision; reasons without one are clauses added to it. Both are ``str.format`` templates
 #: of the reason's parameters.

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
 from .dtypes import short_dtype
 from .op_registry import estimate_macs
-from .reasons import Reason, render
-from .signature import FP32_BOUNDARY
+from .reasons import FP32_BOUNDARY, Reason, render
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,7 @@ class Report:
         function's signature).
     boundary : list of BoundaryRecord
         Parameters and results kept float32 although the signature asked for the low-precision
-        dtype (reason code :data:`relay_amp.signature.FP32_BOUNDARY`); each also has a note.
+        dtype (reason code :data:`relay_amp.reasons.FP32_BOUNDARY`); each also has a note.
     """
 
     dtype: str
@@ -235,6 +234,8 @@ class ReportBuilder:
         self._rewrite_notes: list = []  # after convert's own notes, as the report lists them
         self._float32_parameters = [0, 0]  # ops, bytes of their float32 constant parameters
         self._seen: set = set()
+        self._casts = 0
+        self._binding_casts = 0  # run-time casts emitted for the binding being rewritten
 
     def note(self, text: str):
         """A module-level note from ``convert``."""
@@ -244,7 +245,19 @@ class ReportBuilder:
         """A note from a function's rewrite (an integer input's cast)."""
         self._rewrite_notes.append(text)
 
+    def binding(self):
+        """The rewrite starts a binding: the casts counted from here on are its own."""
+        self._binding_casts = 0
+
+    def cast(self):
+        """A run-time cast the rewrite emitted, for the binding being rewritten."""
+        self._casts += 1
+        self._binding_casts += 1
+
     def row(self, record: BindingRecord):
+        """A binding's row; its ``casts_added`` counts the casts emitted for the binding too."""
+        if self._binding_casts:
+            record = replace(record, casts_added=record.casts_added + self._binding_casts)
         self.report.rows.append(record)
 
     def kept(self, function: str, kept):
@@ -266,7 +279,7 @@ class ReportBuilder:
                 self._float32_parameters[1] += 4 * int(np.prod(
                     [int(d) for d in const.value.shape]))
 
-    def finish(self, casts: int, constants_converted: int) -> Report:
+    def finish(self, constants_converted: int) -> Report:
         """The report, with the rewrite's notes and the cast counts."""
         report = self.report
         report.notes.extend(self._rewrite_notes)
@@ -277,5 +290,5 @@ class ReportBuilder:
                 "(batch_norm computes in float32); relax.transform.FoldBatchnormToConv2D() before "
                 "conversion folds them into the convolution weights, which are stored in low "
                 "precision")
-        report.casts, report.constants_converted = casts, constants_converted
+        report.casts, report.constants_converted = self._casts, constants_converted
         return report

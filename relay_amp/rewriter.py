@@ -8,11 +8,12 @@ cast back to the original dtype returns the original value (never a fp32 -> fp16
 trip); float32 constants are converted once, at conversion time; dot products accumulate in
 float32 through out_dtype and emit the low-precision copy of their result only if some consumer
 demanded it; a binding whose operands and attributes come out unchanged is kept as it is. Each
-binding's decision lands in the report with its rule. A nested function goes back to
-``convert``'s steps for one function (``nested``), so it is converted in the enclosing
-function's context. Its casts are a :class:`~relay_amp.casts.CastCache`, the kernels it emits
-itself a :class:`~relay_amp.kernels.KernelEmitter`; what an op does differently is in its
-record of :mod:`relay_amp.op_registry`.
+binding's decision lands in the report with its rule, and each cast it emits is counted there.
+A nested function is rewritten by its own plan, which the enclosing function's plan holds
+(planned in the same context, :func:`relay_amp.planning.plan_function`). Its casts are a
+:class:`~relay_amp.casts.CastCache`, the kernels it emits itself a
+:class:`~relay_amp.kernels.KernelEmitter`; what an op does differently is in its record of
+:mod:`relay_amp.op_registry`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from tvm.relax import (
 
 from .casts import CastCache
 from .dtypes import is_floating, short_dtype
-from .kernels import KernelEmitter
+from .kernels import KernelEmitter, integer_input
 from .kinds import Category, Mode
 from .op_registry import op_info
 from .plan import BindingPlan, FunctionPlan
@@ -52,7 +53,7 @@ from .relax_utils import (
     replace_attrs,
 )
 from .report import BindingRecord, ReportBuilder
-from .signature import Signature, integer_input
+from .signature import Signature
 
 
 @expr_functor.mutator
@@ -81,50 +82,49 @@ class MixedPrecisionRewriter(PyExprMutator):
         super().__init__(mod)
         self.low = low
         self.report = report
-        self.nested = None
         self._absorbed: dict = {}  # absorbed add -> (its call, plan, operands as rewritten)
-        self.plan: FunctionPlan | None = None  # of the function being rewritten
-        self._function_name = ""
-        self.int_params: dict = {}
-        self._prologue: list = []
+        self._functions: list[_Rewriting] = []  # the function being rewritten, innermost last
         self.dtype_of = dtype_of
-        self.casts = CastCache(self.builder_, low, dtype_of, constants, cast_params_offline)
+        self.casts = CastCache(self.builder_, low, dtype_of, constants, cast_params_offline,
+                               report.cast)
         self.emitter = KernelEmitter(self.builder_, self.casts, low)
         self._remap: dict = {}  # original var handle -> (original var, its rewritten value)
 
     # ------------------------------------------------------------------ entry
-    def rewrite_function(self, func: Function, signature: Signature, plan: FunctionPlan,
-                         nested) -> Function:
+    def rewrite_function(self, func: Function, signature: Signature,
+                         plan: FunctionPlan) -> Function:
         """``func`` with ``signature`` (its new parameters), carried out by ``plan``; a nested
-        function becomes ``nested(name, function)`` (``convert``'s steps for one function, in
-        the enclosing function's context)."""
-        outer = (self.plan, self._function_name, self.int_params, self._prologue, self.nested)
-        self.nested = nested
+        function is rewritten here too, by its plan in ``plan.nested``."""
         for param, new_param in signature.lowered.items():
             self.remap(param, new_param)
         want = plan.result_type
         if want is None:
             want = lowered_type(func.ret_ty, self.low) if signature.results_low else func.ret_ty
-        self.plan, self._function_name = plan, signature.name
-        self.int_params = signature.int_params
-        self._prologue = [entry for entry in signature.prologue if plan.demand.get(entry[0])]
-        self.builder_.begin_scope(list(signature.params))
-        body = self.rewrite_seq(func.body, want)
-        self.builder_.end_scope()
-        self.plan, self._function_name, self.int_params, self._prologue, self.nested = outer
+        self._functions.append(_Rewriting(signature, plan))
+        try:
+            self.builder_.begin_scope(list(signature.params))
+            body = self.rewrite_seq(func.body, want)
+            self.builder_.end_scope()
+        finally:
+            self._functions.pop()
         new_func = Function(list(signature.params), body, want, func.is_pure, func.attrs,
                             func.span)
         return self.builder_.normalize(new_func)
 
+    @property
+    def plan(self) -> FunctionPlan:
+        """The plan of the function being rewritten."""
+        return self._functions[-1].plan
+
     def rewrite_seq(self, seq: SeqExpr, want_type) -> SeqExpr:
         self.casts.push_layer(False)
-        blocks = []
-        if self._prologue and not (seq.blocks and type(seq.blocks[0]) is DataflowBlock):
+        blocks, prologue_left = [], self._functions[-1].prologue
+        if prologue_left and not (seq.blocks and type(seq.blocks[0]) is DataflowBlock):
             with BuiltBlock(self.builder_) as prologue:
                 self._emit_prologue(())
             blocks.append(prologue.block)
         read_later = set()
-        if self._prologue:
+        if prologue_left:
             for later in list(seq.blocks[1:]) + [seq.body]:
                 read_later.update(v.__chandle__() for v in relax.analysis.free_vars(
                     later if isinstance(later, relax.Expr) else SeqExpr([later], seq.body)))
@@ -151,23 +151,21 @@ class MixedPrecisionRewriter(PyExprMutator):
         """The casts of the integer inputs, at the top of the function's first block (a
         dataflow output there where a later block reads it; ``read_later``: the handles of
         the parameters a later block or the result reads)."""
-        for param, int_param, normalization in self._prologue:
+        for param, int_param, normalization in self._functions[-1].prologue:
             value, name, note = integer_input(self.builder_, param, int_param, normalization,
                                               self.low, self.plan.read_in_float32(param))
             self.report.rewrite_note(note)
-            self.casts.total_casts += 1
+            self.report.cast()
             self.remap(param, self.casts.emit_named(value, name, param.__chandle__() in read_later))
-        self._prologue = []
+        self._functions[-1].prologue.clear()
 
     # ------------------------------------------------------------------ bindings
     def visit_var_binding_(self, binding: VarBinding) -> None:
         var, value = binding.var, binding.value
-        self.casts.binding_casts = 0
+        self.report.binding()
         output = type(var) is not DataflowVar
-        plan = None
-        if self.plan:
-            var = self.plan.canonical(var)
-            plan = self.plan.plans.get(var)
+        var = self.plan.canonical(var)
+        plan = self.plan.plans.get(var)
         value_type = type(value)
         if plan is not None and var in self.plan.absorbed:
             self._absorbed[var] = (value, plan, self._absorbed_operands(var))
@@ -190,7 +188,8 @@ class MixedPrecisionRewriter(PyExprMutator):
                                                    self.plan.tuple_want(var, value)),
                                  var.name, output)
         elif isinstance(value, Function):
-            inner = self.nested(f"{self._function_name}.{var.name}", value)
+            inner = self.plan.nested[var]
+            inner = self.rewrite_function(value, inner.signature, inner.plan)
             new_var = self.casts.emit_named(inner, var.name, output)
         else:
             new_var = self.casts.emit_named(self.visit_expr(value), var.name, output)
@@ -219,7 +218,7 @@ class MixedPrecisionRewriter(PyExprMutator):
         self.remap(binding.var, new_var)
 
     def _eager_casts(self, var, new_var, output: bool):
-        demand = self.plan.demand.get(var, ()) if self.plan else ()
+        demand = self.plan.demand.get(var, ())
         for dtype in sorted(d for d in demand if d in ("float32", self.low)):
             self.casts.cast(new_var, dtype, output)
 
@@ -231,7 +230,7 @@ class MixedPrecisionRewriter(PyExprMutator):
                 arg for arg, _ in self.plan.call_args[var][1:]
                 if type(arg) is GenericConst and self.dtype_of(arg) == "float32"])
         if plan.mode == Mode.IDENTITY:
-            source = self.int_params.get(plan.source)
+            source = self._functions[-1].signature.int_params.get(plan.source)
             if source is None:
                 source = self.visit_leaf(plan.source)
             new_var = self.casts.emit_named(source, var.name, output)
@@ -376,13 +375,13 @@ class MixedPrecisionRewriter(PyExprMutator):
             compute = next((d for d in in_dtypes if is_floating(d)), "-")
         info = op_info(plan.op)
         self.report.row(BindingRecord(
-            function=self._function_name, name=plan.name, op=plan.op,
+            function=self._functions[-1].signature.name, name=plan.name, op=plan.op,
             category=plan.category.value if plan.category else (
                 "passthrough" if info.passthrough else "unknown"),
             input_dtypes=tuple(in_dtypes), compute_dtype=compute,
             accumulation_dtype=plan.accumulation or compute,
             output_dtype="+".join(stored) if stored else "-",
-            casts_added=self.casts.binding_casts + max(0, len(stored) - 1),
+            casts_added=max(0, len(stored) - 1),
             reasons=tuple(plan.reasons),
             mac_source=call if info.macs else 0))
 
@@ -417,3 +416,14 @@ class MixedPrecisionRewriter(PyExprMutator):
                 visited = self.casts.cast(visited, self.low)
             operands.append(visited)
         return operands
+
+
+class _Rewriting:
+    """The function being rewritten: its signature, its plan, and the integer inputs' casts
+    still to emit (at the top of its first block)."""
+
+    __slots__ = ("signature", "plan", "prologue")
+
+    def __init__(self, signature: Signature, plan: FunctionPlan):
+        self.signature, self.plan = signature, plan
+        self.prologue = [entry for entry in signature.prologue if plan.demand.get(entry[0])]

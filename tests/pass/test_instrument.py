@@ -56,7 +56,7 @@ def test_probes_see_every_binding_and_parameter_and_their_stats_come_back():
 
 def test_guards_calibration_and_local_errors_use_the_one_loop():
     package = pathlib.Path(relay_amp.__file__).parent
-    for module in ("calibrate.py", "fallback.py", "transform.py"):
+    for module in ("calibrate.py", "fallback.py", "finish.py"):
         tree = ast.parse((package / module).read_text())
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                     and node.module == "instrument" for alias in node.names}
