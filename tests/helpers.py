@@ -7,8 +7,6 @@ import subprocess
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm.script import ir as I
-from tvm.script import relax as R
 
 import relay_amp
 from relay_amp import execution
@@ -62,41 +60,6 @@ def random_inputs(mod, seed=0, low=-1.0, high=1.0, func="main"):
 
 def run_module(mod, inputs):
     return execution.run(relay_amp.compile_module(mod), inputs)
-
-
-@I.ir_module
-class MatmulReluMatmulSoftmax:
-    """A small float32 module with every kind of decision: dot products, a follow op, an
-    accumulate op."""
-
-    @R.function
-    def main(x: R.Tensor((2, 8), "float32"), w: R.Tensor((8, 8), "float32")):
-        with R.dataflow():
-            lv = R.matmul(x, w)
-            lv1 = R.nn.relu(lv)
-            lv2 = R.matmul(lv1, w)
-            gv = R.nn.softmax(lv2)
-            R.output(gv)
-        return gv
-
-
-@I.ir_module
-class PostNorm:
-    """Two post-norm residual blocks (BERT's ``layer_norm(x + f(x))``): the first norm's result
-    is the second block's residual stream and its matmul's operand."""
-
-    @R.function
-    def main(x: R.Tensor((2, 8, 16), "float32"), w: R.Tensor((16, 16), "float32"),
-             g: R.Tensor((16,), "float32"), b: R.Tensor((16,), "float32")):
-        with R.dataflow():
-            y = R.matmul(x, w)
-            s = R.add(x, y)
-            n = R.nn.layer_norm(s, g, b, axes=[-1])
-            z = R.matmul(n, w)
-            r = R.add(n, z)
-            o = R.nn.layer_norm(r, g, b, axes=[-1])
-            R.output(o)
-        return o
 
 
 NVCC = shutil.which("nvcc")

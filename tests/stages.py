@@ -1,8 +1,6 @@
 """What a stage test needs to run one stage on ``main`` of a TVMScript module: its context,
 signature and scope, made as :func:`relay_amp.convert` makes them (no harness)."""
 
-from tvm.script import ir as I
-from tvm.script import relax as R
 
 from relay_amp.casts import Constants
 from relay_amp.decide import Decider
@@ -17,36 +15,6 @@ from relay_amp.targets import as_target, kernel_settings, target_rule
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 DTYPES = ("float16", "bfloat16")
-
-
-@I.ir_module
-class Residual:
-    """``r`` is a residual stream: ``s`` adds to it, and no normalization centres ``s``."""
-
-    @R.function
-    def main(x: R.Tensor((4, 16), "float32"), w: R.Tensor((16, 16), "float32")):
-        with R.dataflow():
-            a = R.matmul(x, w)
-            r = R.nn.relu(a)
-            y = R.matmul(r, w)
-            s = R.add(y, r)
-            o = R.matmul(s, w)
-            R.output(o)
-        return o
-
-
-@I.ir_module
-class MatmulReluMatmulSoftmax:
-    @R.function
-    def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float32"),
-             v: R.Tensor((8, 8), "float32")):
-        with R.dataflow():
-            a = R.matmul(x, w)
-            b = R.nn.relu(a)
-            c = R.matmul(b, v)
-            d = R.nn.softmax(c, axis=-1)
-            R.output(d)
-        return d
 
 
 class Stages:

@@ -3,7 +3,7 @@ tests/pass/test_codegen_cuda.py)."""
 
 import numpy as np
 import pytest
-from test_codegen_cuda import compiles_to_cubin, needs_nvcc
+from cuda_checks import compiles_to_cubin, needs_nvcc
 
 pytestmark = pytest.mark.zoo  # GluonCV: pip install -r requirements.txt
 

@@ -4,7 +4,7 @@ them as they are, and a test failure shows the diff; a change that means to alte
 rewrites the files (``PYTHONPATH=tests python tests/eval/test_golden.py --update``), so the
 commit shows what changed.
 
-Cases: the module-level modules of the pass's test files (tests/pass), the benchmark's synthetic
+Cases: the shared test cases the pass's tests convert (tests/cases.py), the benchmark's synthetic
 graphs, small BERT/ViT/LLaMA stacks and the sweep's default models (converted as the sweep
 converts them: calibrated, uint8 input), each in float16 and bfloat16, without a target and for
 CUDA. The text leaves constant values out (TVMScript's metadata), so float32 results of an MXNet
@@ -12,31 +12,24 @@ re-estimation that differ in the last bit between CPUs do not change it.
 """
 
 import difflib
-import importlib
 import pathlib
 import sys
 import tempfile
 
+import cases
 import pytest
-import tvm
 
 import relay_amp
 
 HERE = pathlib.Path(__file__).parent
 GOLDEN = HERE / "golden"
-TEST_FILES = ("test_api", "test_bad_inputs", "test_boundary_range", "test_calibrate",
-              "test_codegen_arm", "test_fallback", "test_integer_inputs", "test_policy")
 TARGETS = {"none": None, "cuda": {"kind": "cuda", "arch": "sm_90"}}
 DTYPES = ("float16", "bfloat16")
 
 
 def _test_file_modules():
-    sys.path.insert(0, str(HERE.parent / "pass"))
-    for stem in TEST_FILES:
-        module = importlib.import_module(stem)
-        for name, value in sorted(vars(module).items()):
-            if isinstance(value, tvm.IRModule):
-                yield f"{stem}.{name}", value, {}
+    for name, module in sorted(cases.GOLDEN.items()):
+        yield name, module, {}
 
 
 def _graphs():

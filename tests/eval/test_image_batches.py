@@ -2,8 +2,8 @@
 integer inputs is tests/pass/test_integer_inputs.py)."""
 
 import numpy as np
+from cases import Conv
 from helpers import IMAGENET_UINT8
-from test_integer_inputs import Conv
 
 import relay_amp
 from relay_amp import execution

@@ -4,15 +4,15 @@ spelling of the arch (the pass's tensor-core tests are tests/pass/test_tensor_co
 import re
 
 import pytest
-from test_tensor_cores import (
+from cuda_checks import (
     FRAGMENT,
-    NVCC,
     PTX,
     TARGETS,
-    _cuda_source,
-    _fragment_dtypes,
-    _ptx_tensor_core_inputs,
+    cuda_source,
+    fragment_dtypes,
+    ptx_tensor_core_inputs,
 )
+from helpers import NVCC
 
 import relay_amp
 from relay_amp.eval import gpu_bench
@@ -24,10 +24,10 @@ def test_a_converted_bert_layer_runs_its_matmuls_on_tensor_cores(spelling, dtype
     layer = gpu_bench.bert_encoder(layers=1, hidden=128, heads=2, ffn=256, seq=128)
     converted, report = relay_amp.convert(layer.mod, dtype, target=TARGETS[spelling])
     assert any("run on tensor cores" in note for note in report.notes)
-    source = _cuda_source(converted, TARGETS[spelling])
-    assert _fragment_dtypes(source) == {FRAGMENT[dtype]}
+    source = cuda_source(converted, TARGETS[spelling])
+    assert fragment_dtypes(source) == {FRAGMENT[dtype]}
     on_tensor_cores = {re.search(r"void (?:__launch_bounds__\(\d+\) )?(\w+)\(", kernel).group(1)
                        for kernel in source.split("__global__")[1:] if "mma_sync" in kernel}
     assert len(on_tensor_cores) >= 3  # the projections, the MLP's up and (split-K) down
     if NVCC is not None and spelling in ("sm_90a", "h100 tag"):
-        assert _ptx_tensor_core_inputs(source, tmp_path, "sm_90a") == {PTX[dtype]}
+        assert ptx_tensor_core_inputs(source, tmp_path, "sm_90a") == {PTX[dtype]}

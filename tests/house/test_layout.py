@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import tvm
+
 import relay_amp
 
 PACKAGE = pathlib.Path(relay_amp.__file__).parent
@@ -93,6 +95,9 @@ def test_readme_layout_names_every_module():
 
 
 TESTS = pathlib.Path(__file__).resolve().parents[1]
+#: What both test layers import: modules beside conftest.py, not test files.
+SHARED_TEST_MODULES = [TESTS / name for name in
+                       ("cases.py", "helpers.py", "stages.py", "cuda_checks.py")]
 
 
 def test_the_pass_tests_import_no_harness_and_no_command():
@@ -100,8 +105,46 @@ def test_the_pass_tests_import_no_harness_and_no_command():
     assert len(files) >= 20
     offenders = {p.name: sorted(n for n in _imported_modules(p)
                                 if n.startswith(("relay_amp.eval", "relay_amp.cli")))
-                 for p in [*files, TESTS / "helpers.py", TESTS / "stages.py"]}
+                 for p in [*files, *SHARED_TEST_MODULES]}
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def _test_file_imports(path: pathlib.Path) -> set:
+    """The test files (``test_*`` modules, anywhere under tests/) that ``path`` imports, in its
+    code or in the code it runs in a child process."""
+    text = path.read_text()
+    found = {n.split(".")[0] for n in _imported_modules(path) if n.startswith("test_")}
+    for line in text.splitlines():
+        words = line.strip().split()
+        if len(words) >= 2 and words[0] in ("from", "import") and words[1].startswith("test_"):
+            found.add(words[1].split(".")[0])
+    return found
+
+
+def test_no_test_file_imports_a_test_file_of_another_layer():
+    """What both layers use lives in the shared modules beside conftest.py (tests/cases.py,
+    helpers.py, stages.py, cuda_checks.py), not in another layer's test file."""
+    where = {p.stem: p.parent.name for p in TESTS.rglob("test_*.py")}
+    crossing = {f"{p.parent.name}/{p.name}": sorted(f"{where.get(n, '?')}/{n}" for n in
+                                                  _test_file_imports(p)
+                                                  if where.get(n) != p.parent.name)
+                for p in TESTS.rglob("test_*.py")}
+    assert {k: v for k, v in crossing.items() if v} == {}
+    shared = {p.name for p in SHARED_TEST_MODULES}
+    assert {n.split(".")[0] + ".py" for p in SHARED_TEST_MODULES
+            for n in _imported_modules(p)} & {p.name for p in TESTS.rglob("test_*.py")} == set()
+    assert "cases.py" in shared
+
+
+def test_the_goldens_and_the_pass_tests_convert_the_same_shared_cases():
+    import cases
+
+    golden = _imported_modules(TESTS / "eval" / "test_golden.py")
+    assert "cases" in golden
+    readers = [p for p in (TESTS / "pass").glob("test_*.py") if "cases" in _imported_modules(p)]
+    assert len(readers) >= 8
+    assert len(cases.GOLDEN) >= 10 and all(
+        isinstance(mod, tvm.IRModule) for mod in cases.GOLDEN.values())
 
 
 def test_tests_live_in_the_folder_of_what_they_test():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import tvm
-from helpers import MatmulReluMatmulSoftmax
+from cases import MatmulReluMatmulSoftmax
 from tvm import relax
 
 import relay_amp

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from cases import BadInputsNet as Net
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -11,19 +12,6 @@ from tvm.script import tirx as T
 
 import relay_amp
 from relay_amp import Policy
-
-
-@I.ir_module
-class Net:
-    @R.function
-    def main(x: R.Tensor((2, 8), "float32"), w: R.Tensor((8, 8), "float32")):
-        with R.dataflow():
-            lv = R.matmul(x, w)
-            lv1 = R.nn.softmax(lv)
-            gv = R.matmul(lv1, w)
-            R.output(gv)
-        return gv
-
 
 ERRORS = [
     # (id, call, exception, message pattern)

@@ -11,12 +11,13 @@ import json
 import numpy as np
 import pytest
 import tvm
+from cases import Branchy, ProdAndRelu, ReduceProd
 from helpers import convert_checked, run_module
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
-from relay_amp.report import FP32_BOUNDARY
+from relay_amp.reasons import FP32_BOUNDARY
 
 F16_MAX, BF16_MAX = 65504.0, 3.3895313892515355e38
 
@@ -36,18 +37,6 @@ def _bound(dtype):
 
 def _low(array, dtype):
     return array.astype(relay_amp.dtypes.numpy_dtype(dtype))
-
-
-@I.ir_module
-class ReduceProd:
-    """ONNX's test_reduce_prod_default_axes_keepdims_example as the importer writes it."""
-
-    @R.function
-    def main(data: R.Tensor((12,), "float32")) -> R.Tensor((1,), "float32"):
-        with R.dataflow():
-            gv = R.prod(data, axis=None, keepdims=True)
-            R.output(gv)
-        return gv
 
 
 def test_reduce_prod_result_keeps_float32_with_the_reason(dtype):
@@ -91,18 +80,6 @@ def test_without_calibration_the_result_would_be_inf():
     assert report.boundary == [] and str(plain["main"].ret_ty.dtype) == "float16"
     (out,) = run_module(plain, [_low(_big("float16"), "float16")])
     assert np.isinf(out).all()
-
-
-@I.ir_module
-class ProdAndRelu:
-    @R.function
-    def main(x: R.Tensor((12,), "float32")):
-        with R.dataflow():
-            lv = R.prod(x, axis=None, keepdims=False)
-            lv1 = R.nn.relu(x)
-            gv = (lv, lv1)
-            R.output(gv)
-        return gv
 
 
 def test_tuple_result_keeps_only_the_field_out_of_range(dtype):
@@ -156,18 +133,6 @@ def test_inline_tuple_result(dtype):
     new, report = convert_checked(Before, dtype, keep_io_dtypes=False, calibration=calibration)
     tvm.ir.assert_structural_equal(new, Expected)
     assert [b.where for b in report.boundary] == ["result[1]"]
-
-
-@I.ir_module
-class Branchy:
-    @R.function
-    def main(cond: R.Tensor((), "bool"), x: R.Tensor((12,), "float32")) -> R.Tensor(
-            (), "float32"):
-        if cond:
-            y = R.prod(x, axis=None, keepdims=False)
-        else:
-            y = R.max(x, axis=None, keepdims=False)
-        return y
 
 
 def test_if_result_keeps_float32(dtype):

@@ -2,27 +2,13 @@
 
 import numpy as np
 import pytest
+from cases import Overflowing
 from helpers import convert_checked, run_module
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
 from relay_amp import execution
-
-
-@I.ir_module
-class Overflowing:
-    """matmul gives values around 4e4; doubling them (8e4) overflows float16."""
-
-    @R.function
-    def main(x: R.Tensor((2, 8), "float32"), w: R.Tensor((8, 8), "float32")):
-        with R.dataflow():
-            lv = R.matmul(x, w)
-            lv1 = R.multiply(lv, R.const(2.0, "float32"))
-            lv2 = R.nn.relu(lv1)
-            gv = R.matmul(lv2, R.multiply(w, R.const(1e-4, "float32")))
-            R.output(gv)
-        return gv
 
 
 def _inputs(seed=0):

@@ -3,29 +3,13 @@
 import re
 
 import tvm
-from tvm.script import ir as I
-from tvm.script import relax as R
+from cases import ConvMatmul
 
 import relay_amp
 
 FULLFP16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+fullfp16"]}
 NEON_ONLY = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
 HALF_ARITHMETIC = re.compile(r"\b(fmla|fmadd|fadd|fmul|fmax|fmaxnm|fsub)\s+(v\d+\.(4|8)h|h\d+)\b")
-
-
-@I.ir_module
-class ConvMatmul:
-    @R.function
-    def main(x: R.Tensor((1, 16, 16, 16), "float32"), w: R.Tensor((16, 16, 3, 3), "float32"),
-             m: R.Tensor((16, 32), "float32")):
-        with R.dataflow():
-            lv = R.nn.conv2d(x, w, padding=[1, 1])
-            lv1 = R.nn.relu(lv)
-            lv2 = R.reshape(lv1, (16, 256))
-            lv3 = R.matmul(R.permute_dims(lv2, [1, 0]), m)
-            gv = R.multiply(lv3, lv3)
-            R.output(gv)
-        return gv
 
 
 def assembly(mod, target):

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 import tvm
-from helpers import NVCC, nvcc_compile
+from cuda_checks import CUDA_TYPES, compiles_to_cubin, needs_nvcc
+from helpers import nvcc_compile
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-import relay_amp
 from relay_amp.builds.codegen import cuda
 
 ROOT = Path(__file__).resolve().parents[2]
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
 
 # The shape older TVM emitted for a warp reduction over volatile shared memory: the RFC's error.
 REDUCTION = r"""
@@ -64,7 +63,6 @@ extern "C" __global__ void __launch_bounds__(32) reduce(T* __restrict__ A, T* __
 }
 """
 IDIOMS = {"cast": REDUCTION, "declared": REDUCTION_DECLARED}
-CUDA_TYPES = {"float16": "half", "bfloat16": "__nv_bfloat16"}
 
 
 def reduction(idiom: str, dtype: str) -> str:
@@ -318,17 +316,3 @@ def _models():
 @pytest.mark.parametrize("name", ["matmul_softmax", "conv_reduction", "attention", "layer_norm"])
 def test_converted_models_compile_to_cubin_for_sm80_and_sm90(name, dtype, tmp_path):
     compiles_to_cubin(_models()[name], dtype, tmp_path)
-
-
-def compiles_to_cubin(mod, dtype, tmp_path):
-    """Convert ``mod`` for sm_90, build it with TVM's pipeline and compile its CUDA with nvcc."""
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    converted, report = relay_amp.convert(mod, dtype, target=target)
-    assert report.converted
-    with cuda.volatile_half_operators():  # TVM's own pipeline: switched on explicitly
-        executable = tvm.compile(converted, target=target)
-    (device_module,) = executable.mod.imports[0].imports
-    source = device_module.inspect_source("cuda")
-    assert "__global__" in source and CUDA_TYPES[dtype].strip("_") in source
-    status, log = nvcc_compile(source, tmp_path)
-    assert status == 0, log[-2000:]

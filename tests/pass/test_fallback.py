@@ -2,32 +2,11 @@
 
 import numpy as np
 import pytest
-from helpers import MatmulReluMatmulSoftmax, run_module
-from tvm.script import ir as I
-from tvm.script import relax as R
+from cases import MatmulReluMatmulSoftmax, Planted
+from helpers import run_module
 
 import relay_amp
 from relay_amp import fallback
-
-
-@I.ir_module
-class Planted:
-    """``a`` is the planted sensitive op: its dot products cancel (weights +-1000 plus small
-    parts that float16 rounds away); every other op is benign."""
-
-    @R.function
-    def main(x: R.Tensor((4, 16), "float32"), pairs: R.Tensor((4, 16), "float32"),
-             wc: R.Tensor((16, 16), "float32"), w: R.Tensor((16, 16), "float32")):
-        with R.dataflow():
-            a = R.matmul(pairs, wc)
-            b = R.matmul(x, w)
-            c = R.add(a, b)
-            d = R.nn.relu(c)
-            e = R.matmul(d, w)
-            f = R.nn.relu(e)
-            gv = R.matmul(f, w)
-            R.output(gv)
-        return gv
 
 
 def _batches(count=2, seed=0):

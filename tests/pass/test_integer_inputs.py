@@ -4,24 +4,13 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from cases import QDQ, Conv, DataBatchNorm
 from helpers import IMAGENET_UINT8, convert_checked, host_normalize, run_module
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import relay_amp
 from relay_amp import execution
-
-
-@I.ir_module
-class Conv:
-    @R.function
-    def main(data: R.Tensor((1, 3, 16, 16), "float32"), w: R.Tensor((8, 3, 3, 3), "float32")):
-        with R.dataflow():
-            lv = R.nn.conv2d(data, w, padding=[1, 1])
-            lv1 = R.nn.relu(lv)
-            gv = R.mean(lv1, axis=[2, 3])
-            R.output(gv)
-        return gv
 
 
 def test_uint8_input_is_cast_once_straight_to_the_compute_dtype(dtype):
@@ -77,21 +66,6 @@ def test_no_float32_copy_of_the_input_exists():
     assert (1, 3, 16, 16) not in shapes
 
 
-@I.ir_module
-class DataBatchNorm:  # GluonCV's v2 ResNets: an inference batch_norm on the input first
-    @R.function
-    def main(data: R.Tensor((1, 3, 16, 16), "float32"), w: R.Tensor((8, 3, 3, 3), "float32"),
-             mean: R.Tensor((3,), "float32"), var: R.Tensor((3,), "float32")):
-        with R.dataflow():
-            bn = R.nn.batch_norm(data, R.const(np.ones(3, "float32")),
-                                 R.const(np.zeros(3, "float32")), mean, var, axis=1,
-                                 training=False)
-            lv = R.nn.conv2d(bn[0], w, padding=[1, 1])
-            gv = R.nn.relu(lv)
-            R.output(gv)
-        return gv
-
-
 def test_input_read_only_in_float32_is_cast_to_float32(dtype):
     """With CUDA defaults the decomposed batch_norm computes float32 in the input's kernel:
     the input kernel writes float32, so the input is rounded once (after the batch_norm), as
@@ -118,33 +92,6 @@ def test_input_read_only_in_float32_is_cast_to_float32(dtype):
                                                          [batch, *inputs])).relative_l2
     assert error < {"float16": 1e-3, "bfloat16": 1e-2}[dtype]
     assert error <= twice
-
-
-# ----------------------------------------------------------------------------- QDQ
-@I.ir_module
-class QDQ:
-    @R.function
-    def main(x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((4, 4, 3, 3), "float32")):
-        with R.dataflow():
-            q = R.quantize(x, R.const(0.05, "float32"), R.const(0, "int8"), axis=1,
-                           out_dtype="int8")
-            d = R.dequantize(q, R.const(0.05, "float32"), R.const(0, "int8"), axis=1,
-                             out_dtype="float32")
-            c = R.nn.conv2d(d, w, padding=[1, 1])
-            q2 = R.quantize(c, R.const(0.1, "float32"), R.const(0, "int8"), axis=1,
-                            out_dtype="int8")
-            d2 = R.dequantize(q2, R.const(0.1, "float32"), R.const(0, "int8"), axis=1,
-                              out_dtype="float32")
-            q3 = R.quantize(d2, R.const(0.1, "float32"), R.const(0, "int8"), axis=1,
-                            out_dtype="int8")
-            d3 = R.dequantize(q3, R.const(0.1, "float32"), R.const(0, "int8"), axis=1,
-                              out_dtype="float32")
-            q4 = R.quantize(d3, R.const(0.3, "float32"), R.const(0, "int8"), axis=1,
-                            out_dtype="int8")
-            gv = R.dequantize(q4, R.const(0.3, "float32"), R.const(0, "int8"), axis=1,
-                              out_dtype="float32")
-            R.output(gv)
-        return gv
 
 
 def test_qdq_identity_requantize_and_dequantize_to_float16():

@@ -6,8 +6,8 @@ applies them."""
 import dataclasses
 
 import pytest
-from helpers import PostNorm
-from stages import CUDA, MatmulReluMatmulSoftmax, Residual, Stages
+from cases import Chain, PostNorm, Residual
+from stages import CUDA, Stages
 from tvm import relax, te
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -136,7 +136,7 @@ def codes(kernels, var):
 
 
 def test_the_rules_apply_in_the_order_their_reasons_are_appended():
-    stages = Stages(MatmulReluMatmulSoftmax, "float16", CUDA)
+    stages = Stages(Chain, "float16", CUDA)
     planner = _planner(stages)
     rules = planner.rules(planner.group(stages.func.body), stages.func.body)
     assert [type(rule) for rule in rules] == [FollowOpMode, CrossesBoundary, ResidualStreams,
@@ -234,7 +234,7 @@ def test_follow_op_mode_leaves_other_ops_alone():
 def test_crosses_boundary(name, crosses):
     """``a`` stays in the relu's kernel; ``b`` and ``c`` cross to another kernel; ``d`` is
     the function's float32 result."""
-    stages = Stages(MatmulReluMatmulSoftmax, "float16", CUDA)
+    stages = Stages(Chain, "float16", CUDA)
     kernels, rule, site = up_to(stages, name, CrossesBoundary)
     stored = set(kernels.stored_low)
     assert rule.apply(kernels, site) is False
@@ -314,7 +314,7 @@ def test_a_small_value_that_feeds_a_result_keeps_float32_within_the_budget():
 
 
 def test_a_value_that_crosses_low_is_stored_low():
-    stages = Stages(MatmulReluMatmulSoftmax, "float16", CUDA)
+    stages = Stages(Chain, "float16", CUDA)
     kernels, rule, site = up_to(stages, "b", StoredLow)
     rule.apply(kernels, site)
     assert site.var in kernels.stored_low and codes(kernels, site.var) == [

@@ -2,8 +2,8 @@
 what order the reasons of the three stages come in its plan."""
 
 import pytest
-from helpers import PostNorm
-from stages import CUDA, DTYPES, MatmulReluMatmulSoftmax, Stages
+from cases import Chain, PostNorm
+from stages import CUDA, DTYPES, Stages
 
 from relay_amp.kinds import Mode
 from relay_amp.planning import plan_function
@@ -16,7 +16,7 @@ def _plan(mod, dtype, target=None, **policy):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_without_a_target_there_is_no_kernel_plan_and_demand_has_the_last_word(dtype):
-    stages, plan = _plan(MatmulReluMatmulSoftmax, dtype)
+    stages, plan = _plan(Chain, dtype)
     assert plan.kernels is None  # low_precision_boundaries is off without a target
     demand = stages.demand()
     decisions = stages.decide()

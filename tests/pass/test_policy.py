@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import tvm
+from cases import PolicyNet as Net
 from helpers import convert_checked
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -12,21 +13,6 @@ from tvm.script import relax as R
 import relay_amp
 from relay_amp import Policy, amp_config
 from relay_amp.targets import target_caps
-
-
-@I.ir_module
-class Net:
-    @R.function
-    def main(x: R.Tensor((1, 8, 8, 8), "float32"), w: R.Tensor((8, 8, 3, 3), "float32"),
-             dw: R.Tensor((8, 1, 3, 3), "float32")):
-        with R.dataflow():
-            lv = R.nn.conv2d(x, w, padding=[1, 1])
-            lv1 = R.nn.relu(lv)
-            lv2 = R.nn.conv2d(lv1, dw, padding=[1, 1], groups=8)
-            lv3 = R.nn.softmax(lv2, axis=1)
-            gv = R.nn.conv2d(lv3, w, padding=[1, 1])
-            R.output(gv)
-        return gv
 
 
 def compute(report, name):

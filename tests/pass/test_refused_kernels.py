@@ -3,7 +3,8 @@ path, the module stays well-formed and right, and the report says what was emitt
 
 import pytest
 import tvm
-from helpers import PostNorm, convert_checked, random_inputs, run_module
+from cases import PostNorm
+from helpers import convert_checked, random_inputs, run_module
 
 import relay_amp
 from relay_amp import kernels

@@ -5,13 +5,14 @@ keeps float32; its output is frozen."""
 import dataclasses
 
 import pytest
-from stages import CUDA, DTYPES, MatmulReluMatmulSoftmax, Stages
+from cases import Chain
+from stages import CUDA, DTYPES, Stages
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 from relay_amp.calibrate import Calibration
 from relay_amp.kinds import Category, Mode
-from relay_amp.signature import FP32_BOUNDARY
+from relay_amp.reasons import FP32_BOUNDARY
 
 #: An x86 CPU without avx512fp16 or avx512bf16: dot products only store the low dtype.
 STORAGE_ONLY = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}
@@ -46,7 +47,7 @@ def categories(stages, decisions, names):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_each_call_gets_the_policy_category(dtype):
-    stages = Stages(MatmulReluMatmulSoftmax, dtype)
+    stages = Stages(Chain, dtype)
     decisions = stages.decide()
     assert categories(stages, decisions, "abcd") == {
         "a": Category.LOW_PRECISION_FP32_ACCUMULATE, "b": Category.FOLLOW,
@@ -62,12 +63,12 @@ def test_each_call_gets_the_policy_category(dtype):
 def test_the_target_rule_applies(dtype):
     """A CPU that only stores ``dtype`` keeps dot products in float32 with stored weights; a
     GPU computes them in ``dtype`` and asks for mixed kernels for the accumulate ops."""
-    stored = Stages(MatmulReluMatmulSoftmax, dtype, STORAGE_ONLY, fallback="storage")
+    stored = Stages(Chain, dtype, STORAGE_ONLY, fallback="storage")
     decisions = stored.decide()
     matmul = decisions.plans[stored.var("a")]
     assert matmul.category == Category.STORAGE
     assert [r.code for r in matmul.reasons] == ["target_storage_only"]
-    fast = Stages(MatmulReluMatmulSoftmax, dtype, CUDA)
+    fast = Stages(Chain, dtype, CUDA)
     decisions = fast.decide()
     assert "target_fast" in [r.code for r in decisions.plans[fast.var("a")].reasons]
     assert decisions.plans[fast.var("d")].mixed and not decisions.plans[fast.var("a")].mixed
@@ -106,7 +107,7 @@ def test_a_result_the_low_dtype_cannot_hold_keeps_float32():
 
 
 def test_decisions_are_frozen():
-    stages = Stages(MatmulReluMatmulSoftmax, "float16")
+    stages = Stages(Chain, "float16")
     decisions = stages.decide()
     plan = decisions.plans[stages.var("a")]
     with pytest.raises(TypeError):

@@ -3,7 +3,8 @@ consumers want (what an operand must be), and the mode, accumulation and reason 
 binding whose mode steps 1 and 1b left open."""
 
 import pytest
-from stages import CUDA, DTYPES, MatmulReluMatmulSoftmax, Stages
+from cases import Chain
+from stages import CUDA, DTYPES, Stages
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -75,7 +76,7 @@ def test_demand_reads_the_kernel_plan(dtype):
     """With kernel boundaries, a value stored low between kernels is wanted low by its
     reader (the mixed softmax widens it in registers); the relu the kernel plan gave a mode
     keeps it, with no reason from demand; the fused dot product's result is wanted float32."""
-    stages = Stages(MatmulReluMatmulSoftmax, dtype, CUDA)
+    stages = Stages(Chain, dtype, CUDA)
     decisions = stages.decide()
     kernels = stages.kernels(decisions)
     demand = stages.demand(decisions, kernels)

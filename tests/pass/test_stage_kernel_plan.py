@@ -5,8 +5,9 @@ inputs arrive; then the structural tests of the conversion at kernel boundaries.
 
 import numpy as np
 import pytest
-from helpers import PostNorm, convert_checked, random_inputs, run_module
-from stages import CUDA, DTYPES, MatmulReluMatmulSoftmax, Residual, Stages
+from cases import Chain, PostNorm, Residual
+from helpers import convert_checked, random_inputs, run_module
+from stages import CUDA, DTYPES, Stages
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -40,7 +41,7 @@ def codes(kernels, stages, name):
 def test_values_between_kernels_are_stored_low(dtype):
     """relu joins the first matmul's kernel (in float32 registers); its result and the second
     matmul's cross a kernel boundary in low precision; softmax is a mixed kernel."""
-    stages = Stages(MatmulReluMatmulSoftmax, dtype, CUDA)
+    stages = Stages(Chain, dtype, CUDA)
     kernels = stages.kernels()
     a, b = stages.var("a"), stages.var("b")
     assert (a, b) in kernels.fused and len(kernels.fused) == 1
@@ -88,7 +89,7 @@ def test_what_a_ranking_op_reads_keeps_float32():
 
 
 def test_the_kernel_plan_is_frozen():
-    stages = Stages(MatmulReluMatmulSoftmax, "float16", CUDA)
+    stages = Stages(Chain, "float16", CUDA)
     kernels = stages.kernels()
     with pytest.raises(AttributeError):
         kernels.stored_low.add(stages.var("a"))

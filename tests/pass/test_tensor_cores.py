@@ -7,8 +7,6 @@ import inspect
 import json
 import os
 import pathlib
-import re
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,18 +14,20 @@ import textwrap
 import numpy as np
 import pytest
 import tvm
+from cuda_checks import (
+    FRAGMENT,
+    PTX,
+    TARGETS,
+    cuda_source,
+    fragment_dtypes,
+    ptx_tensor_core_inputs,
+)
+from helpers import NVCC
 from tvm import relax
 
 import relay_amp
 from relay_amp.builds import tensor_cores
 from relay_amp.builds.pipeline import SM_COUNT, sm_count
-
-NVCC = shutil.which("nvcc")
-TARGETS = {"sm_80": {"kind": "cuda", "arch": "sm_80"}, "sm_90": {"kind": "cuda", "arch": "sm_90"},
-           "sm_90a": {"kind": "cuda", "arch": "sm_90a"}, "h100 tag": "nvidia/nvidia-h100"}
-#: CUDA's name of each dtype in a WMMA fragment, and PTX's in a wmma.load instruction.
-FRAGMENT = {"float16": "half", "bfloat16": "nv_bfloat16"}
-PTX = {"float16": "f16", "bfloat16": "bf16"}
 
 
 def _matmul(dtype, rows=128, depth=768, cols=768):
@@ -41,46 +41,21 @@ def _matmul(dtype, rows=128, depth=768, cols=768):
     return builder.get()
 
 
-def _cuda_source(mod, target) -> str:
-    target = tvm.target.Target(target)
-    executable = tvm.compile(mod, target, relax_pipeline=relay_amp.cuda_pipeline(target))
-    return executable.mod.imports[0].imports[0].inspect_source("cuda")
-
-
-def _fragment_dtypes(source: str) -> set:
-    return set(re.findall(r"wmma::fragment<nvcuda::wmma::matrix_[ab], 16, 16, 16, (\w+)", source))
-
-
-def _ptx_tensor_core_inputs(source: str, tmp_path, arch: str) -> set:
-    """The input dtypes of the tensor-core operand loads in the PTX nvcc makes of ``source``
-    (``wmma.mma`` names only the accumulator's dtype for float16), asserting there are
-    ``wmma.mma`` instructions."""
-    path = tmp_path / "kernels.cu"
-    path.write_text(source)
-    result = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-o", str(tmp_path / "k.ptx"),
-                             str(path)], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr[-2000:]
-    ptx = (tmp_path / "k.ptx").read_text()
-    assert re.search(r"wmma\.mma\.sync\.aligned\.row\.col\.m16n16k16\.f32\.", ptx)
-    return set(re.findall(r"wmma\.load\.[ab]\.sync\.aligned\.\w+\.m16n16k16(?:\.shared)?\.(\w+)",
-                          ptx))
-
-
 @pytest.mark.parametrize("spelling", list(TARGETS))
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_matmuls_use_tensor_cores_for_every_spelling_of_the_arch(spelling, dtype, tmp_path):
-    source = _cuda_source(_matmul(dtype), TARGETS[spelling])
-    assert _fragment_dtypes(source) == {FRAGMENT[dtype]}
+    source = cuda_source(_matmul(dtype), TARGETS[spelling])
+    assert fragment_dtypes(source) == {FRAGMENT[dtype]}
     assert "wmma::mma_sync" in source
     if NVCC is not None:
         arch = str(tvm.target.Target(TARGETS[spelling]).attrs["arch"])
-        assert _ptx_tensor_core_inputs(source, tmp_path, arch) == {PTX[dtype]}
+        assert ptx_tensor_core_inputs(source, tmp_path, arch) == {PTX[dtype]}
 
 
 def test_targets_without_tensor_cores_for_the_dtype_are_named_and_get_none():
-    assert _fragment_dtypes(_cuda_source(_matmul("bfloat16"), {"kind": "cuda",
+    assert fragment_dtypes(cuda_source(_matmul("bfloat16"), {"kind": "cuda",
                                                                "arch": "sm_75"})) == set()
-    assert _fragment_dtypes(_cuda_source(_matmul("float16"), {"kind": "cuda",
+    assert fragment_dtypes(cuda_source(_matmul("float16"), {"kind": "cuda",
                                                               "arch": "sm_75"})) == {"half"}
     old = tvm.target.Target({"kind": "cuda", "arch": "sm_61"})
     note = tensor_cores.tensor_core_note(old, "float16")
@@ -101,8 +76,8 @@ def test_the_note_says_where_tvms_own_pipeline_gives_none():
 
 def test_small_extents_stay_on_cuda_cores_as_in_dlight():
     """dlight's threshold (every extent but the batch above 64) holds for bfloat16 too."""
-    source = _cuda_source(_matmul("bfloat16", rows=128, depth=64, cols=768), TARGETS["sm_90"])
-    assert _fragment_dtypes(source) == set()
+    source = cuda_source(_matmul("bfloat16", rows=128, depth=64, cols=768), TARGETS["sm_90"])
+    assert fragment_dtypes(source) == set()
 
 
 def test_tvms_lookup_is_restored_and_dlight_still_names_intrinsics_through_it():
@@ -113,7 +88,7 @@ def test_tvms_lookup_is_restored_and_dlight_still_names_intrinsics_through_it():
 
     cuda = tensor_cores.cuda_intrinsics()
     original = cuda.get_wmma_intrin_group
-    _cuda_source(_matmul("bfloat16"), TARGETS["sm_90"])
+    cuda_source(_matmul("bfloat16"), TARGETS["sm_90"])
     assert cuda.get_wmma_intrin_group is original
     assert 'in_dtype="float16"' in inspect.getsource(MatmulTensorization.apply)
     from tvm.s_tir import TensorIntrin
