@@ -8,6 +8,11 @@ that server under ``qemu-aarch64-static`` on a free loopback port and connects t
 >>> with ArmEmulator() as emulator:                                    # doctest: +SKIP
 ...     outputs = emulator.run("model.so", [x])     # relay_amp.builds.remote.run_remote over RPC
 
+Several emulated CPUs can stand behind TVM's RPC tracker as a pool of boards does:
+:class:`RpcTracker` runs ``python -m tvm.exec.rpc_tracker``, ``ArmEmulator(tracker=..., key=...)``
+registers its server with it, and ``relay_amp.builds.remote.session_from(tracker, key)`` gives a
+session with a free one.
+
 A run whose code the emulated CPU cannot execute (``-cpu cortex-a53`` has no FP16 arithmetic)
 raises :class:`EmulatorError` naming the signal; a run that hangs ends at the session timeout.
 Emulated times say nothing about a board's speed.
@@ -23,7 +28,10 @@ import pathlib
 import re
 import select
 import shutil
+import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -107,11 +115,26 @@ class ArmEmulator:
         Run the server under :data:`QEMU_PLUGINS` with the instruction-counting plugin
         (:func:`counter_path`) and one runtime thread, so that :meth:`count` can say what a run
         executes. Slower than plain emulation.
+    tracker : tuple of (str, int) or str, optional
+        An RPC tracker's address (``(host, port)`` or ``"host:port"``): the server registers
+        with it under ``key`` (``rpc_server --tracker``), :meth:`start` waits until it has, and
+        :meth:`connect` asks the tracker for a session, which any free server under ``key``
+        may serve. Not with ``count_instructions`` (the counts are this server's).
+    key : str, optional
+        The key to register under; needs ``tracker``.
     """
 
     def __init__(self, cpu: str | None = None, arm_dir: str | os.PathLike | None = None,
                  start_timeout: float = 120.0, session_timeout: float = 600.0,
-                 count_instructions: bool = False):
+                 count_instructions: bool = False, tracker=None, key: str | None = None):
+        if (tracker is None) != (key is None):
+            raise ValueError("tracker and key go together: the server registers with the "
+                             "tracker under the key")
+        if tracker is not None and count_instructions:
+            raise ValueError("count_instructions needs the sessions on this server: "
+                             "not with a tracker")
+        self.tracker = None if tracker is None else remote.parse_address(tracker)
+        self.key = key
         self.cpu = cpu
         self.arm_dir = pathlib.Path(arm_dir or ARM_DIR)
         self.count_instructions = count_instructions
@@ -141,43 +164,64 @@ class ArmEmulator:
                     f"{counter_path(self.arm_dir)},out={self._counts_dir}/counts"]
             # the plugin's counters are not atomic: one thread of TVM's runtime
             env = {**os.environ, "TVM_NUM_THREADS": "1"}
+        tracking = []
+        if self.tracker is not None:
+            tracking = ["--tracker", "{}:{}".format(*self.tracker), "--key", self.key]
         command = [*qemu, "-L", SYSROOT, *(["-cpu", self.cpu] if self.cpu else []),
                    str(self.server), "--host", "127.0.0.1", "--port", "0", "--no-core-dumps",
-                   "--exit-with-parent"]
+                   "--exit-with-parent", *tracking]
         descriptor, self._log_path = tempfile.mkstemp(prefix="rpc_server_", suffix=".log")
         with os.fdopen(descriptor, "w") as log:
             self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log,
                                              stdin=subprocess.DEVNULL, text=True, env=env)
         deadline = time.monotonic() + self.start_timeout
+        line = self._line(deadline, "listen")
+        match = re.search(r"listening on .*:(\d+)$", line)
+        if not match:
+            self.stop()
+            raise EmulatorError(f"unexpected first line from the RPC server: {line!r}")
+        self.port = int(match.group(1))
+        if self.tracker is not None:
+            what = "register with the tracker at {}:{} under key {}".format(*self.tracker,
+                                                                           self.key)
+            line = self._line(deadline, what)
+            if not line.startswith("registered with"):
+                self.stop()
+                raise EmulatorError(f"unexpected line from the RPC server: {line!r}")
+        return self
+
+    def _line(self, deadline: float, what: str) -> str:
+        """The server's next line on stdout, by ``deadline``; stops it and raises if none
+        (the server failed to ``what``)."""
         line = ""
         while not line.endswith("\n"):
             left = deadline - time.monotonic()
             ready, _, _ = select.select([self._process.stdout], [], [], max(left, 0))
             if not ready:
+                log = self.log()
                 self.stop()
-                raise EmulatorError(f"the emulated RPC server did not listen within "
-                                    f"{self.start_timeout:g} s")
+                raise EmulatorError(f"the emulated RPC server did not {what} within "
+                                    f"{self.start_timeout:g} s: {log}")
             chunk = self._process.stdout.readline()
             if not chunk:
                 status = self._process.wait()
                 log = self.log()
                 self.stop()
                 raise EmulatorError(f"the emulated RPC server exited ({_status_text(status)}) "
-                                    f"before it listened: {log}")
+                                    f"before it could {what}: {log}")
             line += chunk
-        match = re.search(r"listening on .*:(\d+)$", line.strip())
-        if not match:
-            self.stop()
-            raise EmulatorError(f"unexpected first line from the RPC server: {line!r}")
-        self.port = int(match.group(1))
-        return self
+        return line.strip()
 
     def connect(self) -> tvm.rpc.RPCSession:
         """A new ``tvm.rpc`` session with the server (one per run: a session that crashed is
-        gone, the server is not)."""
+        gone, the server is not); with a tracker, the tracker's session with a free server
+        under the key, waiting for one at most ``start_timeout``."""
         if self._process is None or self._process.poll() is not None:
             raise EmulatorError("the emulated RPC server is not running"
                                 + (f": {self.log()}" if self._log_path else ""))
+        if self.tracker is not None:
+            return remote.session_from(self.tracker, self.key, timeout=self.start_timeout,
+                                       session_timeout=self.session_timeout)
         return tvm.rpc.connect("127.0.0.1", self.port, session_timeout=self.session_timeout)
 
     def run(self, lib_path: str | os.PathLike,
@@ -282,6 +326,109 @@ class ArmEmulator:
         if self._counts_dir:
             shutil.rmtree(self._counts_dir, ignore_errors=True)
         self._counts_dir = None
+
+
+class RpcTracker:
+    """TVM's RPC tracker (``python -m tvm.exec.rpc_tracker``) on a free loopback port, the
+    tracker a pool of boards registers with.
+
+    Parameters
+    ----------
+    host : str, optional
+        The address it binds to.
+    start_timeout : float, optional
+        Seconds to wait until it answers.
+
+    Attributes
+    ----------
+    address : tuple of (str, int)
+        ``(host, port)``, for ``ArmEmulator(tracker=...)`` and
+        ``relay_amp.builds.remote.session_from``; set by :meth:`start`.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", start_timeout: float = 60.0):
+        self.host = host
+        self.start_timeout = start_timeout
+        self.address: tuple[str, int] | None = None
+        self._process: subprocess.Popen | None = None
+        self._log = None
+        self._deadline = 0.0
+
+    def __enter__(self) -> RpcTracker:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def start(self, wait: bool = True) -> RpcTracker:
+        """Start the tracker; with ``wait``, :meth:`wait` until it answers (else the caller
+        does, e.g. after other work: the tracker takes seconds to import TVM)."""
+        with socket.socket() as probe:
+            probe.bind((self.host, 0))
+            port = probe.getsockname()[1]
+        self._log = tempfile.TemporaryFile(mode="w+")
+        # a session of its own: the tracker runs in a child process (TVM's PopenWorker) that
+        # stop() ends with it
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", self.host,
+             "--port", str(port), "--port-end", str(port + 1)],
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        self.address = (self.host, port)
+        self._deadline = time.monotonic() + self.start_timeout
+        return self.wait() if wait else self
+
+    def wait(self) -> RpcTracker:
+        """Wait until the tracker answers (its summary), at most ``start_timeout`` from
+        :meth:`start`.
+
+        Raises
+        ------
+        EmulatorError
+            If it exited or did not answer in time (the message has its output).
+        """
+        if self._process is None:
+            raise EmulatorError("the tracker is not running: start() it first")
+        while True:
+            try:
+                remote.tracker_summary(self.address, timeout=5.0)
+                return self
+            except remote.TrackerError as error:
+                if self._process.poll() is not None or time.monotonic() > self._deadline:
+                    log = self.log()
+                    self.stop()
+                    raise EmulatorError("TVM's RPC tracker did not start on {}:{} ({}): {}"
+                                        .format(*self.address, error, log)) from None
+                time.sleep(0.2)
+
+    def summary(self) -> dict:
+        """The tracker's summary (:func:`relay_amp.builds.remote.tracker_summary`)."""
+        return remote.tracker_summary(self.address)
+
+    def log(self, last: int = 2000) -> str:
+        """The end of the tracker's output."""
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read()[-last:].strip()
+
+    def stop(self) -> None:
+        """Stop the tracker (the servers registered with it go on serving and reconnect to a
+        new one at the same address)."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # its worker, if it outlived it
+        if self._log is not None:
+            self._log.close()
+        self._log = None
 
 
 #: The instruction mix a count reports: a name and the kinds it sums (a kind is a mnemonic and its

@@ -12,15 +12,27 @@
 // serving: the server sends the client an RPC exception that names the signal or the timeout,
 // and the client's pending call raises it.
 //
+// With --tracker HOST:PORT it registers with TVM's RPC tracker (python -m tvm.exec.rpc_tracker;
+// the protocol of python/tvm/rpc/tracker.py and server.py's _listen_loop): UPDATE_INFO as
+// "server:KEY", then PUT of (port, a random match key) under KEY. A client that the tracker gives
+// this server connects with "client:MATCHKEY"; the server then takes no other client until that
+// session ends, and PUTs a new match key (the tracker hands a board to one client at a time). A
+// match key handed out but not used for 8 s is replaced, as TVM's server does; a lost tracker is
+// reconnected every 2 s.
+//
 //   rpc_server [--host 127.0.0.1] [--port 9090] [--key KEY] [--once] [--no-core-dumps]
-//              [--exit-with-parent]
+//              [--exit-with-parent] [--tracker HOST:PORT [--custom-addr ADDR]]
 //
 // --port 0 takes a free port; --once exits after the first session; --no-core-dumps sets a
 // session's core size limit to 0; --exit-with-parent stops the server when the process that
-// started it is gone (a test harness killed before it could stop the server). The server prints "listening on HOST:PORT" on stdout once it
-// accepts connections; everything else goes to stderr.
+// started it is gone (a test harness killed before it could stop the server); --custom-addr is
+// the address the tracker gives clients (default: the one it sees this server connect from).
+// The server prints "listening on HOST:PORT" on stdout once it accepts connections and, with a
+// tracker, "registered with HOST:PORT under key KEY" once the tracker lists it; everything else
+// goes to stderr.
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -39,6 +51,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -51,6 +64,17 @@ constexpr int32_t kRPCMagic = 0xFF271;               // base.RPC_MAGIC
 constexpr int32_t kRPCCodeSuccess = kRPCMagic + 0;   // base.RPC_CODE_SUCCESS
 constexpr int32_t kRPCCodeMismatch = kRPCMagic + 2;  // base.RPC_CODE_MISMATCH
 constexpr int32_t kMaxKeyLength = 4096;
+constexpr int32_t kTrackerMagic = 0x2F271;  // base.RPC_TRACKER_MAGIC
+// base.TrackerCode
+constexpr int kTrackerPut = 3;
+constexpr int kTrackerUpdateInfo = 5;
+constexpr int kTrackerGetPendingMatchkeys = 7;
+// server.py's _accept_conn: ping_period, and the unmatch_timeout after which a match key
+// handed out but not used is replaced
+constexpr double kTrackerPingPeriod = 2.0;
+constexpr double kTrackerUnmatchedTimeout = 4.0;
+constexpr double kTrackerIOTimeout = 10.0;
+constexpr int32_t kMaxTrackerMessage = 1 << 20;
 
 struct Options {
   std::string host = "127.0.0.1";
@@ -59,6 +83,9 @@ struct Options {
   bool once = false;
   bool no_core_dumps = false;
   bool exit_with_parent = false;
+  std::string tracker_host;  // empty: no tracker
+  int tracker_port = 0;
+  std::string custom_addr;
 };
 
 volatile sig_atomic_t stop_requested = 0;
@@ -70,9 +97,23 @@ void Log(const std::string& text) { std::fprintf(stderr, "[rpc_server] %s\n", te
 [[noreturn]] void Usage(const char* prog, int code) {
   std::fprintf(code ? stderr : stdout,
                "usage: %s [--host ADDR] [--port N (0: a free one)] [--key KEY] [--once] "
-               "[--no-core-dumps] [--exit-with-parent]\n",
+               "[--no-core-dumps] [--exit-with-parent] [--tracker HOST:PORT "
+               "[--custom-addr ADDR]]\n",
                prog);
   std::exit(code);
+}
+
+[[noreturn]] void BadOption(const std::string& text) {
+  std::fprintf(stderr, "rpc_server: %s\n", text.c_str());
+  std::exit(2);
+}
+
+bool PlainWord(const std::string& text) {
+  if (text.empty()) return false;
+  for (char c : text) {
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return true;
 }
 
 Options ParseOptions(int argc, char** argv) {
@@ -95,11 +136,41 @@ Options ParseOptions(int argc, char** argv) {
       opts.no_core_dumps = true;
     } else if (arg == "--exit-with-parent") {
       opts.exit_with_parent = true;
+    } else if (arg == "--tracker") {
+      std::string address = value();
+      size_t colon = address.rfind(':');
+      char* end = nullptr;
+      long port = 0;
+      if (colon != std::string::npos) port = std::strtol(address.c_str() + colon + 1, &end, 10);
+      if (colon == 0 || colon == std::string::npos || *end != '\0' || port <= 0 ||
+          port > 65535) {
+        BadOption("--tracker takes HOST:PORT, got '" + address + "'");
+      }
+      opts.tracker_host = address.substr(0, colon);
+      if (opts.tracker_host.size() > 2 && opts.tracker_host.front() == '[' &&
+          opts.tracker_host.back() == ']') {
+        opts.tracker_host = opts.tracker_host.substr(1, opts.tracker_host.size() - 2);
+      }
+      opts.tracker_port = static_cast<int>(port);
+    } else if (arg == "--custom-addr") {
+      opts.custom_addr = value();
     } else if (arg == "-h" || arg == "--help") {
       Usage(argv[0], 0);
     } else {
       Usage(argv[0], 2);
     }
+  }
+  if (!opts.tracker_host.empty()) {
+    // the key goes into the tracker's JSON and into "client:KEY" words: one printable word
+    if (!PlainWord(opts.key)) {
+      BadOption("--tracker needs --key KEY, one word of printable ASCII characters (the key "
+                "clients request), got '" + opts.key + "'");
+    }
+    if (!opts.custom_addr.empty() && !PlainWord(opts.custom_addr)) {
+      BadOption("--custom-addr takes one word, got '" + opts.custom_addr + "'");
+    }
+  } else if (!opts.custom_addr.empty()) {
+    BadOption("--custom-addr needs --tracker");
   }
   return opts;
 }
@@ -130,9 +201,10 @@ bool SendAll(int fd, const void* data, size_t size) {
 
 bool SendInt(int fd, int32_t value) { return SendAll(fd, &value, sizeof(value)); }
 
-// The handshake of TVM's Python server: returns whether the client was accepted, and the
-// session timeout it asked for (seconds, 0: none).
-bool Handshake(int fd, const Options& opts, double* timeout) {
+// The handshake of TVM's Python server: returns whether the client, which must name
+// `match_key` (nullptr: none may connect now), was accepted, and the session timeout it asked
+// for (seconds, 0: none).
+bool Handshake(int fd, const Options& opts, const std::string* match_key, double* timeout) {
   int32_t magic = 0;
   int32_t keylen = 0;
   if (!RecvAll(fd, &magic, sizeof(magic)) || magic != kRPCMagic) return false;
@@ -150,7 +222,7 @@ bool Handshake(int fd, const Options& opts, double* timeout) {
     words.push_back(key.substr(start, end - start));
     pos = end;
   }
-  if (words.empty() || words[0] != "client:" + opts.key) {
+  if (words.empty() || match_key == nullptr || words[0] != "client:" + *match_key) {
     SendInt(fd, kRPCCodeMismatch);
     Log("key mismatch: '" + key + "'");
     return false;
@@ -352,6 +424,190 @@ int BoundPort(int fd) {
   return ntohs(reinterpret_cast<struct sockaddr_in*>(&addr)->sin_port);
 }
 
+// ---- TVM's RPC tracker: a connection that registers this server (tracker.py's protocol: the
+// magic, then messages of an int32 size and JSON, each answered by the tracker)
+
+std::string Quote(const std::string& text) {  // a JSON string; PlainWord text needs no more
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// A blocking socket connected to host:port within `timeout` seconds, with send and
+// receive timeouts so that a tracker that stops answering cannot stall the server.
+int ConnectTo(const std::string& host, int port, double timeout, std::string* why) {
+  struct addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* info = nullptr;
+  int code = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &info);
+  if (code != 0 || info == nullptr) {
+    *why = std::string("cannot resolve ") + host + ": " + gai_strerror(code);
+    return -1;
+  }
+  int fd = -1;
+  for (struct addrinfo* at = info; at != nullptr && fd < 0; at = at->ai_next) {
+    fd = socket(at->ai_family, at->ai_socktype, at->ai_protocol);
+    if (fd < 0) continue;
+    int flags = fcntl(fd, F_GETFL, 0);
+    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    int error = 0;
+    if (connect(fd, at->ai_addr, at->ai_addrlen) != 0) {
+      error = errno;
+      if (error == EINPROGRESS) {
+        struct pollfd wait_for = {fd, POLLOUT, 0};
+        socklen_t len = sizeof(error);
+        if (poll(&wait_for, 1, static_cast<int>(timeout * 1000)) != 1) {
+          error = ETIMEDOUT;
+        } else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0) {
+          error = errno;
+        }
+      }
+    }
+    if (error != 0) {
+      *why = std::strerror(error);
+      close(fd);
+      fd = -1;
+      continue;
+    }
+    fcntl(fd, F_SETFL, flags);
+    struct timeval limit = {static_cast<time_t>(kTrackerIOTimeout), 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+  }
+  freeaddrinfo(info);
+  return fd;
+}
+
+// One request to the tracker and its answer (the JSON text).
+bool TrackerCall(int fd, const std::string& request, std::string* answer) {
+  int32_t size = static_cast<int32_t>(request.size());
+  if (!SendInt(fd, size) || !SendAll(fd, request.data(), request.size())) return false;
+  if (!RecvAll(fd, &size, sizeof(size)) || size <= 0 || size > kMaxTrackerMessage) return false;
+  answer->assign(static_cast<size_t>(size), '\0');
+  return RecvAll(fd, &(*answer)[0], answer->size());
+}
+
+struct Tracker {
+  int fd = -1;
+  std::string match_key;  // what the tracker hands a client for this server; empty: not put
+  bool registered = false;  // ever: the stdout line is printed once
+  bool failing = false;     // the last attempt to reach the tracker failed (logged once)
+  double next_connect = 0;
+  double next_ping = 0;
+  int unmatched = 0;  // pings in a row that found the match key handed out but not used
+};
+
+std::string TrackerName(const Options& opts) {
+  return opts.tracker_host + ":" + std::to_string(opts.tracker_port);
+}
+
+std::string AddressJson(const Options& opts) {
+  return opts.custom_addr.empty() ? "null" : Quote(opts.custom_addr);
+}
+
+void DropTracker(Tracker* tracker, const std::string& why) {
+  close(tracker->fd);
+  tracker->fd = -1;
+  tracker->match_key.clear();
+  tracker->failing = true;
+  Log("lost the tracker (" + why + "), reconnecting every 2 s");
+}
+
+// The magic, then UPDATE_INFO: the tracker lists this server as "server:KEY" at its address.
+bool ConnectTracker(const Options& opts, int port, Tracker* tracker) {
+  std::string why = "no answer";
+  int fd = ConnectTo(opts.tracker_host, opts.tracker_port, kTrackerIOTimeout, &why);
+  int32_t magic = 0;
+  std::string answer;
+  bool ok = fd >= 0 && SendInt(fd, kTrackerMagic) && RecvAll(fd, &magic, sizeof(magic));
+  if (ok && magic != kTrackerMagic) {
+    why = "not a TVM RPC tracker (its first answer is not RPC_TRACKER_MAGIC)";
+    ok = false;
+  }
+  ok = ok && TrackerCall(fd,
+                         "[" + std::to_string(kTrackerUpdateInfo) + ", {\"key\": " +
+                             Quote("server:" + opts.key) + ", \"addr\": [" + AddressJson(opts) +
+                             ", " + std::to_string(port) + "]}]",
+                         &answer) &&
+       answer == "0";
+  if (!ok) {
+    if (fd >= 0) close(fd);
+    if (!tracker->failing) {
+      Log("cannot register with the tracker at " + TrackerName(opts) + " (" + why +
+          "), trying every 2 s");
+    }
+    tracker->failing = true;
+    return false;
+  }
+  tracker->fd = fd;
+  tracker->failing = false;
+  Log("connected to the tracker at " + TrackerName(opts));
+  return true;
+}
+
+// PUT (port, a new match key) under KEY: the tracker may hand this server to a client.
+bool PutMatchKey(const Options& opts, int port, Tracker* tracker) {
+  static std::mt19937_64 random{std::random_device{}()};
+  char suffix[17];
+  std::snprintf(suffix, sizeof(suffix), "%016llx", static_cast<unsigned long long>(random()));
+  std::string match_key = opts.key + ":" + suffix;
+  std::string answer;
+  if (!TrackerCall(tracker->fd,
+                   "[" + std::to_string(kTrackerPut) + ", " + Quote(opts.key) + ", [" +
+                       std::to_string(port) + ", " + Quote(match_key) + "], " +
+                       AddressJson(opts) + "]",
+                   &answer) ||
+      answer != "0") {
+    DropTracker(tracker, "PUT failed");
+    return false;
+  }
+  tracker->match_key = match_key;
+  tracker->unmatched = 0;
+  tracker->next_ping = Now() + kTrackerPingPeriod;
+  if (!tracker->registered) {
+    tracker->registered = true;
+    std::printf("registered with %s under key %s\n", TrackerName(opts).c_str(), opts.key.c_str());
+    std::fflush(stdout);
+  }
+  return true;
+}
+
+// Called every turn of the main loop: (re)connects, puts a match key while the server is free
+// (`idle`: no session of a tracker's client runs), and replaces one handed out but not used.
+void ServeTracker(const Options& opts, int port, bool idle, Tracker* tracker) {
+  double now = Now();
+  if (tracker->fd < 0) {
+    if (now < tracker->next_connect) return;
+    tracker->next_connect = now + 2;
+    if (!ConnectTracker(opts, port, tracker)) return;
+  }
+  if (!idle) return;
+  if (tracker->match_key.empty()) {
+    PutMatchKey(opts, port, tracker);
+    return;
+  }
+  if (now < tracker->next_ping) return;
+  tracker->next_ping = now + kTrackerPingPeriod;
+  std::string pending;
+  if (!TrackerCall(tracker->fd, "[" + std::to_string(kTrackerGetPendingMatchkeys) + "]",
+                   &pending)) {
+    DropTracker(tracker, "no answer to GET_PENDING_MATCHKEYS");
+    return;
+  }
+  if (pending.find(Quote(tracker->match_key)) != std::string::npos) {
+    tracker->unmatched = 0;
+  } else if (++tracker->unmatched * kTrackerPingPeriod >
+             kTrackerUnmatchedTimeout + kTrackerPingPeriod) {
+    Log("the tracker handed out " + tracker->match_key + " but no client came: a new key");
+    PutMatchKey(opts, port, tracker);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -371,8 +627,11 @@ int main(int argc, char** argv) {
   }
   int listen_fd = Listen(opts);
   if (listen_fd < 0) return 1;
-  std::printf("listening on %s:%d\n", opts.host.c_str(), BoundPort(listen_fd));
+  const int port = BoundPort(listen_fd);
+  std::printf("listening on %s:%d\n", opts.host.c_str(), port);
   std::fflush(stdout);
+  const bool tracked = !opts.tracker_host.empty();
+  Tracker tracker;
 
   std::vector<Session> sessions;
   int accepted = 0;
@@ -389,6 +648,7 @@ int main(int argc, char** argv) {
       usleep(50 * 1000);
       continue;
     }
+    if (tracked) ServeTracker(opts, port, sessions.empty(), &tracker);
     struct pollfd wait_for = {listen_fd, POLLIN, 0};
     if (poll(&wait_for, 1, 50) <= 0) continue;
     int fd = accept(listen_fd, nullptr, nullptr);
@@ -398,10 +658,21 @@ int main(int argc, char** argv) {
       return 1;
     }
     double timeout = 0;
-    if (!Handshake(fd, opts, &timeout)) {
+    // without a tracker the key is the match key; with one, the key it handed out, and none
+    // while the server is taken
+    const std::string* match_key = &opts.key;
+    if (tracked) match_key = tracker.match_key.empty() ? nullptr : &tracker.match_key;
+    // a client that connects and says nothing must not stall the server (and its tracker
+    // connection): the handshake has 10 s, the session no limit
+    struct timeval limit = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+    if (!Handshake(fd, opts, match_key, &timeout)) {
       close(fd);
       continue;
     }
+    limit = {0, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+    if (tracked) tracker.match_key.clear();
     char pattern[] = "/tmp/tvm_rpc_XXXXXX";
     const char* tmp = mkdtemp(pattern);
     if (tmp == nullptr) {
@@ -415,6 +686,7 @@ int main(int argc, char** argv) {
     session.pid = fork();
     if (session.pid == 0) {
       close(listen_fd);
+      if (tracker.fd >= 0) close(tracker.fd);
       for (const Session& other : sessions) close(other.fd);
       ServeSession(fd, session.workdir, opts);
     }
@@ -426,6 +698,7 @@ int main(int argc, char** argv) {
     sessions.push_back(session);
   }
   close(listen_fd);
+  if (tracker.fd >= 0) close(tracker.fd);
   for (const Session& session : sessions) kill(session.pid, SIGKILL);
   for (const Session& session : sessions) {
     waitpid(session.pid, nullptr, 0);

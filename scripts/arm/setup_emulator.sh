@@ -14,7 +14,7 @@
 #      QEMU (a deb-src entry is added if apt has none), and gcc builds scripts/arm/insn_count.c
 #
 # Result: .arm/rpc/ holds rpc_server, libtvm_runtime.so and libtvm_ffi.so, a folder that runs
-# as it is on an aarch64 board too; .arm/insn/libinsn_count.so counts executed instructions.
+# as it is on an aarch64 board too (alone or registered with TVM's RPC tracker: --tracker); .arm/insn/libinsn_count.so counts executed instructions.
 # Environment: ARM_DIR (default <repo>/.arm), PYTHON.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -135,4 +135,5 @@ echo "cross g++:   $(command -v aarch64-linux-gnu-g++)"
 echo "sysroot:     /usr/aarch64-linux-gnu"
 echo "server:      $ARM_DIR/rpc/rpc_server (with libtvm_runtime.so, libtvm_ffi.so beside it)"
 echo "run it:      qemu-aarch64-static -L /usr/aarch64-linux-gnu $ARM_DIR/rpc/rpc_server --port 9090"
+echo "or pooled:   ... rpc_server --port 9090 --tracker HOST:PORT --key KEY (python -m tvm.exec.rpc_tracker)"
 echo "counter:     $COUNTER (qemu-aarch64 -plugin $COUNTER,out=PREFIX ...)"

@@ -32,3 +32,9 @@ def counter():
     _require(count_instructions=True)
     with ArmEmulator(count_instructions=True) as started:
         yield started
+
+
+@pytest.fixture(scope="module")
+def emulator_available():
+    """Nothing, where the emulator can run; else skips (or fails) as the other fixtures do."""
+    _require()
