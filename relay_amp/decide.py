@@ -30,7 +30,6 @@ from .relax_utils import (
     element_count,
     is_var,
     leaves_of,
-    op_name,
     scalar_value,
     tensor_dtype,
     type_leaves,
@@ -242,7 +241,7 @@ class Decider:
             args = call_args.get(var)  # an op call's arguments, canonical (Scope.read)
             if args is None:
                 continue
-            op = op_name(value)
+            op = self.scope.ops[var]
             record = op_info(op)
             operands = record.decision_operands
             if (not operands and not record.integer_side and self._discrete(var)
@@ -285,7 +284,7 @@ class Decider:
         if value_type is GenericConst or (
                 is_var(value) and self.scope.canonical(value) in self.folded):
             self.folded.add(var)  # a var bound to a constant is one
-        op = op_name(value) if value_type is Call else None
+        op = self.scope.ops.get(var) if value_type is Call else None
         if op is not None:
             float_leaves = self.scope.float_leaves(var)
             if all(type(leaf) is GenericConst or leaf in self.folded

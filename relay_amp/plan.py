@@ -92,6 +92,7 @@ class Scope:
         self.int_inputs = int_inputs or {}
         self.bound: dict = {}  # var -> the value bound to it
         self.call_args: dict = {}  # op call binding var -> [(argument, its leaves)]
+        self.ops: dict = {}  # op call binding var -> the op's name (read once: two FFI calls)
         self._canonical: dict = {}
         self._sequences: dict = {}
 
@@ -99,7 +100,9 @@ class Scope:
         """Index the bindings of ``seq`` and of its If branches (values and call arguments)."""
         for _, var, value in self.bindings(seq):
             self.bound[var] = value
-            if type(value) is Call and op_name(value) is not None:
+            op = op_name(value) if type(value) is Call else None
+            if op is not None:
+                self.ops[var] = op
                 self.call_args[var] = [(self.canonical(arg), self.leaves(arg))
                                        for arg in value.args]
             elif type(value) is If:
