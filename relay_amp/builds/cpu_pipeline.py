@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import tvm
 
+from .batch_norm import inference_batch_norms
 from .neon_tiles import has_fmlal, is_aarch64, operand_dtype, register_tile, tensorize_fmlal
 from .nhwc import nhwc_convolutions
 from .schedule_rules import apply_rules
@@ -228,8 +229,9 @@ class VectorizeDotProduct:
 
 
 def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
-    """TVM's CPU compile pipeline with :class:`VectorizeDotProduct` after fusion and, on
-    aarch64, convolutions in NHWC before it (:mod:`relay_amp.builds.nhwc`).
+    """TVM's CPU compile pipeline with :class:`VectorizeDotProduct` after fusion and, before
+    legalization, inference batch_norm as elementwise ops (:mod:`relay_amp.builds.batch_norm`)
+    and, on aarch64, convolutions in NHWC (:mod:`relay_amp.builds.nhwc`).
 
     Parameters
     ----------
@@ -251,6 +253,8 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     schedules = [apply_rules([VectorizeDotProduct()], rule_log)] if relay_amp_schedules else []
     layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and is_aarch64(target) else []
+    if relay_amp_schedules:
+        layouts = [inference_batch_norms(), *layouts]
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)
         + schedules

@@ -334,3 +334,57 @@ def test_a_layout_tvm_cannot_convert_leaves_the_module_and_says_why(monkeypatch)
     assert nhwc_convolutions(log)(mod).same_as(mod)
     (error,) = log.errors
     assert error.rule == "ConvertLayout" and "no layout rule" in error.error
+
+
+@I.ir_module
+class ConvBatchNorm:
+    """GluonCV's block: an inference batch_norm after a convolution, then a relu."""
+
+    @R.function
+    def main(x: R.Tensor((1, 8, 12, 12), "float32"), w: R.Tensor((16, 8, 3, 3), "float32"),
+             g: R.Tensor((16,), "float32"), b: R.Tensor((16,), "float32"),
+             m: R.Tensor((16,), "float32"), v: R.Tensor((16,), "float32")):
+        with R.dataflow():
+            c = R.nn.conv2d(x, w, padding=[1, 1])
+            bn = R.nn.batch_norm(c, g, b, m, v, axis=1, training=False)
+            y = bn[0]
+            z = R.nn.relu(y)
+            R.output(z)
+        return z
+
+
+@pytest.mark.parametrize("target", [None, FULLFP16], ids=["host", "aarch64"])
+def test_an_inference_batch_norm_is_computed_in_its_convolutions_kernel(target):
+    """The batch_norm becomes elementwise ops that FuseOps puts in the convolution's kernel
+    with the relu after it: one kernel, no pass over memory of its own (TVM's pipeline keeps a
+    batch_norm kernel beside the convolution's); the numbers stay TVM's."""
+    target = tvm.target.Target(target or relay_amp.host_target())
+    with target:
+        lowered = relay_amp.cpu_pipeline(target)(ConvBatchNorm)
+        plain = relay_amp.cpu_pipeline(target, relay_amp_schedules=False)(ConvBatchNorm)
+    kernels = sorted(gv.name_hint for gv, f in lowered.functions.items()
+                     if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in gv.name_hint
+                     or "batch_norm" in gv.name_hint)
+    (conv,) = kernels
+    assert "subtract" in conv and "divide" in conv and "relu" in conv
+    assert any("batch_norm" in gv.name_hint for gv in plain.functions)
+    if target.attrs.get("mtriple") is None:
+        rng = np.random.default_rng(3)
+        x, w, g, b, m = (rng.standard_normal([int(d) for d in p.ty.shape.values])
+                         .astype("float32") for p in ConvBatchNorm["main"].params[:5])
+        v = rng.uniform(0.5, 2.0, 16).astype("float32")
+        outputs = [relay_amp.run(relay_amp.compile_module(ConvBatchNorm, None, schedules),
+                                 [x, w, g, b, m, v])[0] for schedules in (True, False)]
+        np.testing.assert_allclose(outputs[0], outputs[1], rtol=0,
+                                   atol=1e-5 * np.abs(outputs[1]).max())
+
+
+def test_a_training_batch_norm_keeps_its_own_kernel():
+    """A training batch_norm computes its batch's statistics: it is not decomposed with the
+    moving ones, and the build computes what TVM's does."""
+    from relay_amp.builds.batch_norm import inference_batch_norms
+
+    training = ConvBatchNorm.script().replace("training=False", "training=True")
+    mod = tvm.script.from_source(training)
+    assert inference_batch_norms()(mod).same_as(mod)
+    assert inference_batch_norms()(ConvBatchNorm)["main"].script().count("batch_norm") == 0
