@@ -140,3 +140,16 @@ def test_an_error_that_builds_up_has_no_jump():
     assert find_jumps(gradual, "float16") == []
     sudden = gradual + [{"error": 300 * u}, {"error": 400 * u}, {"error": float("inf")}]
     assert [row["error"] for row in find_jumps(sudden, "float16")] == [300 * u, float("inf")]
+
+
+def test_after_the_search_the_dump_measures_what_the_search_kept(model, capsys):
+    saved, _ = _convert(model, "searched", capsys, "--tolerance", "1e-3", "--dump-errors")
+    dump = json.loads((model / "searched" / "errors.json").read_text())
+    kept = saved["conversion"]["search"]["fp32_bindings"]
+    assert dump["goal_from"] == "--tolerance" and dump["goal"] == 1e-3 and kept
+    assert dump["rows"][-1]["error"] == pytest.approx(saved["accuracy"]["relative_l2"], rel=1e-3)
+    assert dump["rows"][-1]["error"] <= 1e-3
+    rows = {row["binding"]: row for row in dump["rows"]}
+    assert all(rows[name]["effect"] is None and rows[name]["compute"] == "float32"
+               for name in kept)  # float32 already: nothing to exclude there
+    assert dump["suggestion"] is None or not set(dump["suggestion"]["exclude"]) & set(kept)
