@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import Counter
 from typing import Callable
 
 import numpy as np
@@ -377,10 +378,11 @@ def binding_errors(reference: tvm.IRModule, converted: tvm.IRModule, batches,
                          "converted ones")
     ref_func, conv_func = reference["main"], converted["main"]
     ordered = _top_level_names(ref_func)
-    wanted = [n for n in ordered if names is None or n in set(names)]
-    ref_names, conv_names = set(ordered), _top_level_names(conv_func)
-    twice = {n for n in ordered if ordered.count(n) > 1} | {
-        n for n in ref_names if conv_names.count(n) > 1}
+    picked = None if names is None else set(names)
+    wanted = [n for n in ordered if picked is None or n in picked]
+    ref_counts, conv_counts = Counter(ordered), Counter(_top_level_names(conv_func))
+    twice = {n for n, count in ref_counts.items() if count > 1 or conv_counts[n] > 1}
+    conv_names = set(conv_counts)
     unmatched = {}
     for name in wanted:
         if name in twice:
@@ -396,7 +398,8 @@ def binding_errors(reference: tvm.IRModule, converted: tvm.IRModule, batches,
             unmatched[name] = "not a float tensor"
         elif name in compared and name not in conv_order:
             unmatched[name] = "not a float tensor in the converted module"
-    both = [n for n in ref_order if n in set(conv_order)]
+    in_converted = set(conv_order)
+    both = [n for n in ref_order if n in in_converted]
     ref_vm = compile_module(relax.transform.Normalize()(
         with_function(reference, "main", ref_probe)), run_target)
     conv_vm = compile_module(relax.transform.Normalize()(
