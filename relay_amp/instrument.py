@@ -1,7 +1,8 @@
 """Instrumentation: bindings appended after a function's own (or replacing one), the one loop
 behind the debug guards (:func:`relay_amp.finish.add_debug_guards`), calibration
 (:func:`relay_amp.calibrate`), and the local errors and output effects of the accuracy search
-(:func:`relay_amp.fallback.local_errors`, :func:`relay_amp.fallback.output_effects`)."""
+(:func:`relay_amp.fallback.local_errors`, :func:`relay_amp.fallback.output_effects`), and the
+per-binding errors of the error dump (:func:`relay_amp.fallback.binding_errors`)."""
 
 from __future__ import annotations
 
@@ -75,8 +76,7 @@ def instrument(func: relax.Function, probe: Callable, params_probe: Callable | N
 
 def returning_stats(func: relax.Function, blocks: list, stats: list) -> relax.Function:
     """``func`` with ``blocks``, returning ``(its result, (stats...))``; each stat a float32
-    scalar."""
+    scalar, or a tensor of its own type (the values the error dump compares)."""
     body = relax.SeqExpr(blocks, relax.Tuple([func.body.body, relax.Tuple(stats)]))
-    scalar = relax.TensorType((), "float32")
-    ret = tvm.ir.type.TupleType([func.ret_ty, tvm.ir.type.TupleType([scalar] * len(stats))])
+    ret = tvm.ir.type.TupleType([func.ret_ty, tvm.ir.type.TupleType([s.ty for s in stats])])
     return relax.Function(func.params, body, ret, func.is_pure, func.attrs)

@@ -47,7 +47,7 @@ def _convert(args) -> int:
             max_evaluations=args.max_evaluations, inputs=inputs, normalize=args.normalize,
             policy=args.policy, fp32_ops=args.fp32_ops, exclude=args.exclude,
             max_samples=args.max_samples, warn_above=args.warn_above,
-            progress=not args.quiet,
+            dump_errors=args.dump_errors, progress=not args.quiet,
             command="relay-amp convert " + " ".join(shlex.quote(a) for a in args.argv))
         saved = convert.convert_model(options)
     except CommandError as err:
@@ -68,6 +68,8 @@ def _convert(args) -> int:
               f"binding(s) kept in float32 ({search['evaluations']} evaluations)")
     if saved.get("accuracy_warning"):
         print(saved["accuracy_warning"], file=sys.stderr if accuracy else sys.stdout)
+    if saved.get("error_dump"):
+        print(f"{saved['error_dump']['summary']} (relay-amp report {args.out} --errors)")
     files = sorted(os.listdir(args.out))
     print(f"wrote {os.path.join(args.out, '')}: {', '.join(files)}")
     return 0
@@ -77,6 +79,13 @@ def _report(args) -> int:
     from . import report
 
     try:
+        if args.errors:
+            from .error_dump import format_errors
+
+            print(format_errors(report.read_errors(args.report), rules=split_list(args.rule),
+                                ops=split_list(args.op), compute=args.compute,
+                                limit=args.limit))
+            return 0
         saved = report.read_report(args.report)
         print(report.format_report(saved, rules=split_list(args.rule),
                                    ops=split_list(args.op), compute=args.compute,
@@ -105,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
         "convert", help="convert your model file: a compiled library, its report and policy out",
         description="Convert an ONNX, TFLite or torch.export (.pt2) model to float16/bfloat16 "
                     "and compile it for a target. Writes OUT/model.so, report.md, report.json, "
-                    "policy.json and, with --calibrate, accuracy.json.")
+                    "policy.json and, with --calibrate, accuracy.json (and errors.json with "
+                    "--dump-errors).")
     convert.add_argument("model", help="an .onnx, .tflite or .pt2 (torch.export.save) file")
     convert.add_argument("-o", "--out", required=True,
                          help="output folder (new, empty, or an earlier convert output)")
@@ -146,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--exclude", action="append", metavar="NAME[,NAME...]",
                          help="bindings kept in float32 by name (the report's binding column); "
                               "re:PATTERN for a regex")
+    convert.add_argument("--dump-errors", action="store_true",
+                         help="with --calibrate: run float32 and the converted model side by "
+                              "side and write OUT/errors.json: each binding's error against "
+                              "float32, where it jumps, and an --exclude that keeps it (measured)")
     convert.add_argument("--quiet", action="store_true", help="no progress bars")
     convert.set_defaults(run=_convert)
     _one_line_errors(convert, "convert")
@@ -157,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--op", action="append", metavar="OP[,OP...]", help="rows of these ops")
     report.add_argument("--compute", help="rows computed in this dtype (float16, float32, ...)")
     report.add_argument("--limit", type=int, default=None, help="print at most this many rows")
+    report.add_argument("--errors", action="store_true",
+                        help="print the error dump (errors.json beside the report: convert "
+                             "--dump-errors) instead of the report")
     report.set_defaults(run=_report)
     _one_line_errors(report, "report")
     return parser

@@ -11,6 +11,7 @@ calibrated ranges and :func:`relay_amp.auto_mixed_precision`), compile it for th
       report.json     the same for tools (``relay-amp report OUT/report.json`` prints it)
       policy.json     the effective policy: ``--policy OUT/policy.json`` converts the same way
       accuracy.json   with calibration data: float32 vs the converted model on that data
+      errors.json     with ``--dump-errors``: each binding's error against float32
 
 Every bad argument is a :class:`UsageError`: one line that says what to do (exit code 2). All files
 are written into a temporary folder next to OUT and renamed into place at the end, so a failed run
@@ -49,13 +50,14 @@ from .calibration_data import (
     load_images,
     load_npz,
 )
+from .error_dump import ERRORS_FILE, dump_errors, summary_line
 from .frontends import Imported, import_model
 from .progress import progress_bar
 from .report import markdown_report
 
 #: The files a convert run writes; a folder holding only these (and report.json) is replaced.
 OUTPUT_FILES = ("model.so", "model.tar", "report.md", "report.json", "policy.json",
-                "accuracy.json")
+                "accuracy.json", "errors.json")
 
 
 REPORT_FORMAT = 1
@@ -80,6 +82,7 @@ class Options:
     exclude: list = field(default_factory=list)
     max_samples: int | None = None
     warn_above: float = 0.01
+    dump_errors: bool = False
     progress: bool = True
     command: str = ""
 
@@ -130,6 +133,9 @@ def _check_numbers(options: Options) -> None:
     if options.tolerance is not None and options.calibrate is None:
         raise UsageError("--tolerance needs data to measure on: add --calibrate DIR (images) "
                          "or --calibrate FILE.npz")
+    if options.dump_errors and options.calibrate is None:
+        raise UsageError("--dump-errors runs float32 and the converted model side by side on "
+                         "data: add --calibrate DIR (images) or --calibrate FILE.npz")
     if options.max_evaluations < 1:
         raise UsageError("--max-evaluations must be at least 1")
     if options.max_samples is not None and options.max_samples < 1:
@@ -392,19 +398,30 @@ def measure_accuracy(mod, converted, executable, target: dict, data: Calibration
 MAX_ADVISED = 12
 
 
-def output_effects_of(mod, report, data: CalibrationBatches, dtype: str, progress: bool) -> dict:
+def output_effects_of(mod, report, data: CalibrationBatches, dtype: str, progress: bool,
+                      complete: bool = False) -> dict:
     """Binding name -> the output error with it alone in ``dtype``, for every binding that
-    computes or stores low precision: the search's ranking where it ran (its largest only),
-    else measured on the calibration data (:func:`relay_amp.fallback.output_effects`)."""
+    computes or stores low precision: the search's ranking where it ran (its largest only)
+    unless ``complete``, else measured on the calibration data
+    (:func:`relay_amp.fallback.output_effects`)."""
     from ..fallback import RANKING_BATCHES, output_effects
 
-    if report.search is not None and report.search.contributors:
+    if not complete and report.search is not None and report.search.contributors:
         return dict(report.search.contributors)
     # a target that only stores low precision rounds the outputs it stores: those count too
     low = [r.name for r in report.ops if r.function == "main"
            and (r.compute_dtype == dtype or dtype in r.output_dtype.split("+"))]
-    with _stage(f"accuracy: what moves the outputs ({len(low)} bindings)", progress):
-        return output_effects(mod, data.reference[:RANKING_BATCHES], low, dtype)
+    bar = progress_bar(total=None, desc=f"accuracy: what moves the outputs ({len(low)} bindings)",
+                       unit="run", disable=not progress)
+
+    def ran(done, total):
+        bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        return output_effects(mod, data.reference[:RANKING_BATCHES], low, dtype, on_run=ran)
+    finally:
+        bar.close()
 
 
 def contributors(effects: dict, count: int = 5) -> list:
@@ -413,21 +430,23 @@ def contributors(effects: dict, count: int = 5) -> list:
     return [[name, effects[name]] for name in ranked]
 
 
-def measured_advice(mod, policy, target: dict, calibration, data: CalibrationBatches,
-                    effects: dict, error: float, goal: float, progress: bool) -> dict | None:
-    """The fewest bindings, largest effect first, whose float32 is estimated to bring the
-    error within ``goal``, then converted that way and measured on the calibration data.
+def choose_exclusions(effects: dict, error: float, goal: float,
+                      first: tuple = ()) -> tuple[list, float] | None:
+    """``(names, estimated error)``: ``first``, then the fewest bindings, largest effect first,
+    whose float32 is estimated to bring ``error`` within ``goal``; None where no such set of
+    ``first`` and at most :data:`MAX_ADVISED` more does.
 
     Roundings add in quadrature, so keeping a set float32 removes about its share of the
     effects' sum of squares: the error left is ``error * sqrt(1 - Σ_set e² / Σ_all e²)``, and an
-    error spread over many bindings needs many. The estimate only chooses the set: the advice
-    states the error measured with it. None where no set of at most :data:`MAX_ADVISED`
-    bindings reaches ``goal`` by the estimate."""
+    error spread over many bindings needs many."""
     total = sum(effect ** 2 for effect in effects.values())
     if total <= 0.0:
         return None
-    left, chosen = 1.0, []
-    for name in sorted(effects, key=lambda item: -effects[item])[:MAX_ADVISED]:
+    chosen = list(first)
+    left = 1.0 - sum(effects.get(name, 0.0) ** 2 for name in chosen) / total
+    rest = [name for name in sorted(effects, key=lambda item: -effects[item])
+            if name not in chosen]
+    for name in rest[:MAX_ADVISED]:
         if error * math.sqrt(max(left, 0.0)) <= goal:
             break
         chosen.append(name)
@@ -435,15 +454,38 @@ def measured_advice(mod, policy, target: dict, calibration, data: CalibrationBat
     estimate = error * math.sqrt(max(left, 0.0))
     if not chosen or estimate > goal:
         return None
+    return chosen, estimate
+
+
+def measure_exclusions(mod, policy, target: dict, calibration, data: CalibrationBatches,
+                       names: list, what: str, progress: bool) -> dict:
+    """The conversion with ``names`` kept float32 on top of ``policy``, measured on the
+    calibration data (:func:`measure_accuracy`): ``relative_l2`` and ``nonfinite``."""
     import relay_amp
 
     from ..policy import Policy
 
-    advised = Policy.from_dict(policy.to_dict()).exclude(*chosen)  # exclude() changes its policy
-    with _stage(f"accuracy: check the advice ({len(chosen)} bindings float32)", progress):
-        converted, _ = relay_amp.convert(mod, policy=advised, target=target,
+    excluded = Policy.from_dict(policy.to_dict()).exclude(*names)  # exclude() changes its policy
+    with _stage(f"{what} ({len(names)} bindings float32)", progress):
+        converted, _ = relay_amp.convert(mod, policy=excluded, target=target,
                                          calibration=calibration)
     measured = measure_accuracy(mod, converted, None, target, data, False)
+    return {"relative_l2": measured["relative_l2"], "nonfinite": measured["nonfinite"]}
+
+
+def measured_advice(mod, policy, target: dict, calibration, data: CalibrationBatches,
+                    effects: dict, error: float, goal: float, progress: bool) -> dict | None:
+    """The fewest bindings, largest effect first, whose float32 is estimated to bring the
+    error within ``goal`` (:func:`choose_exclusions`), then converted that way and measured on
+    the calibration data: the estimate only chooses the set, the advice states the error
+    measured with it. None where no set of at most :data:`MAX_ADVISED` bindings reaches
+    ``goal`` by the estimate."""
+    choice = choose_exclusions(effects, error, goal)
+    if choice is None:
+        return None
+    chosen, estimate = choice
+    measured = measure_exclusions(mod, policy, target, calibration, data, chosen,
+                                  "accuracy: check the advice", progress)
     return {"exclude": chosen, "estimated_relative_l2": estimate,
             "measured_relative_l2": measured["relative_l2"],
             "measured_nonfinite": measured["nonfinite"]}
@@ -626,7 +668,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
         notes.append(build_note)
     notes.extend(error.text() for error in rule_errors)
 
-    accuracy = None
+    accuracy, effects = None, None
     if data is not None:
         start = time.perf_counter()
         accuracy = measure_accuracy(mod, converted, executable, checked.target, data, progress)
@@ -643,6 +685,26 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
         timings["accuracy_s"] = time.perf_counter() - start
         with open(os.path.join(work, "accuracy.json"), "w", encoding="utf-8") as handle:
             json.dump(_json_safe(accuracy), handle, indent=2)
+
+    dump = None
+    if options.dump_errors:
+        start = time.perf_counter()
+        if effects is None or (report.search is not None and report.search.contributors):
+            effects = output_effects_of(mod, report, data, dtype, progress, complete=True)
+        goal, goal_from = ((options.tolerance, "--tolerance") if options.tolerance is not None
+                           else (options.warn_above, "--warn-above"))
+
+        def measure(names):  # on top of policy.json: the search's float32 bindings stay
+            return measure_exclusions(mod, policy, checked.target, calibration, data, names,
+                                      "error dump: check the --exclude", progress)
+
+        dump = _json_safe(dump_errors(mod, converted, report, data, effects, goal, goal_from,
+                                      accuracy["relative_l2"], measure, accuracy.get("advice"),
+                                      progress))
+        # the effects measured here, where the warning did not, are the dump's cost too
+        timings["dump_errors_s"] = dump["seconds"] = time.perf_counter() - start
+        with open(os.path.join(work, ERRORS_FILE), "w", encoding="utf-8") as handle:
+            json.dump(dump, handle, indent=2)
 
     with open(os.path.join(work, "policy.json"), "w", encoding="utf-8") as handle:
         handle.write(policy.to_json() + "\n")
@@ -666,6 +728,8 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
         "accuracy": ({k: v for k, v in accuracy.items() if k not in ("per_batch", "outputs")}
                      if accuracy else None),
         "accuracy_warning": accuracy_warning(accuracy, options.warn_above),
+        "error_dump": None if dump is None else {"file": ERRORS_FILE,
+                                                  "summary": summary_line(dump)},
         "timings_s": timings,
         "schedule_rule_errors": [asdict(error) for error in rule_errors],
         "notes": notes,
@@ -676,5 +740,5 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     with open(os.path.join(work, "report.json"), "w", encoding="utf-8") as handle:
         json.dump(saved, handle, indent=2)
     with open(os.path.join(work, "report.md"), "w", encoding="utf-8") as handle:
-        handle.write(markdown_report(saved))
+        handle.write(markdown_report(saved, dump))
     return saved

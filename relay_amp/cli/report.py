@@ -18,7 +18,8 @@ def _fmt(value) -> str:
 
 #: The stages of a convert run, in order: key in ``timings_s`` -> the name printed.
 STAGES = {"import_s": "import", "calibrate_s": "calibrate", "search_s": "search",
-          "convert_s": "convert", "build_s": "build", "accuracy_s": "accuracy"}
+          "convert_s": "convert", "build_s": "build", "accuracy_s": "accuracy",
+          "dump_errors_s": "error dump"}
 #: The parts of the build stage.
 BUILD_STAGES = {"build_relax_passes_s": "Relax passes", "build_tir_passes_s": "TIR passes",
                 "build_codegen_s": "code generation", "build_export_s": "export"}
@@ -74,8 +75,9 @@ def loading_snippet(saved: dict) -> list:
     ]
 
 
-def markdown_report(saved: dict) -> str:
-    """report.md: what was converted, how, how well, and how to load it."""
+def markdown_report(saved: dict, dump: dict | None = None) -> str:
+    """report.md: what was converted, how, how well, where it departs from float32 (``dump``,
+    the ``--dump-errors`` data), and how to load it."""
     conversion = saved["conversion"]
     target = saved["target"]
     target_text = ", ".join(f"{k}={v}" for k, v in target.items()
@@ -120,6 +122,10 @@ def markdown_report(saved: dict) -> str:
             lines.append("Output error with one binding alone in low precision, largest first: "
                          + ", ".join(f"{n} {_fmt(e)}" for n, e in search["contributors"]) + ".")
         lines.append("")
+    if dump is not None:
+        from .error_dump import markdown_section
+
+        lines += markdown_section(dump)
     if conversion.get("notes") or saved.get("notes"):
         lines += ["## Notes", ""]
         lines += [f"- {_md_cell(n)}" for n in saved.get("notes", []) + conversion["notes"]]
@@ -150,6 +156,28 @@ def read_report(path: str) -> dict:
             "conversion", {}):
         raise UsageError(f"{path!r} is not a report.json from relay-amp convert")
     return saved
+
+
+def read_errors(path: str) -> dict:
+    """The ``errors.json`` of a convert output, given its folder or its report.json."""
+    from .error_dump import ERRORS_FILE
+
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    errors = os.path.join(folder, ERRORS_FILE)
+    if not os.path.isfile(errors):
+        if not os.path.exists(path):
+            raise UsageError(f"{path!r} does not exist; give the folder a convert run wrote")
+        raise UsageError(f"no {ERRORS_FILE} in {folder or '.'!r}: convert with --calibrate DATA "
+                         "--dump-errors to write it")
+    try:
+        with open(errors, encoding="utf-8") as handle:
+            dump = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UsageError(f"{errors!r} is not JSON ({one_line(err)})") from None
+    if not isinstance(dump, dict) or "rows" not in dump:
+        raise UsageError(f"{errors!r} is not an {ERRORS_FILE} from relay-amp convert "
+                         "--dump-errors")
+    return dump
 
 
 def format_report(saved: dict, rules=(), ops=(), compute=None, limit=None) -> str:
