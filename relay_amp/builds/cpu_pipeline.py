@@ -229,7 +229,9 @@ class VectorizeDotProduct:
 
 
 def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
-    """TVM's CPU compile pipeline with :class:`VectorizeDotProduct` after fusion and, before
+    """TVM's CPU compile pipeline with :class:`VectorizeDotProduct` after fusion, then dlight's
+    CPU ``Reduction`` rule (softmax, normalizations: rows in parallel, elementwise parts
+    vectorized, the sums in their order) and, before
     legalization, inference batch_norm as elementwise ops (:mod:`relay_amp.builds.batch_norm`)
     and, on aarch64, convolutions in NHWC (:mod:`relay_amp.builds.nhwc`).
 
@@ -249,9 +251,11 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
         For ``tvm.compile(mod, target, relax_pipeline=...)``.
     """
     from tvm.relax.backend.cpu_generic import pipeline
+    from tvm.s_tir.dlight import cpu as dlight_cpu
 
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    schedules = [apply_rules([VectorizeDotProduct()], rule_log)] if relay_amp_schedules else []
+    rules = [VectorizeDotProduct(), dlight_cpu.Reduction()]
+    schedules = [apply_rules(rules, rule_log)] if relay_amp_schedules else []
     layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and is_aarch64(target) else []
     if relay_amp_schedules:
         layouts = [inference_batch_norms(), *layouts]

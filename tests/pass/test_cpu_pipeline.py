@@ -388,3 +388,31 @@ def test_a_training_batch_norm_keeps_its_own_kernel():
     mod = tvm.script.from_source(training)
     assert inference_batch_norms()(mod).same_as(mod)
     assert inference_batch_norms()(ConvBatchNorm)["main"].script().count("batch_norm") == 0
+
+
+@pytest.mark.parametrize("target", [None, FULLFP16], ids=["host", "aarch64"])
+def test_softmax_and_layer_norm_run_parallel_over_rows_and_vectorized(target):
+    """dlight's CPU reduction rule schedules the normalizations: rows in parallel (the
+    runtime's threads), the elementwise parts vectorized; in the same order of sums."""
+    target = tvm.target.Target(target or relay_amp.host_target())
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 64), "float32"))
+    g = relax.Var("g", relax.TensorType((64,), "float32"))
+    with builder.function("main", [x, g]):
+        with builder.dataflow():
+            s = builder.emit(relax.op.nn.softmax(x, axis=-1))
+            n = builder.emit_output(relax.op.nn.layer_norm(s, g, g, axes=[-1]))
+        builder.emit_func_output(n)
+    mod = builder.get()
+    with target:
+        lowered = relay_amp.cpu_pipeline(target)(mod)
+    scripts = {gv.name_hint: f.script() for gv, f in lowered.functions.items()
+               if isinstance(f, tvm.tirx.PrimFunc)}
+    assert {"softmax", "layer_norm"} <= set(scripts)
+    for script in scripts.values():
+        assert "T.parallel(" in script and "T.vectorized(" in script
+    if target.attrs.get("mtriple") is None:
+        inputs = _inputs(mod)
+        outputs = [relay_amp.run(relay_amp.compile_module(mod, None, schedules), inputs)[0]
+                   for schedules in (True, False)]
+        np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-6, atol=1e-6)
