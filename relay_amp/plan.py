@@ -95,6 +95,7 @@ class Scope:
         self.ops: dict = {}  # op call binding var -> the op's name (read once: two FFI calls)
         self._canonical: dict = {}
         self._sequences: dict = {}
+        self._blocks: dict = {}
 
     def read(self, seq: SeqExpr) -> Scope:
         """Index the bindings of ``seq`` and of its If branches (values and call arguments)."""
@@ -125,9 +126,20 @@ class Scope:
         key = seq.__chandle__()
         entry = self._sequences.get(key)
         if entry is None:
-            items = [(binding, self.canonical(binding.var), binding.value)
-                     for block in seq.blocks for binding in block.bindings]
+            items = []
+            for block in seq.blocks:
+                items += self.block_bindings(block)
             entry = self._sequences[key] = (seq, items)
+        return entry[1]
+
+    def block_bindings(self, block) -> list:
+        """(binding, canonical var, value) of one block of a sequence, extracted once (each
+        element of a TVM array crosses the FFI when it is read)."""
+        entry = self._blocks.get(block.__chandle__())
+        if entry is None:
+            items = [(binding, self.canonical(binding.var), binding.value)
+                     for binding in block.bindings]
+            entry = self._blocks[block.__chandle__()] = (block, items)
         return entry[1]
 
     def orig_dtype(self, var) -> str | None:

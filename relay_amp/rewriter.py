@@ -134,8 +134,11 @@ class MixedPrecisionRewriter(PyExprMutator):
                 if is_dataflow:
                     self.casts.push_layer(True)
                 self._emit_prologue(read_later)  # in the dataflow block, where FuseOps fuses it
-                for binding in block.bindings:
-                    self.visit_binding(binding)
+                for binding, var, value in self.plan.scope.block_bindings(block):
+                    if type(binding) is MatchCast:
+                        self.visit_match_cast_(binding)
+                    else:
+                        self._rewrite_binding(binding, var, value)
                 if is_dataflow:
                     self.casts.pop_layer()
             if built.block.bindings:
@@ -161,10 +164,12 @@ class MixedPrecisionRewriter(PyExprMutator):
 
     # ------------------------------------------------------------------ bindings
     def visit_var_binding_(self, binding: VarBinding) -> None:
-        var, value = binding.var, binding.value
+        self._rewrite_binding(binding, self.plan.canonical(binding.var), binding.value)
+
+    def _rewrite_binding(self, binding: VarBinding, var, value) -> None:
+        """One binding (``var``: its canonical var, ``value``: its value), by the plan."""
         self.report.binding()
         output = type(var) is not DataflowVar
-        var = self.plan.canonical(var)
         plan = self.plan.plans.get(var)
         value_type = type(value)
         if plan is not None and var in self.plan.absorbed:
