@@ -3,30 +3,66 @@ the kernel of the convolution it follows.
 
 TVM's CPU pipeline legalizes ``relax.nn.batch_norm`` into a kernel of its own, which FuseOps
 does not fuse with the convolution before it: one more pass over the activations, in memory.
-As the elementwise ops TVM's ``DecomposeOpsForInference`` makes of it (then
-``CanonicalizeBindings``, so that the tuple item the model reads is the result itself), it
-joins the convolution's kernel with what follows (a clip, a relu): on mobilenetv2_1.0 on x86,
-one thread, 136 -> 84 ms of kernel time (docs/PERFORMANCE.md).
+With constant parameters (an imported model's), it becomes ``x * scale + shift``, the two
+per-channel constants computed here with numpy (``gamma / sqrt(var + eps)`` and ``beta - mean *
+scale``, in float64, rounded once), as ONNX Runtime folds it; with parameters that are inputs,
+the elementwise ops of TVM's ``DecomposeOpsForInference``. ``CanonicalizeBindings`` then makes
+the tuple item the model reads the result itself, so that it joins the convolution's kernel with
+what follows (a relu, a clip). Folding the constants here instead of with TVM's ``FoldConstant``
+keeps the build from compiling a kernel per folded constant.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
+
+from ..execution import with_function
+from ..relax_utils import GenericConst
 
 BATCH_NORM = "relax.nn.batch_norm"
 
 
+def _is_batch_norm(expr) -> bool:
+    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+            and expr.op.name == BATCH_NORM)
+
+
 def _batch_norms(func) -> list:
     found = []
-
-    def visit(expr):
-        if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-                and expr.op.name == BATCH_NORM):
-            found.append(expr)
-
-    relax.analysis.post_order_visit(func, visit)
+    relax.analysis.post_order_visit(
+        func, lambda expr: found.append(expr) if _is_batch_norm(expr) else None)
     return found
+
+
+@relax.expr_functor.mutator
+class _ConstantBatchNorms(relax.PyExprMutator):
+    """Each inference batch_norm whose four parameters are constants as ``x * scale + shift``
+    (the tuple it returns keeps its moving mean and variance)."""
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not _is_batch_norm(call) or bool(call.attrs.training):
+            return call
+        data, *parameters = call.args
+        if not all(type(p) is GenericConst for p in parameters):
+            return call
+        gamma, beta, mean, var = (p.value.numpy().astype("float64") for p in parameters)
+        attrs = call.attrs
+        gamma = gamma if attrs.scale else np.ones_like(gamma)
+        beta = beta if attrs.center else np.zeros_like(beta)
+        scale = gamma / np.sqrt(var + float(attrs.epsilon))
+        shift = beta - mean * scale
+        ndim = data.ty.ndim
+        shape = [1] * ndim
+        shape[int(attrs.axis) % ndim] = -1
+        dtype = str(data.ty.dtype)
+        scaled = self.builder_.emit(relax.op.multiply(
+            data, relax.const(scale.reshape(shape).astype(dtype), dtype)), "bn_scaled")
+        shifted = self.builder_.emit(relax.op.add(
+            scaled, relax.const(shift.reshape(shape).astype(dtype), dtype)), "bn")
+        return relax.Tuple([shifted, call.args[3], call.args[4]])
 
 
 def inference_batch_norms() -> tvm.transform.Pass:
@@ -47,7 +83,11 @@ def inference_batch_norms() -> tvm.transform.Pass:
             if not isinstance(func, relax.Function):
                 continue
             norms = _batch_norms(func)
-            if norms and not any(bool(call.attrs.training) for call in norms):
+            if not norms or any(bool(call.attrs.training) for call in norms):
+                continue
+            func = _ConstantBatchNorms().visit_expr(func)
+            decomposed = with_function(decomposed, gvar.name_hint, func)
+            if _batch_norms(func):
                 decomposed = relax.transform.DecomposeOpsForInference(gvar.name_hint)(decomposed)
         if decomposed.same_as(mod):
             return mod

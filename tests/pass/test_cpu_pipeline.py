@@ -416,3 +416,26 @@ def test_softmax_and_layer_norm_run_parallel_over_rows_and_vectorized(target):
         outputs = [relay_amp.run(relay_amp.compile_module(mod, None, schedules), inputs)[0]
                    for schedules in (True, False)]
         np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-6, atol=1e-6)
+
+
+def test_a_batch_norm_with_constant_parameters_is_folded_into_a_scale_and_a_shift():
+    """An imported model's batch_norm (constant parameters) becomes ``x * scale + shift`` with
+    the two constants computed at build time in numpy: the convolution's kernel multiplies and
+    adds, no kernel computes a square root, and the output is TVM's within float32 rounding."""
+    rng = np.random.default_rng(4)
+    g, b, m = (rng.standard_normal(16).astype("float32") for _ in range(3))
+    v = rng.uniform(0.5, 2.0, 16).astype("float32")
+    mod = relax.transform.BindParams("main", {"g": g, "b": b, "m": m, "v": v})(ConvBatchNorm)
+    target = tvm.target.Target(relay_amp.host_target())
+    with target:
+        lowered = relay_amp.cpu_pipeline(target)(mod)
+    names = [gv.name_hint for gv, f in lowered.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc)]
+    (conv,) = names
+    assert "multiply" in conv and "add" in conv and "relu" in conv and "divide" not in conv
+    assert "sqrt" not in lowered[conv].script()
+    x, w = (rng.standard_normal(s).astype("float32") for s in ((1, 8, 12, 12), (16, 8, 3, 3)))
+    outputs = [relay_amp.run(relay_amp.compile_module(mod, None, schedules), [x, w])[0]
+               for schedules in (True, False)]
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=0,
+                               atol=1e-5 * np.abs(outputs[1]).max())
