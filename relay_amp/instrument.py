@@ -2,7 +2,7 @@
 behind the debug guards (:func:`relay_amp.finish.add_debug_guards`), calibration
 (:func:`relay_amp.calibrate`), and the local errors and output effects of the accuracy search
 (:func:`relay_amp.fallback.local_errors`, :func:`relay_amp.fallback.output_effects`), and the
-per-binding errors of the error dump (:func:`relay_amp.fallback.binding_errors`)."""
+per-binding errors of the error dump (:func:`relay_amp.binding_errors.binding_errors`)."""
 
 from __future__ import annotations
 

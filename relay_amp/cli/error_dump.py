@@ -3,7 +3,7 @@ from float32 on the calibration data.
 
 Per binding of ``main``, in execution order: its relative error against float32 with everything
 before it converted as the converted module converts it
-(:func:`relay_amp.fallback.binding_errors`), the output error with it alone converted
+(:func:`relay_amp.binding_errors.binding_errors`), the output error with it alone converted
 (:func:`relay_amp.fallback.output_effects`, as the accuracy warning measures it), and the
 report's decisions for it. The first bindings whose error jumps (more than
 :data:`JUMP_FACTOR` times the largest before it, and the dtype's unit roundoff) are kept float32
@@ -108,7 +108,8 @@ def dump_errors(mod, converted, report, data, effects: dict, goal: float, goal_f
     progress : bool
         Progress bars on stderr.
     """
-    from ..fallback import RANKING_BATCHES, binding_errors
+    from ..binding_errors import binding_errors
+    from ..fallback import RANKING_BATCHES
     from .convert import choose_exclusions
 
     start = time.perf_counter()

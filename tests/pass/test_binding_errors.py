@@ -1,4 +1,4 @@
-"""``relay_amp.fallback.binding_errors``: each binding of a converted module against float32,
+"""``relay_amp.binding_errors.binding_errors``: each binding of a converted module against float32,
 matched by name; what cannot be matched is named with the reason, never guessed at."""
 
 import numpy as np
@@ -6,9 +6,9 @@ import pytest
 from tvm import relax
 
 import relay_amp
+from relay_amp.binding_errors import binding_errors
 from relay_amp.builds.pipeline import compile_module
 from relay_amp.execution import agreement, run
-from relay_amp.fallback import binding_errors
 
 
 def _module(second: str = "scaled"):
