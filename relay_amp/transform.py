@@ -155,23 +155,6 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
-@contextlib.contextmanager
-def _cyclic_gc_paused():
-    """Python's cyclic garbage collector off while a conversion runs, back as it was after.
-
-    A conversion allocates a few objects per binding and keeps them all until it ends, so the
-    collector's passes find almost nothing to free while each young-generation pass walks
-    the new objects again: on a 5,100-binding graph they took a quarter of the conversion's
-    time (scripts/bench_convert_time.py). Cycles made meanwhile are collected afterwards."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _convert(mod, dtype, policy, target, calibration, debug_guard, verify, policy_kwargs):
     """:func:`convert`, with its arguments as it takes them: resolve, each function's job,
     finish."""
