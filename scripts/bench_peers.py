@@ -14,7 +14,8 @@ own process (TVM's runtime reads ``TVM_NUM_THREADS`` once).
     python scripts/bench_peers.py --models "" --chains 20,100    # build time alone
 
 Times move with the machine's load; the ratio of two runtimes timed side by side is the figure
-to read. The aarch64 peers (instruction counts on the emulated CPU) are not in this script.
+to read. The aarch64 peers (instruction counts on the emulated CPU) are
+scripts/bench_arm_peers.py.
 """
 
 from __future__ import annotations

@@ -244,13 +244,15 @@ class ArmEmulator:
 
     def count(self, lib_path: str | os.PathLike,
               inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
-              func: str = "main") -> InstructionCount:
+              func: str = "main", warmup: int = 0, runs: int = 1) -> InstructionCount:
         """The aarch64 instructions one run of ``func`` executes on the emulated CPU, by kind.
 
-        Two sessions load the library and set the inputs; one of them also runs ``func`` once.
-        The count is their difference: uploading and loading are left out, the run's first-time
-        work (its memory pool) is in. Needs ``count_instructions=True``. The count is that of
-        the code and inputs on one thread, repeatable to about 1e-5; it is not a time.
+        Two sessions load the library and set the inputs; one runs ``func`` ``warmup`` times,
+        the other ``warmup + runs`` times. The count is their difference over ``runs`` (each
+        kind rounded): uploading and loading are left out; the first run's work (its memory
+        pool) is in with ``warmup=0`` and out from 1 (the steady state). Needs
+        ``count_instructions=True``. The count is that of the code and inputs on one thread,
+        repeatable to about 1e-5; it is not a time.
 
         Raises
         ------
@@ -260,10 +262,13 @@ class ArmEmulator:
         if not self.count_instructions:
             raise EmulatorError("this emulator does not count instructions: start it with "
                                 "ArmEmulator(count_instructions=True)")
-        loaded, _ = self._session_counts(lib_path, inputs, func, 0)
-        ran, outputs = self._session_counts(lib_path, inputs, func, 1)
-        return InstructionCount({kind: ran[kind] - loaded.get(kind, 0) for kind in ran
-                                 if ran[kind] != loaded.get(kind, 0)}, tuple(outputs))
+        if warmup < 0 or runs < 1:
+            raise ValueError(f"warmup must be 0 or more and runs 1 or more, got {warmup}, {runs}")
+        loaded, _ = self._session_counts(lib_path, inputs, func, warmup)
+        ran, outputs = self._session_counts(lib_path, inputs, func, warmup + runs)
+        return InstructionCount({kind: round((ran[kind] - loaded.get(kind, 0)) / runs)
+                                 for kind in ran if ran[kind] != loaded.get(kind, 0)},
+                                tuple(outputs))
 
     def _session_counts(self, lib_path, inputs, func: str,
                         repeat: int) -> tuple[dict[str, int], list[np.ndarray]]:
@@ -276,7 +281,7 @@ class ArmEmulator:
         while time.monotonic() < deadline:
             written = sorted(set(os.listdir(self._counts_dir)) - before)
             if written and not _running(int(written[0].rsplit(".", 1)[1])):
-                return _read_counts(os.path.join(self._counts_dir, written[0])), outputs
+                return read_counts(os.path.join(self._counts_dir, written[0])), outputs
             time.sleep(0.05)
         raise EmulatorError(f"the session's process wrote no instruction counts within 60 s: "
                             f"{self.log()}")
@@ -481,7 +486,9 @@ class InstructionCount:
         return mix
 
 
-def _read_counts(path: str) -> dict[str, int]:
+def read_counts(path: str) -> dict[str, int]:
+    """The counts one process wrote (``scripts/arm/insn_count.c``: "count<TAB>kind" lines),
+    kind to number."""
     counts: dict[str, int] = {}
     with open(path) as lines:
         for line in lines:

@@ -648,7 +648,7 @@ def _load_mediapipe(spec: ModelSpec, workdir: str, batches: int | None = None) -
     scale = (photos.astype(np.float32) / 127.5 - 1.0) if "detection" in spec.name else (
         photos.astype(np.float32) / 255.0)
     batches = [[np.ascontiguousarray(image[None])] for image in scale]
-    return LoadedModel(spec, mod, batches, [])
+    return LoadedModel(spec, mod, batches, [], {"tflite_path": path})
 
 
 # ------------------------------------------------------------------------------ transformers

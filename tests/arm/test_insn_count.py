@@ -168,6 +168,20 @@ def test_the_count_repeats_and_its_run_is_the_plain_run(counter, tmp_path):
     assert relay_amp.agreement([reference], list(first.outputs)).relative_l2 < 1e-3
 
 
+def test_the_steady_state_count_has_the_same_products_per_run(counter, tmp_path):
+    """``warmup=1, runs=2``: sessions of 1 and 3 runs, the difference over 2 (the count
+    ``scripts/bench_arm_peers.py`` takes): the first run's one-time work is left out, every
+    multiply-accumulate stays."""
+    lib = _library("float32", tmp_path, True)
+    first = counter.count(lib, _inputs())
+    steady = counter.count(lib, _inputs(), warmup=1, runs=2)
+    assert steady.mix()["fma .4s"] == first.mix()["fma .4s"]
+    assert steady.total <= first.total
+    np.testing.assert_array_equal(steady.outputs[0], first.outputs[0])
+    with pytest.raises(ValueError, match="runs"):
+        counter.count(lib, _inputs(), runs=0)
+
+
 def test_an_emulator_that_does_not_count_says_so(emulator, tmp_path):
     with pytest.raises(EmulatorError, match="count_instructions=True"):
         emulator.count(_library("float32", tmp_path), _inputs())
