@@ -36,15 +36,44 @@ def nhwc_convolutions(rule_log=None) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.nhwc_convolutions")
     def _convert(mod, context):
-        try:
-            converted = relax.transform.ConvertLayout(LAYOUTS)(mod)
+        before = _followers(mod)
+        try:  # on a copy: inside a pass TVM rewrites the module it is given in place
+            converted = relax.transform.ConvertLayout(LAYOUTS)(
+                tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs))
         except TVM_ERRORS as err:  # TVM's own errors: the convolutions keep their layout
             if rule_log is not None:
                 rule_log.raised("<module>", "ConvertLayout", last_line(err))
             return mod
+        unlowered = sorted(op for op, seen in _followers(converted).items()
+                           if seen != before.get(op))
+        if unlowered:  # an op that follows its input's layout, with no NHWC kernel in TVM
+            if rule_log is not None:
+                rule_log.raised("<module>", "ConvertLayout", f"{', '.join(unlowered)} would "
+                                "become NHWC, which TVM does not lower: NCHW kept")
+            return mod
         return _transpose_constants(converted)
 
     return _convert
+
+
+def _followers(mod) -> dict:
+    """The ``data_layout`` values of each op other than the convolutions of :data:`LAYOUTS`.
+    One whose layout the conversion changes follows its input (a transposed convolution), and
+    TVM 0.27 has no NHWC kernel for it: "CodeGenVM cannot emit this Relax operator"
+    (ppocrv4_det on aarch64)."""
+    from tvm import relax
+
+    found = {}
+
+    def visit(expr):
+        if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+                and expr.op.name not in LAYOUTS and hasattr(expr.attrs, "data_layout")):
+            found.setdefault(expr.op.name, set()).add(str(expr.attrs.data_layout))
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
 
 
 def _transpose_constants(mod):

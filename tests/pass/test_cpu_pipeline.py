@@ -439,3 +439,33 @@ def test_a_batch_norm_with_constant_parameters_is_folded_into_a_scale_and_a_shif
                for schedules in (True, False)]
     np.testing.assert_allclose(outputs[0], outputs[1], rtol=0,
                                atol=1e-5 * np.abs(outputs[1]).max())
+
+
+def test_a_transposed_convolution_keeps_nchw_and_the_aarch64_build_works():
+    """ConvertLayout moves a transposed convolution after a convolution into NHWC too, for
+    which TVM has no kernel (ppocrv4_det's build failed): the module keeps NCHW, the log says
+    why, and the aarch64 build compiles."""
+    from relay_amp.builds.schedule_rules import RuleLog
+
+    rng = np.random.default_rng(6)
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 8, 8), "float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.nn.conv2d(
+                x, relax.const(rng.standard_normal((8, 8, 3, 3)).astype("float32")),
+                padding=[1, 1]))
+            z = builder.emit_output(relax.op.nn.conv2d_transpose(
+                y, relax.const(rng.standard_normal((8, 4, 2, 2)).astype("float32")),
+                strides=[2, 2]))
+        builder.emit_func_output(z)
+    mod = builder.get()
+    log = RuleLog()
+    kept = nhwc_convolutions(log)(mod)
+    layouts = {b.value.op.name: str(b.value.attrs.data_layout)
+               for b in kept["main"].body.blocks[0].bindings if hasattr(b.value.attrs,
+                                                                        "data_layout")}
+    assert layouts == {"relax.nn.conv2d": "NCHW", "relax.nn.conv2d_transpose": "NCHW"}
+    (error,) = log.errors
+    assert "conv2d_transpose" in error.error and "NCHW kept" in error.error
+    assert re.search(A64_F32_VECTOR_FMA, _assembly(mod, NEON))  # it compiles, vectorized
