@@ -161,7 +161,11 @@ def test_relay_amps_build_executes_at_most_half(counter, variant, tmp_path):
 def test_the_count_repeats_and_its_run_is_the_plain_run(counter, tmp_path):
     lib = _library("float16", tmp_path)
     first, second = counter.count(lib, _inputs()), counter.count(lib, _inputs())
-    assert abs(first.total - second.total) <= 1e-4 * first.total
+    arithmetic = ("fma .8h", "fma .4s", "fma h", "fma s", "fmlal", "convert")
+    assert [first.mix()[k] for k in arithmetic] == [second.mix()[k] for k in arithmetic]
+    # the session's socket reads take a few hundred instructions more or less with timing
+    # (807 of 1.17 M seen on a loaded machine): the total repeats to 0.2 %
+    assert abs(first.total - second.total) <= 2e-3 * first.total
     plain = counter.run(lib, _inputs())
     np.testing.assert_array_equal(first.outputs[0], plain[0])
     reference = np.maximum(_inputs()[0] @ WEIGHT, 0)
