@@ -366,7 +366,7 @@ def test_photo_pixels_stay_distinct_past_two_passes():
 
 
 def _tiny_loaded(count):
-    from helpers import MatmulReluMatmulSoftmax
+    from cases import MatmulReluMatmulSoftmax
 
     from relay_amp.eval.models import LoadedModel
 
