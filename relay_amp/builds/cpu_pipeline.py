@@ -114,6 +114,53 @@ def _row_block(block, spatial, axis):
     return (BLOCK_ROWS[0], symbolic[0]) if symbolic else (1, None)
 
 
+def _is_copy(block) -> bool:
+    """Whether ``block`` only copies one buffer into another at the same indices (the
+    ``pad_temp`` TVM's convolutions make where there is no padding)."""
+    import tvm_ffi
+
+    body = block.body
+    if not isinstance(body, tvm.tirx.BufferStore):
+        return False
+    value = body.value
+    return (isinstance(value, tvm.ir.expr.TensorLoad) and len(value.indices) == len(body.indices)
+            and all(tvm_ffi.structural_equal(a, b)
+                    for a, b in zip(value.indices, body.indices)))
+
+
+def _input_copies(sch, block_rv, parallel: bool) -> None:
+    """The copies a kernel makes of its inputs before its dot product (TVM's ``pad_temp``): one
+    without padding is inlined, so the dot product reads the input in place; a padded one is
+    vectorized over its last axis (:func:`lanes_for` of it) and, with ``parallel``,
+    runs its rows in parallel. TVM's pipeline leaves both a scalar loop over the whole input,
+    one load and one store per element."""
+    from tvm import s_tir
+
+    for producer in sch.get_producers(block_rv):
+        block = sch.get(producer)
+        if block.reads and len(block.reads) == 1 and _is_copy(block):
+            try:
+                sch.compute_inline(producer)
+                continue
+            except s_tir.ScheduleError:
+                pass
+        loops = sch.get_loops(producer)
+        extent = sch.get(loops[-1]).extent if loops else None
+        if not isinstance(extent, (int, tvm.tirx.IntImm)) or len(loops) < 2:
+            continue
+        width = lanes_for(int(extent))
+        if width is None:
+            continue
+        try:
+            *outer, last = loops
+            _, inner = sch.split(last, [None, width])
+            sch.vectorize(inner)
+            if parallel:
+                sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        except s_tir.ScheduleError:
+            continue
+
+
 def _inline_epilogue(sch, write_back) -> None:
     """Fold the elementwise blocks that read the tile's result (a bias, an activation, a
     residual add: the epilogue TVM fused into the kernel) into its write-back, one consumer at a
@@ -181,6 +228,9 @@ class VectorizeDotProduct:
         lanes = lanes_for(int(axis.dom), 4 if fmlal else 1)
         if lanes is None:
             return None
+        in_registers = registers_hold_the_sums(target)
+        _input_copies(sch, info.block_rv, in_registers)
+        block = sch.get(info.block_rv)
         rows, row_axis = _row_block(block, spatial, axis)
         try:
             if row_axis is not None and not isinstance(row_axis.dom, (int, tvm.tirx.IntImm)):
@@ -204,7 +254,6 @@ class VectorizeDotProduct:
             sch.reorder(*loops, outer, *(it.loop_rv for it in reduce),
                         *([row_inner] if row_inner is not None else []), inner)
             tile = sch.fuse(*loops, outer) if loops else outer
-            in_registers = registers_hold_the_sums(target)
             if in_registers:
                 sch.parallel(tile)
             write_back = sch.cache_write(info.block_rv, 0, "global" if in_registers else "local")

@@ -104,7 +104,7 @@ def test_dot_products_get_a_vector_of_partial_sums(target):
     """The convolution and the matmul: the last output axis split by the lanes, the partial
     sums in a buffer of the tile, initialised and written back by vectorized loops; on x86 the
     sums on the stack and the tiles in a parallel loop, on aarch64 a workspace and serial
-    tiles (``registers_hold_the_sums``)."""
+    tiles (``registers_hold_the_sums``); a padded input's copy vectorized, likewise parallel."""
     x86 = target is AVX2
     kernels = _scheduled(ConvMatmul, target)
     dots = {name: script for name, script in kernels.items()
@@ -113,9 +113,10 @@ def test_dot_products_get_a_vector_of_partial_sums(target):
     for name, script in dots.items():
         assert ("_global = T.sblock_alloc_buffer" in script) == x86, name
         assert ('scope="local"' in script) == (not x86), name
-        assert script.count("T.vectorized(") == 2, name
+        padded = "pad_temp" in script  # the padded input's copy: vectorized, rows parallel
+        assert script.count("T.vectorized(") == 2 + padded, name
         assert "T.unroll(" in script, name
-        assert script.count("T.parallel(") == int(x86), name
+        assert script.count("T.parallel(") == int(x86) * (1 + padded), name
     # the relu TVM fused after the convolution is computed in the write-back, on the tile
     assert "T.max(" in dots["fused_conv2d_relu"]
     assert 'T.sblock("compute' not in dots["fused_conv2d_relu"]
@@ -222,6 +223,55 @@ def test_aarch64_matmuls_and_pointwise_convolutions_run_on_a_register_tile(dtype
         if dtype == "float16":
             assert not re.findall(A64_WIDEN, asm) and not re.findall(A64_F32_VECTOR_FMA, asm)
 
+
+
+@pytest.mark.parametrize("target", [NEON, AVX2], ids=["aarch64", "x86"])
+def test_a_convolution_reads_its_input_in_place_and_pads_with_vectors(target):
+    """TVM's convolution copies its input into ``pad_temp`` in a scalar loop, padding or not:
+    without padding the dot product reads the input in place; with padding the copy is one
+    vector per lanes of channels."""
+    kernels = _scheduled(NHWCBlock, target).values()
+    pointwise = next(s for s in kernels if "conv2d_nhwc" in s and "group_conv2d" not in s)
+    depthwise = next(s for s in kernels if "group_conv2d" in s)
+    assert "pad_temp" not in pointwise
+    lines = depthwise.splitlines()
+    copy = next(n for n, line in enumerate(lines) if 'T.sblock("pad_temp")' in line)
+    assert "T.vectorized" in lines[copy - 1]
+
+
+def test_the_input_copies_keep_the_numbers():
+    """Reading the input in place and the vectorized padding compute what TVM's build does,
+    bit for bit on this host."""
+    target = relay_amp.host_target()
+    inputs = [tvm.runtime.tensor(x) for x in _inputs(NHWCBlock)]
+    outputs = []
+    for schedules in (False, True):
+        executable = tvm.compile(NHWCBlock, target=tvm.target.Target(target),
+                                 relax_pipeline=relay_amp.cpu_pipeline(target, schedules))
+        outputs.append(relax.VirtualMachine(executable, tvm.cpu())["main"](*inputs).numpy())
+    scale = np.abs(outputs[0]).max()
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=0, atol=1e-6 * scale)
+
+
+@I.ir_module
+class Depthwise24:
+    """A depthwise convolution over 24 channels: FMLAL's lanes are 12, eight and four."""
+
+    @R.function
+    def main(x: R.Tensor((1, 8, 8, 24), "float32"), dw: R.Tensor((3, 3, 24, 1), "float32")):
+        with R.dataflow():
+            gv = R.nn.conv2d(x, dw, padding=[1, 1], groups=24, data_layout="NHWC",
+                             kernel_layout="HWOI")
+            R.output(gv)
+        return gv
+
+
+def test_fmlal_on_four_lanes_reads_them_without_a_copy():
+    """``fmlal`` multiplies the low four of eight float16 lanes: four loaded values are that
+    low half as the 64-bit load leaves it, not copied into the high half (``mov v.d[1]``)."""
+    asm = _assembly(_convert(Depthwise24, "float16", FP16FML), FP16FML)
+    assert re.findall(A64_FMLAL, asm)
+    assert not re.findall(r"\b(mov|ins)\s+v\d+\.d\[1\]", asm)
 
 def test_a_strided_operand_keeps_the_widening_kernel():
     """In NCHW a stride-2 convolution's lanes read every other input: FMLAL's tensor intrinsic
