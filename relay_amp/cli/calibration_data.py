@@ -123,7 +123,10 @@ def load_images(folder: str, inputs: list, normalize, io: dict, limit: int | Non
     if limit:
         files = files[:limit]
     batch = model_input.shape[0]
-    if isinstance(batch, SymbolicDim):  # a symbolic batch takes one image at a time
+    note = None
+    if isinstance(batch, SymbolicDim):
+        note = (f"calibration images fed {batch.lower or 1} per batch: the batch dimension "
+                f"{batch.name} is symbolic (an .npz feeds other sizes)")
         batch = batch.lower or 1
     count = max(1, -(-len(files) // batch))
     files = [files[i % len(files)] for i in range(count * batch)]
@@ -152,6 +155,8 @@ def load_images(folder: str, inputs: list, normalize, io: dict, limit: int | Non
     source = {"kind": "images", "path": os.path.abspath(folder), "images": len(set(files)),
               "batches": len(reference), "batch_size": batch, "layout": order,
               "normalize": None if integer_model else spec}
+    if note:
+        source["note"] = note
     return CalibrationBatches(reference, converted, source)
 
 

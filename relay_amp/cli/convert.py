@@ -609,6 +609,8 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     elif checked.calibration_kind == "npz":
         data = load_npz(options.calibrate, imported.inputs, io, checked.normalize,
                         options.max_samples)
+    if data is not None and data.source.get("note"):
+        notes.append(data.source["note"])
     calibration = None
     if data is not None:
         start = time.perf_counter()
