@@ -308,7 +308,7 @@ def _import_pt2(path: str, specs: dict, notes: list) -> Imported:
     import tvm
 
     from ..execution import with_function
-    from .arguments import SymbolicDim
+    from .arguments import SymbolicDim, symbolic_ranges
 
     try:
         program = torch.export.load(path)
@@ -344,8 +344,38 @@ def _import_pt2(path: str, specs: dict, notes: list) -> Imported:
         mod = with_function(mod, "main", func)
         notes.append("symbolic dimensions bound to the --input shapes: "
                      + ", ".join(f"{var}={value}" for var, value in bindings.items()))
-    inputs = [ModelInput(name, name, shapes[name], dtype) for name, _, dtype in declared]
+    inputs = [ModelInput(name, name, shape, dtype) for (name, _, dtype), shape in
+              zip(declared, _pt2_shapes(func, bindings, symbolic_ranges(specs.values())))]
     return Imported(mod, inputs, notes)
+
+
+def _pt2_shapes(func, bindings: dict, ranges: dict) -> list:
+    """The shapes of ``func``'s parameters after ``bindings``: a symbolic dimension keeps the
+    range ``--input`` gives its name, else the one ``torch.export`` recorded for it."""
+    import tvm
+
+    from .arguments import SymbolicDim
+
+    recorded = {}
+    for attr, index in (("tir_var_lower_bound", 0), ("tir_var_upper_bound", 1)):
+        for name, value in dict(func.attrs.get(attr, {}) if func.attrs else {}).items():
+            recorded.setdefault(str(name), [None, None])[index] = int(value)
+    for var, value in bindings.items():  # a program variable renamed by --input
+        if str(var) in recorded and not isinstance(value, int):
+            recorded.setdefault(str(value), recorded[str(var)])
+    shapes = []
+    for param in func.params:
+        shape = []
+        for dim in param.ty.shape.values:
+            if isinstance(dim, tvm.tirx.IntImm):
+                shape.append(int(dim))
+                continue
+            lower, upper = ranges.get(str(dim), (None, None))
+            if lower is None and recorded.get(str(dim), [None, None])[1] is not None:
+                lower, upper = recorded[str(dim)][0] or 1, recorded[str(dim)][1]
+            shape.append(SymbolicDim(str(dim), lower, upper))
+        shapes.append(tuple(shape))
+    return shapes
 
 
 def import_model(path: str, fmt: str, specs: dict) -> Imported:

@@ -15,6 +15,8 @@ from .arguments import SymbolicDim, UsageError
 #: The attribute of a Relax function that TVM's static memory planner reads the largest value of
 #: each symbolic variable from (``StaticPlanBlockMemory``).
 UPPER_BOUND_ATTR = "tir_var_upper_bound"
+#: Its smallest (which ``torch.export``'s importer records too).
+LOWER_BOUND_ATTR = "tir_var_lower_bound"
 
 
 def is_symbolic(shape) -> bool:
@@ -75,22 +77,24 @@ def tvm_shapes(shapes: dict) -> dict:
 
 
 def with_bounds(mod, symbols: dict):
-    """``mod`` with each bounded name's largest size in ``main``'s ``tir_var_upper_bound``
-    (merged with bounds already there)."""
-    bounds = {name: dim.upper for name, dim in symbols.items() if dim.upper is not None}
-    if not bounds:
-        return mod
-    from tvm import tirx
+    """``mod`` with each bounded name's sizes in ``main``'s ``tir_var_lower_bound`` and
+    ``tir_var_upper_bound``; bounds already there stay where their variable does (an importer
+    records ``torch.export``'s), those of variables bound away are dropped."""
+    from tvm import relax, tirx
 
     from ..execution import with_function
 
     func = mod["main"]
-    known = dict(func.attrs[UPPER_BOUND_ATTR]) if func.attrs and UPPER_BOUND_ATTR in func.attrs \
-        else {}
-    merged = {str(k): int(v) for k, v in known.items()}
-    merged.update(bounds)
-    attr = {name: tirx.IntImm("int64", value) for name, value in merged.items()}
-    return with_function(mod, "main", func.with_attr(UPPER_BOUND_ATTR, attr))
+    present = {str(var) for var in relax.analysis.defined_symbolic_vars(func)}
+    for attr, index in ((LOWER_BOUND_ATTR, 1), (UPPER_BOUND_ATTR, 2)):
+        known = dict(func.attrs[attr]) if func.attrs and attr in func.attrs else {}
+        bounds = {str(k): int(v) for k, v in known.items() if str(k) in present}
+        bounds.update({name: (dim.name, dim.lower, dim.upper)[index]
+                       for name, dim in symbols.items() if dim.upper is not None})
+        if bounds or known:
+            func = func.with_attr(attr, {name: tirx.IntImm("int64", value)
+                                         for name, value in bounds.items()})
+    return with_function(mod, "main", func)
 
 
 def bind_sizes(shape: tuple, actual: tuple, sizes: dict) -> bool:
