@@ -4,7 +4,11 @@ fixed-shape libraries. Two tiny ONNX models: a convnet with a symbolic batch and
 transformer-like attention layer with a symbolic sequence length shared by two inputs."""
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +21,7 @@ from relay_amp.cli.arguments import InputSpec, SymbolicDim
 
 onnx = pytest.importorskip("onnx")  # requirements-test.txt installs it
 
+ROOT = Path(__file__).resolve().parents[2]
 TARGET = "llvm"  # float32 compute, float16 storage: runs on any x86 CPU
 WIDTH = 32
 
@@ -311,3 +316,39 @@ def test_the_cuda_library_runs_64_and_128_tokens(tmp_path, capsys):
         got, want = run(tmp_path / "sym", inputs), run(tmp_path / f"fixed{seq}", inputs)
         assert got.shape == (1, seq, WIDTH)
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
+def _script(*args) -> str:
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, check=False,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_the_gpu_cost_of_a_symbolic_module_at_a_size_is_the_fixed_modules(tmp_path):
+    attention_model(tmp_path / "a.onnx")
+    table = _script("scripts/symbolic_gpu_cost.py", str(tmp_path / "a.onnx"), "--input",
+                    f"x:1,seq=1..512,{WIDTH}", "--sizes", "seq=64,128")
+    rows = re.findall(r"\| seq=(\d+) \| (\d+) / (\d+) \| ([\d.]+) / ([\d.]+) \|", table)
+    assert [int(row[0]) for row in rows] == [64, 128]
+    for _, kernels, fixed_kernels, megabytes, fixed_megabytes in rows:
+        assert int(kernels) == int(fixed_kernels) >= 5
+        assert float(megabytes) == float(fixed_megabytes) > 0
+    assert float(rows[1][3]) > float(rows[0][3])  # more tokens, more bytes
+
+
+def test_bench_peers_times_one_library_at_two_sizes_beside_onnx_runtime(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    attention_model(tmp_path / "a.onnx")
+    convert(tmp_path, capsys, tmp_path / "a.onnx", "sym")
+    out = _script("scripts/bench_peers.py", "--library", str(tmp_path / "sym"), "--sizes",
+                  "seq=64,128", "--threads", "1", "--rounds", "3", "--json",
+                  str(tmp_path / "rows.json"))
+    rows = json.loads((tmp_path / "rows.json").read_text())["models"]
+    assert [row["model"] for row in rows] == [f"a.onnx (seq={n}; one float16 library)"
+                                              for n in (64, 128)]
+    for row in rows:
+        assert row["peer"].startswith("ONNX Runtime") and row["build_s"] is None
+        assert 0 < row["relative_l2"] < 1e-2  # float16 weights against ONNX Runtime's float32
+        assert row["relay_amp_ms"] > 0 and row["peer_ms"] > 0
+    assert "(built by convert)" in out
