@@ -5,7 +5,8 @@ sizes: a model file imported as ``relay-amp convert`` imports it, converted for 
     python scripts/symbolic_gpu_cost.py MODEL.onnx|.pt2 --input images:batch,3,320,320 \\
         --sizes batch=1,4 [--dtype float16]
 
-The fixed-shape module of a size is the same file imported with the size in place of the name.
+The fixed-shape module of a size is the same file imported with every input's symbolic
+dimensions given that size.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import sys
 TARGET = {"kind": "cuda", "arch": "sm_90"}
 
 
-def _fixed(spec, at: dict):
+def _fixed(model_input, at: dict):
+    """``--input`` for ``model_input`` with the sizes ``at`` in place of its names."""
     from relay_amp.cli.arguments import InputSpec, SymbolicDim
 
-    return InputSpec(spec.name, tuple(at[d.name] if isinstance(d, SymbolicDim) else d
-                                      for d in spec.shape), spec.dtype)
+    return InputSpec(model_input.source, tuple(at[d.name] if isinstance(d, SymbolicDim) else d
+                                               for d in model_input.shape))
 
 
 def rows(path: str, texts: list, sizes: dict, dtype: str) -> list[dict]:
@@ -37,16 +39,16 @@ def rows(path: str, texts: list, sizes: dict, dtype: str) -> list[dict]:
         imported = import_model(path, fmt, given)
         symbols = symbols_of({i.source: i.shape for i in imported.inputs})
         module, _ = relay_amp.convert(with_bounds(imported.mod, symbols), dtype, target=TARGET)
-        return module, symbols
+        return module, symbols, imported.inputs
 
-    symbolic, symbols = converted(specs)
+    symbolic, symbols, inputs = converted(specs)
     if set(sizes) != set(symbols):
         raise SystemExit(f"--sizes names {sorted(sizes)}; the symbolic dimensions are "
                          f"{sorted(symbols)}")
     result = []
     for index in range(min(len(values) for values in sizes.values())):
         at = {name: values[index] for name, values in sizes.items()}
-        fixed, _ = converted({name: _fixed(spec, at) for name, spec in specs.items()})
+        fixed = converted({i.source: _fixed(i, at) for i in inputs})[0]
         ours = relay_amp.gpu_cost(symbolic, TARGET, symbolic=at)
         theirs = relay_amp.gpu_cost(fixed, TARGET)
         result.append({"sizes": at, "symbolic": ours.as_dict(), "fixed": theirs.as_dict()})
