@@ -87,17 +87,24 @@ def _input_shapes(declared: list, specs: dict, path: str, symbolic: bool = True)
     def fixed(dim):
         return isinstance(dim, int) and dim > 0
 
+    tied = {}  # a dimension the model names (seq), as --input gives it in one of its inputs
+    for name, dims, _ in declared:
+        if name in specs and len(specs[name].shape) == len(dims):
+            tied.update({d: given for d, given in zip(dims, specs[name].shape)
+                         if isinstance(d, str) and d != "?"})
     shapes = {}
     for name, dims, _ in declared:
         spec = specs.get(name)
         shown = [d if fixed(d) else "?" for d in dims]
         if spec is None:
+            dims = [tied.get(d, d) if isinstance(d, str) else d for d in dims]
             if not symbolic and not all(fixed(d) for d in dims):
                 raise UsageError(f"input {name!r} of {os.path.basename(path)} has a symbolic "
                                  f"shape [{','.join(map(str, shown))}]: give it with --input "
                                  f"{name}:" + ",".join(str(d) if fixed(d) else "N" for d in dims))
-            shapes[name] = tuple(d if fixed(d) else SymbolicDim(model_dim_name(d, name, axis))
-                                 for axis, d in enumerate(dims))
+            shapes[name] = tuple(
+                d if fixed(d) or isinstance(d, SymbolicDim) else
+                SymbolicDim(model_dim_name(d, name, axis)) for axis, d in enumerate(dims))
             continue
         if len(spec.shape) != len(dims):
             raise UsageError(f"--input {name}: shape {[str(d) for d in spec.shape]} has "
@@ -331,7 +338,7 @@ def _import_pt2(path: str, specs: dict, notes: list) -> Imported:
     for param, (name, _, dtype) in zip(func.params, declared):
         _check_dtype(specs.get(name), dtype, name)
         for dim, value in zip(param.ty.shape.values, shapes[name]):
-            if isinstance(dim, tvm.tirx.IntImm) or str(value) == str(dim):
+            if isinstance(dim, tvm.tirx.IntImm) or getattr(value, "name", None) == str(dim):
                 continue  # fixed, or kept symbolic under the program's own name
             if isinstance(value, SymbolicDim):
                 value = variables.setdefault(value.name, tvm.tirx.Var(value.name, "int64"))

@@ -206,6 +206,20 @@ def test_float16_compute_is_the_same_at_every_size_as_at_a_fixed_one(tmp_path, m
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+def test_a_dimension_the_model_names_in_two_inputs_takes_what_one_input_gives_it(tmp_path,
+                                                                                 capsys):
+    attention_model(tmp_path / "a.onnx")
+    fixed = convert(tmp_path, capsys, tmp_path / "a.onnx", "fixed", "--input", f"x:1,64,{WIDTH}")
+    assert [i["shape"] for i in fixed["model"]["inputs"]] == [[1, 64, WIDTH], [1, 64]]
+    assert fixed["model"]["symbolic"] == []
+    renamed = convert(tmp_path, capsys, tmp_path / "a.onnx", "renamed", "--input",
+                      f"x:1,tokens=1..96,{WIDTH}")
+    assert [i["shape"] for i in renamed["model"]["inputs"]] == [
+        [1, "tokens=1..96", WIDTH], [1, "tokens=1..96"]]
+    (out,) = relay_amp.run(load(tmp_path / "renamed"), attention_inputs(80))
+    assert out.shape == (1, 80, WIDTH)
+
+
 def test_calibration_and_accuracy_run_at_the_sizes_the_data_has(tmp_path, capsys):
     attention_model(tmp_path / "a.onnx")
     np.savez(tmp_path / "d.npz", **dict(zip(("x", "mask"), attention_inputs(48))))
