@@ -148,14 +148,14 @@ def _library_cases(folder: str, sizes: str):
         raise SystemExit(f"--sizes names {sorted(given)}; the library's symbolic dimensions are "
                          f"{sorted(symbolic)}")
     rng = np.random.default_rng(0)
-    for index in range(min(len(values) for values in given.values())):
+    for index in range(min((len(values) for values in given.values()), default=1)):
         at = {name: values[index] for name, values in given.items()}
         inputs = []
         for spec in model["inputs"]:
             shape = [d if isinstance(d, int) else at[d.split("=")[0]] for d in spec["shape"]]
             inputs.append(np.ones(shape, spec["dtype"]) if spec["dtype"].startswith(("int",
                           "uint")) else rng.standard_normal(shape).astype(spec["dtype"]))
-        label = ", ".join(f"{name}={value}" for name, value in at.items())
+        label = ", ".join(f"{name}={value}" for name, value in at.items()) or "fixed shape"
         yield (f"{os.path.basename(model['path'])} ({label}; one {report['dtype']} library)",
                os.path.join(folder, report["library"]), peer, inputs)
 
