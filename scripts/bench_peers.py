@@ -155,7 +155,8 @@ def _library_cases(folder: str, sizes: str):
             shape = [d if isinstance(d, int) else at[d.split("=")[0]] for d in spec["shape"]]
             inputs.append(np.ones(shape, spec["dtype"]) if spec["dtype"].startswith(("int",
                           "uint")) else rng.standard_normal(shape).astype(spec["dtype"]))
-        label = ", ".join(f"{name}={value}" for name, value in at.items()) or "fixed shape"
+        label = (", ".join(f"{name}={value}" for name, value in at.items()) or "fixed: "
+                 + ", ".join("x".join(map(str, array.shape)) for array in inputs))
         yield (f"{os.path.basename(model['path'])} ({label}; one {report['dtype']} library)",
                os.path.join(folder, report["library"]), peer, inputs)
 
