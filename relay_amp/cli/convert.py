@@ -55,7 +55,7 @@ from .error_dump import ERRORS_FILE, dump_errors, summary_line
 from .frontends import Imported, import_model
 from .progress import progress_bar
 from .report import markdown_report
-from .symbolic import describe, symbolic_line, symbols_of, with_bounds
+from .symbolic import build_notes, describe, symbolic_line, symbols_of, with_bounds
 
 #: The files a convert run writes; a folder holding only these (and report.json) is replaced.
 OUTPUT_FILES = ("model.so", "model.tar", "report.md", "report.json", "policy.json",
@@ -685,6 +685,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     if build_note:
         notes.append(build_note)
     notes.extend(error.text() for error in rule_errors)
+    notes.extend(build_notes(converted, checked.target))
 
     accuracy, effects = None, None
     if data is not None:

@@ -146,3 +146,37 @@ def symbolic_line(rows: list) -> str | None:
                  if row["upper"] is not None else "any size, memory allocated per call")
         parts.append(f"{row['name']} ({sizes}; {', '.join(row['inputs'])})")
     return "symbolic dimensions, one library for every size: " + "; ".join(parts)
+
+
+def build_notes(mod, target: dict) -> list:
+    """What a symbolic extent changes in the build for ``target``: for CUDA, the matmuls that
+    relay_amp's split-K leaves whole because an operand's extent is symbolic."""
+    from tvm import ir, relax, tirx
+
+    if target.get("kind") != "cuda":
+        return []
+    matmul = ir.Op.get("relax.matmul")
+    count = 0
+    for _, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        for call in _calls(func.body):
+            if call.op.same_as(matmul) and any(
+                    arg.ty.shape is not None and not all(isinstance(d, tirx.IntImm)
+                                                         for d in arg.ty.shape.values)
+                    for arg in call.args):
+                count += 1
+    if not count:
+        return []
+    return [f"{count} matmuls have a symbolic extent: relay_amp.cuda_pipeline's split-K, which "
+            "needs static shapes, leaves them whole (a fixed-shape library splits those with few "
+            "output tiles along K); dlight's tensor-core rule takes them at any size"]
+
+
+def _calls(expr) -> list:
+    from tvm import relax
+
+    calls = []
+    relax.analysis.post_order_visit(expr, lambda node: calls.append(node)
+                                    if isinstance(node, relax.Call) else None)
+    return calls

@@ -287,6 +287,8 @@ def test_the_cuda_library_of_a_symbolic_model_takes_the_size_at_run_time(tmp_pat
                      f"x:1,seq=1..512,{WIDTH}", target="cuda -arch=sm_90")
     assert report["library"] == "model.so" and report["target"]["kind"] == "cuda"
     assert report["model"]["symbolic"][0]["memory_planned_for"] == 512
+    assert any(note.startswith("6 matmuls have a symbolic extent: relay_amp.cuda_pipeline's "
+                               "split-K") for note in report["notes"])
     kernels = dict(re.findall(rb"__global__ void __launch_bounds__\(\d+\) (\w+)\(([^)]*)\)",
                               (tmp_path / "cuda" / "model.so").read_bytes()))
     assert len(kernels) >= 5
