@@ -286,6 +286,17 @@ def _feed(inputs: list, per_input: dict, names: dict, io: dict, normalize,
     return reference, converted
 
 
+def load_calibration(kind: str | None, path: str, inputs: list, normalize, io: dict,
+                     limit: int | None, progress: bool) -> CalibrationBatches | None:
+    """The ``--calibrate`` data (``kind`` images or npz) as batches for both models; None
+    without it."""
+    if kind == "images":
+        return load_images(path, inputs, normalize, io, limit, progress)
+    if kind == "npz":
+        return load_npz(path, inputs, io, normalize, limit)
+    return None
+
+
 def io_normalization(model_input: ModelInput, normalize) -> dict:
     """The normalization folded into an integer-fed input."""
     layout = image_layout(model_input.shape)

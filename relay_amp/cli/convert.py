@@ -48,8 +48,7 @@ from .calibration_data import (
     CalibrationBatches,
     io_normalization,
     list_images,
-    load_images,
-    load_npz,
+    load_calibration,
 )
 from .error_dump import ERRORS_FILE, dump_errors, summary_line
 from .frontends import Imported, import_model
@@ -576,22 +575,6 @@ def _replace(work: str, out: str) -> None:
         os.rename(work, out)
 
 
-def _calibration_data(options: Options, checked: Checked, imported: Imported, io: dict,
-                      notes: list) -> CalibrationBatches | None:
-    """The ``--calibrate`` data as batches for both models (None without it)."""
-    if checked.calibration_kind == "images":
-        data = load_images(options.calibrate, imported.inputs, checked.normalize, io,
-                           options.max_samples, options.progress)
-    elif checked.calibration_kind == "npz":
-        data = load_npz(options.calibrate, imported.inputs, io, checked.normalize,
-                        options.max_samples)
-    else:
-        return None
-    if data.source.get("note"):  # the batch a symbolic image batch is fed at
-        notes.append(data.source["note"])
-    return data
-
-
 def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     import relay_amp
 
@@ -618,7 +601,10 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     policy_data, io = _io_settings(checked.policy, checked, imported, dtype)
     search_policy = Policy.from_dict(_without_io(policy_data))
 
-    data = _calibration_data(options, checked, imported, io, notes)
+    data = load_calibration(checked.calibration_kind, options.calibrate, imported.inputs,
+                            checked.normalize, io, options.max_samples, progress)
+    if data is not None and data.source.get("note"):  # a symbolic image batch's size
+        notes.append(data.source["note"])
     calibration = None
     if data is not None:
         start = time.perf_counter()
