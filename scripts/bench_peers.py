@@ -6,12 +6,15 @@ transformers. The two are timed in interleaved rounds (a warm-up each, then roun
 each runs once); the table gives the median of the per-round ratio, relay_amp's build time
 (compile + export) beside TVM's own CPU pipeline's, and relay_amp's output error against the
 peer's float32 output, so that a fast wrong build cannot pass. Every thread count runs in its
-own process (TVM's runtime reads ``TVM_NUM_THREADS`` once).
+own process (TVM's runtime reads ``TVM_NUM_THREADS`` once). The registry's models are timed as
+float32 builds; a ``relay-amp convert`` library (``--library OUT``) as it was converted, one row
+per size of its symbolic dimensions (``--sizes seq=64,128``), so one library gives both rows.
 
     python scripts/bench_peers.py --models resnet50_v1,mobilenetv2_1.0,yolov8n_320 \\
         --threads 1,2 --rounds 7
     python scripts/bench_peers.py --models bert_base --tokens 64,128 --threads 1,2
     python scripts/bench_peers.py --models "" --chains 20,100    # build time alone
+    python scripts/bench_peers.py --library OUT --sizes seq=64,128  # a relay-amp convert library
 
 Times move with the machine's load; the ratio of two runtimes timed side by side is the figure
 to read. The aarch64 peers (instruction counts on the emulated CPU) are
@@ -116,6 +119,48 @@ def _cases(name: str, tokens):
         np.ascontiguousarray(x) for x in loaded.batches[0]]
 
 
+def _library_cases(folder: str, sizes: str):
+    """``(label, library path, peer factory, inputs)`` per size of a ``relay-amp convert``
+    output whose inputs have symbolic dimensions: ``sizes`` is ``NAME=A,B[;NAME=C,D]`` (the
+    n-th size of every name makes the n-th row). Integer inputs are ones (token ids, masks),
+    float inputs seeded normal values; the peer runs the model file the library came from."""
+    import numpy as np
+
+    with open(os.path.join(folder, "report.json")) as handle:
+        report = json.load(handle)
+    given = {name: [int(v) for v in values.split(",")]
+             for name, values in (part.split("=", 1) for part in sizes.split(";") if part)}
+    model = report["model"]
+    if any(i["fed_as"] != i["dtype"] for i in model["inputs"]):
+        raise SystemExit("--library: an input fed in another dtype than the model's; convert "
+                         "without :DTYPE in --input to compare with the peer")
+    if model["format"] == "onnx":
+        peer = functools.partial(_onnx_peer, model["path"])
+    elif model["format"] == "pt2":
+        import torch
+
+        program = torch.export.load(model["path"])
+        peer = functools.partial(_torch_peer, program.module())
+    else:
+        raise SystemExit(f"--library: no peer for a {model['format']} model")
+    symbolic = {row["name"] for row in model.get("symbolic", [])}
+    if set(given) != symbolic:
+        raise SystemExit(f"--sizes names {sorted(given)}; the library's symbolic dimensions are "
+                         f"{sorted(symbolic)}")
+    rng = np.random.default_rng(0)
+    for index in range(min((len(values) for values in given.values()), default=1)):
+        at = {name: values[index] for name, values in given.items()}
+        inputs = []
+        for spec in model["inputs"]:
+            shape = [d if isinstance(d, int) else at[d.split("=")[0]] for d in spec["shape"]]
+            inputs.append(np.ones(shape, spec["dtype"]) if spec["dtype"].startswith(("int",
+                          "uint")) else rng.standard_normal(shape).astype(spec["dtype"]))
+        label = (", ".join(f"{name}={value}" for name, value in at.items()) or "fixed: "
+                 + ", ".join("x".join(map(str, array.shape)) for array in inputs))
+        yield (f"{os.path.basename(model['path'])} ({label}; one {report['dtype']} library)",
+               os.path.join(folder, report["library"]), peer, inputs)
+
+
 def _child(args) -> int:
     import numpy as np
     import tvm
@@ -126,26 +171,32 @@ def _child(args) -> int:
 
     target = tvm.target.Target(relay_amp.host_target())
     threads = args.threads_child
-    for name in args.models.split(","):
-        for label, mod, peer_factory, inputs in _cases(name, args.tokens):
+    cases = (_library_cases(args.library, args.sizes) if args.library else
+             (case for name in args.models.split(",") for case in _cases(name, args.tokens)))
+    for label, mod, peer_factory, inputs in cases:
+        if isinstance(mod, str):  # a library built by relay-amp convert
+            library = tvm.runtime.load_module(mod)
+            ours = tvm.relax.VirtualMachine(library, tvm.cpu())["main"]
+            build_s = tvm_build_s = None
+        else:
             workdir = tempfile.mkdtemp(prefix="bench_peers_build_")
             ours, build_s = _build(mod, target, True, workdir)
             tvm_build_s = (_build(mod, target, False, workdir)[1] if args.tvm_build else None)
-            peer, peer_run = peer_factory(threads)
-            tvm_inputs = [tvm.runtime.tensor(x) for x in inputs]
-            reference = [np.asarray(o) for o in peer_run(*inputs)]
-            error = agreement(reference, flatten_outputs(ours(*tvm_inputs))).relative_l2
-            times = interleaved_times({"peer": functools.partial(peer_run, *inputs),
-                                       "ours": functools.partial(ours, *tvm_inputs)},
-                                      (), args.rounds)
-            ratios = [o / p for o, p in zip(times["ours"], times["peer"])]
-            print(json.dumps({
-                "model": label, "threads": threads, "peer": peer,
-                "peer_ms": statistics.median(times["peer"]) * 1e3,
-                "relay_amp_ms": statistics.median(times["ours"]) * 1e3,
-                "ratio": statistics.median(ratios), "rounds": args.rounds,
-                "relative_l2": error, "outputs": len(reference),
-                "build_s": build_s, "tvm_build_s": tvm_build_s}), flush=True)
+        peer, peer_run = peer_factory(threads)
+        tvm_inputs = [tvm.runtime.tensor(x) for x in inputs]
+        reference = [np.asarray(o) for o in peer_run(*inputs)]
+        error = agreement(reference, flatten_outputs(ours(*tvm_inputs))).relative_l2
+        times = interleaved_times({"peer": functools.partial(peer_run, *inputs),
+                                   "ours": functools.partial(ours, *tvm_inputs)},
+                                  (), args.rounds)
+        ratios = [o / p for o, p in zip(times["ours"], times["peer"])]
+        print(json.dumps({
+            "model": label, "threads": threads, "peer": peer,
+            "peer_ms": statistics.median(times["peer"]) * 1e3,
+            "relay_amp_ms": statistics.median(times["ours"]) * 1e3,
+            "ratio": statistics.median(ratios), "rounds": args.rounds,
+            "relative_l2": error, "outputs": len(reference),
+            "build_s": build_s, "tvm_build_s": tvm_build_s}), flush=True)
     return 0
 
 
@@ -189,11 +240,11 @@ def chain_build_times(lengths) -> list[dict]:
 
 def _table(rows, cpu: str) -> str:
     lines = [f"host: {cpu}", "",
-             "| model | threads | peer | peer (ms) | relay_amp float32 (ms) | ratio (median of "
+             "| model | threads | peer | peer (ms) | relay_amp (ms) | ratio (median of "
              "rounds) | rel. L2 vs peer | build s: relay_amp / TVM's |",
              "|---|---:|---|---:|---:|---:|---:|---|"]
     for r in rows:
-        build = f"{r['build_s']:.1f}"
+        build = "(built by convert)" if r["build_s"] is None else f"{r['build_s']:.1f}"
         if r["tvm_build_s"]:
             build += f" / {r['tvm_build_s']:.1f} ({r['build_s'] / r['tvm_build_s']:.2f} ×)"
         lines.append(f"| {r['model']} | {r['threads']} | {r['peer']} | {r['peer_ms']:.1f} | "
@@ -213,6 +264,10 @@ def main(argv=None) -> int:
                         help="skip building with TVM's own CPU pipeline (its build time)")
     parser.add_argument("--chains", default="", help="also the build time of a MatMul followed "
                         "by chains of these many elementwise ops (e.g. 100,1000)")
+    parser.add_argument("--library", help="a relay-amp convert OUT folder (symbolic "
+                        "dimensions): one row per size of --sizes, instead of --models")
+    parser.add_argument("--sizes", default="", help="with --library: NAME=A,B[;NAME=C,D], "
+                        "e.g. seq=64,128 or batch=1,4")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--threads-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -221,11 +276,13 @@ def main(argv=None) -> int:
         return _child(args)
     chains = chain_build_times(int(n) for n in args.chains.split(",") if n)
     rows = []
-    for threads in (int(t) for t in args.threads.split(",") if args.models):
+    for threads in (int(t) for t in args.threads.split(",") if args.models or args.library):
         env = {**os.environ, **{v: str(threads) for v in THREAD_VARIABLES}}
         command = [sys.executable, __file__, "--threads-child", str(threads),
                    "--models", args.models, "--rounds", str(args.rounds),
                    "--tokens", ",".join(map(str, args.tokens))]
+        if args.library:
+            command += ["--library", args.library, "--sizes", args.sizes]
         if not args.tvm_build:
             command.append("--no-tvm-build")
         child = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)

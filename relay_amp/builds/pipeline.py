@@ -209,6 +209,8 @@ def _split_k(builder: relax.BlockBuilder, call: relax.Call, sms: int) -> relax.E
     which takes the matmul's epilogue; None where it does not pay (or shapes are symbolic, or
     ``b`` is batched)."""
     a, b = call.args
+    if a.ty.shape is None or b.ty.shape is None:  # a shape the importer could not infer
+        return None
     a_shape, b_shape = _static(a.ty.shape.values), _static(b.ty.shape.values)
     if a_shape is None or b_shape is None or len(b_shape) != 2 or len(a_shape) < 2:
         return None

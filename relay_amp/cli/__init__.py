@@ -126,8 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
                               " -mattr=+fullfp16', 'host' (this CPU) or TVM's JSON dict form "
                               "(default: %(default)s)")
     convert.add_argument("--input", action="append", metavar="NAME:SHAPE[:DTYPE]",
-                         help="an input's shape (needed where the model's is symbolic), e.g. "
-                              "images:1,3,320,320; DTYPE uint8 feeds a float32 image input as "
+                         help="an input's shape, e.g. images:1,3,320,320; a name keeps a "
+                              "dimension symbolic, with the sizes it may take: "
+                              "images:batch,3,320,320 or ids:1,seq=1..512 (the model's own "
+                              "symbolic dimensions stay symbolic without it); DTYPE uint8 feeds "
+                              "a float32 image input as "
                               "uint8 pixels (normalization folded in), float16/bfloat16 in the "
                               "low-precision dtype; repeat per input")
     convert.add_argument("--calibrate", metavar="DIR|NPZ",

@@ -71,8 +71,23 @@ def one_line(error: BaseException) -> str:
 
 
 @dataclass(frozen=True)
+class SymbolicDim:
+    """A named dimension in ``--input`` (``batch``, ``seq=1..512``): kept symbolic, one
+    ``tir.Var`` per name, with the sizes it may take (``None``: no bound given)."""
+
+    name: str
+    lower: int | None = None
+    upper: int | None = None
+
+    def __str__(self) -> str:
+        if self.lower is None:
+            return self.name
+        return f"{self.name}={self.lower}..{self.upper}"
+
+
+@dataclass(frozen=True)
 class InputSpec:
-    """``--input NAME:SHAPE[:DTYPE]``."""
+    """``--input NAME:SHAPE[:DTYPE]``; the shape holds ints and :class:`SymbolicDim`."""
 
     name: str
     shape: tuple
@@ -81,34 +96,90 @@ class InputSpec:
 
 _DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
            "uint8", "uint16", "bool")
+_DIM_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_EXAMPLE = ("--input NAME:SHAPE[:DTYPE], e.g. --input images:1,3,224,224, ids:1,128:int64 or "
+            "images:batch,3,320,320 (a named dimension stays symbolic; seq=1..512 bounds it)")
+
+
+def _parse_dims(shape_text: str, text: str) -> tuple:
+    """The dimensions of ``--input``'s SHAPE: all numbers (``1,3,8,8`` or ``1x3x8x8``), or
+    numbers and names separated by commas only."""
+    bad = (f"bad shape {shape_text!r} in --input {text!r}: give positive integers or names "
+           f"(batch, seq=1..512) separated by commas ({_EXAMPLE})")
+    parts = [part.strip() for part in shape_text.split(",")] if shape_text.strip() else []
+    if parts and all(re.fullmatch(r"[0-9]+(x[0-9]+)*", part) for part in parts):
+        numbers = [int(d) for part in parts for d in part.split("x")]
+        if any(d < 1 for d in numbers):
+            raise UsageError(bad)
+        return tuple(numbers)
+    dims, ranges = [], {}
+    for part in parts:
+        if re.fullmatch(r"[0-9]+", part) and int(part) >= 1:
+            dims.append(int(part))
+            continue
+        match = re.fullmatch(rf"({_DIM_NAME})(?:=([0-9]+)\.\.([0-9]+))?", part)
+        if match is None:
+            if re.fullmatch(r"[0-9]+(x[0-9]+)+", part):
+                raise UsageError(f"bad shape {shape_text!r} in --input {text!r}: with a named "
+                                 "dimension, separate the dimensions with commas only")
+            raise UsageError(bad)
+        name, lower, upper = match.group(1), match.group(2), match.group(3)
+        if lower is not None:
+            lower, upper = int(lower), int(upper)
+            if not 1 <= lower <= upper:
+                raise UsageError(f"bad range {part!r} in --input {text!r}: give LOW..HIGH with "
+                                 "1 <= LOW <= HIGH, e.g. seq=1..512")
+            if ranges.setdefault(name, (lower, upper)) != (lower, upper):
+                raise UsageError(f"--input {text!r} gives {name} two ranges")
+        dims.append(SymbolicDim(name, lower, upper))
+    if not dims:
+        raise UsageError(bad)
+    return tuple(SymbolicDim(d.name, *ranges[d.name]) if isinstance(d, SymbolicDim)
+                 and d.name in ranges else d for d in dims)
 
 
 def parse_input(text: str) -> InputSpec:
-    """``images:1,3,320,320`` or ``ids:1x128:int64`` as an :class:`InputSpec`.
+    """``images:1,3,320,320``, ``ids:1x128:int64`` or ``ids:1,seq=1..512`` as an
+    :class:`InputSpec`.
 
     The shape and the optional dtype are split off from the right, so a name may hold colons
-    (TensorFlow's ``serving_default_input_2:0:1,43844,1``): a last field that looks like a
-    dtype (a word, not a list of numbers) is the dtype, the field before it the shape.
+    (TensorFlow's ``serving_default_input_2:0:1,43844,1``): the last field is the dtype only if
+    it is one (``float32``, ``int64``, ...), the field before it the shape. A dimension given
+    as a name (``batch``) stays symbolic; ``NAME=LOW..HIGH`` bounds its sizes.
     """
-    example = "--input NAME:SHAPE[:DTYPE], e.g. --input images:1,3,224,224 or ids:1,128:int64"
     rest, _, last = text.rpartition(":")
     dtype = None
-    if re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", last):
+    if last in _DTYPES:
         dtype = last
         rest, _, last = rest.rpartition(":")
+    elif ":" in rest and (re.fullmatch(r"(u?int|b?float|bool)[0-9]*", last)
+                          or difflib.get_close_matches(last, _DTYPES, n=1, cutoff=0.8)):
+        close = difflib.get_close_matches(last, _DTYPES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f" (one of {', '.join(_DTYPES)})"
+        raise UsageError(f"unknown dtype {last!r} in --input {text!r}{hint}")
     name, shape_text = rest, last
     if not name:
-        raise UsageError(f"bad --input {text!r}: use {example}")
-    dims = [d.strip() for d in re.split(r"[,x]", shape_text.strip())] if shape_text.strip() else []
-    if not dims or not all(re.fullmatch(r"[0-9]+", d) for d in dims) or any(
-            int(d) < 1 for d in dims):
-        raise UsageError(f"bad shape {shape_text!r} in --input {text!r}: give positive integers "
-                         f"separated by commas ({example})")
-    if dtype is not None and dtype not in _DTYPES:
-        close = difflib.get_close_matches(dtype, _DTYPES, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f" (one of {', '.join(_DTYPES)})"
-        raise UsageError(f"unknown dtype {dtype!r} in --input {text!r}{hint}")
-    return InputSpec(name, tuple(int(d) for d in dims), dtype)
+        raise UsageError(f"bad --input {text!r}: use {_EXAMPLE}")
+    return InputSpec(name, _parse_dims(shape_text, text), dtype)
+
+
+def symbolic_ranges(specs) -> dict:
+    """Name -> ``(lower, upper)`` (or ``(None, None)``) of the named dimensions over all
+    ``--input`` specs; a name given two different ranges is a usage error."""
+    ranges: dict = {}
+    for spec in specs:
+        for dim in spec.shape:
+            if not isinstance(dim, SymbolicDim):
+                continue
+            bound = (dim.lower, dim.upper)
+            known = ranges.setdefault(dim.name, bound)
+            if bound[0] is not None and known[0] is not None and known != bound:
+                raise UsageError(f"dimension {dim.name} has two ranges in --input "
+                                 f"({known[0]}..{known[1]} and {bound[0]}..{bound[1]}); give "
+                                 "one (or give it once)")
+            if known[0] is None:
+                ranges[dim.name] = bound
+    return ranges
 
 
 def parse_normalize(text: str | None):

@@ -11,6 +11,7 @@ import numpy as np
 from .arguments import NORMALIZE_HELP, UsageError, one_line
 from .frontends import ModelInput
 from .progress import progress_bar
+from .symbolic import SymbolicDim, bind_sizes, check_sizes, is_symbolic, symbols_of
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
                     ".pgm")
@@ -103,10 +104,17 @@ def load_images(folder: str, inputs: list, normalize, io: dict, limit: int | Non
                          "with an array per input name")
     model_input = inputs[0]
     layout = image_layout(model_input.shape)
+    shown = ",".join(map(str, model_input.shape))
     if layout is None:
-        raise UsageError(f"input {model_input.source!r} has shape {list(model_input.shape)}, not "
-                         "an image batch (N,3,H,W) or (N,H,W,3): give an .npz instead of images")
+        raise UsageError(f"input {model_input.source!r} has shape [{shown}], not an image batch "
+                         "(N,3,H,W) or (N,H,W,3): give an .npz instead of images")
     order, channels, height, width = layout
+    if is_symbolic(layout[1:]):
+        fixed = [str(d) if i == 0 or not isinstance(d, SymbolicDim) else "N"
+                 for i, d in enumerate(model_input.shape)]
+        raise UsageError(f"input {model_input.source!r} has a symbolic image size [{shown}]: "
+                         "images are resized to one size, give it with --input "
+                         f"{model_input.source}:{','.join(fixed)} (or give an .npz)")
     integer_model = model_input.dtype.startswith(("uint", "int"))
     feed = _feed_dtype(model_input.name, io)
     if normalize is None and not integer_model:
@@ -115,6 +123,11 @@ def load_images(folder: str, inputs: list, normalize, io: dict, limit: int | Non
     if limit:
         files = files[:limit]
     batch = model_input.shape[0]
+    note = None
+    if isinstance(batch, SymbolicDim):
+        note = (f"calibration images fed {batch.lower or 1} per batch: the batch dimension "
+                f"{batch.name} is symbolic (an .npz feeds other sizes)")
+        batch = batch.lower or 1
     count = max(1, -(-len(files) // batch))
     files = [files[i % len(files)] for i in range(count * batch)]
     pixels = []
@@ -140,8 +153,10 @@ def load_images(folder: str, inputs: list, normalize, io: dict, limit: int | Non
         else:
             converted.append([floats])
     source = {"kind": "images", "path": os.path.abspath(folder), "images": len(set(files)),
-              "batches": len(reference), "layout": order,
+              "batches": len(reference), "batch_size": batch, "layout": order,
               "normalize": None if integer_model else spec}
+    if note:
+        source["note"] = note
     return CalibrationBatches(reference, converted, source)
 
 
@@ -178,6 +193,8 @@ def load_npz(path: str, inputs: list, io: dict, normalize, limit: int | None) ->
         raise UsageError(f"{os.path.basename(path)} has arrays {', '.join(extra)} that are not "
                          f"inputs of the model (its inputs: {', '.join(i.source for i in inputs)})")
     per_input = {}
+    if any(is_symbolic(i.shape) for i in inputs):
+        return _symbolic_npz(path, inputs, arrays, names, io, normalize, limit)
     for model_input in inputs:
         array, shape = arrays[names[model_input.name]], tuple(model_input.shape)
         if array.shape == shape:
@@ -199,6 +216,49 @@ def load_npz(path: str, inputs: list, io: dict, normalize, limit: int | None) ->
     count = counts.pop()
     if limit:
         count = min(count, limit)
+    reference, converted = _feed(inputs, per_input, names, io, normalize, count)
+    source = {"kind": "npz", "path": os.path.abspath(path), "batches": count}
+    return CalibrationBatches(reference, converted, source)
+
+
+def _symbolic_npz(path: str, inputs: list, arrays: dict, names: dict, io: dict, normalize,
+                  limit: int | None) -> CalibrationBatches:
+    """Batches for a model with symbolic dimensions: each array one batch whose symbolic
+    dimensions take the sizes it has (the same size for a name in every input), or a stack of
+    such batches along a new first axis."""
+    sizes: dict = {}
+    stacked = None
+    for model_input in inputs:
+        key = names[model_input.name]
+        array = arrays[key]
+        if stacked is not False and bind_sizes(model_input.shape, array.shape[1:], sizes):
+            stacked = True
+        elif stacked is not True and bind_sizes(model_input.shape, array.shape, sizes):
+            stacked = False
+        else:
+            raise UsageError(f"array {key!r} has shape {list(array.shape)}; input "
+                             f"{model_input.source!r} takes "
+                             f"[{','.join(map(str, model_input.shape))}] (a named dimension "
+                             "any size in its range, the same in every input that names it; "
+                             "or a stack of them along a first axis)")
+    check_sizes(sizes, symbols_of({i.name: i.shape for i in inputs}), os.path.basename(path))
+    per_input = {i.name: list(arrays[names[i.name]]) if stacked else [arrays[names[i.name]]]
+                 for i in inputs}
+    if len({len(batches) for batches in per_input.values()}) != 1:
+        raise UsageError(f"the arrays in {os.path.basename(path)} hold different numbers of "
+                         "batches per input; give each input the same number")
+    count = len(next(iter(per_input.values())))
+    if limit:
+        count = min(count, limit)
+    reference, converted = _feed(inputs, per_input, names, io, normalize, count)
+    source = {"kind": "npz", "path": os.path.abspath(path), "batches": count, "sizes": sizes}
+    return CalibrationBatches(reference, converted, source)
+
+
+def _feed(inputs: list, per_input: dict, names: dict, io: dict, normalize,
+          count: int) -> tuple[list, list]:
+    """The first ``count`` batches for the float32 and for the converted model, in the dtypes
+    each takes."""
     reference, converted = [], []
     for index in range(count):
         ref_batch, conv_batch = [], []
@@ -223,8 +283,18 @@ def load_npz(path: str, inputs: list, io: dict, normalize, limit: int | None) ->
             conv_batch.append(_low(value, feed) if feed else value)
         reference.append(ref_batch)
         converted.append(conv_batch)
-    source = {"kind": "npz", "path": os.path.abspath(path), "batches": count}
-    return CalibrationBatches(reference, converted, source)
+    return reference, converted
+
+
+def load_calibration(kind: str | None, path: str, inputs: list, normalize, io: dict,
+                     limit: int | None, progress: bool) -> CalibrationBatches | None:
+    """The ``--calibrate`` data (``kind`` images or npz) as batches for both models; None
+    without it."""
+    if kind == "images":
+        return load_images(path, inputs, normalize, io, limit, progress)
+    if kind == "npz":
+        return load_npz(path, inputs, io, normalize, limit)
+    return None
 
 
 def io_normalization(model_input: ModelInput, normalize) -> dict:

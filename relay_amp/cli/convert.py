@@ -41,19 +41,20 @@ from .arguments import (
     parse_normalize,
     parse_target,
     split_list,
+    symbolic_ranges,
 )
 from .calibration_data import (
     IMAGE_EXTENSIONS,
     CalibrationBatches,
     io_normalization,
     list_images,
-    load_images,
-    load_npz,
+    load_calibration,
 )
 from .error_dump import ERRORS_FILE, dump_errors, summary_line
 from .frontends import Imported, import_model
 from .progress import progress_bar
 from .report import markdown_report
+from .symbolic import build_notes, describe, symbolic_line, symbols_of, with_bounds
 
 #: The files a convert run writes; a folder holding only these (and report.json) is replaced.
 OUTPUT_FILES = ("model.so", "model.tar", "report.md", "report.json", "policy.json",
@@ -153,6 +154,7 @@ def check_options(options: Options) -> Checked:
         if spec.name in specs:
             raise UsageError(f"--input {spec.name} is given twice; give each input once")
         specs[spec.name] = spec
+    symbolic_ranges(specs.values())  # a name given two ranges
     if options.dtype is not None and options.dtype not in ("float16", "bfloat16"):
         close = difflib.get_close_matches(options.dtype, ["float16", "bfloat16"], n=1)
         hint = f"did you mean {close[0]}? " if close else ""
@@ -589,19 +591,20 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
         imported = import_model(options.model, checked.fmt, checked.specs)
     timings["import_s"] = time.perf_counter() - start
     notes.extend(imported.notes)
-    mod = imported.mod
+    symbols = symbols_of({i.source: i.shape for i in imported.inputs})
+    mod = with_bounds(imported.mod, symbols)  # the bounds TVM plans memory for
+    symbolic = describe(imported.inputs, symbols)
+    if symbolic_line(symbolic):
+        notes.append(symbolic_line(symbolic))
     _check_exclusions(mod, split_list(options.exclude))
     dtype = checked.policy.dtype
     policy_data, io = _io_settings(checked.policy, checked, imported, dtype)
     search_policy = Policy.from_dict(_without_io(policy_data))
 
-    data = None
-    if checked.calibration_kind == "images":
-        data = load_images(options.calibrate, imported.inputs, checked.normalize, io,
-                           options.max_samples, progress)
-    elif checked.calibration_kind == "npz":
-        data = load_npz(options.calibrate, imported.inputs, io, checked.normalize,
-                        options.max_samples)
+    data = load_calibration(checked.calibration_kind, options.calibrate, imported.inputs,
+                            checked.normalize, io, options.max_samples, progress)
+    if data is not None and data.source.get("note"):  # a symbolic image batch's size
+        notes.append(data.source["note"])
     calibration = None
     if data is not None:
         start = time.perf_counter()
@@ -642,6 +645,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
             converted, report = relay_amp.convert(mod, policy=io_policy, target=checked.target,
                                                   calibration=calibration)
         timings["convert_s"] = time.perf_counter() - start
+    converted = with_bounds(converted, symbols)
     policy = Policy.from_dict(policy_data).exclude(  # what policy.json holds
         *[name for name in fp32_bindings if name not in policy_data["exclude_names"]])
     storage = [row for row in report.ops if row.code == "target_storage_only"]
@@ -667,6 +671,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     if build_note:
         notes.append(build_note)
     notes.extend(error.text() for error in rule_errors)
+    notes.extend(build_notes(converted, checked.target))
 
     accuracy, effects = None, None
     if data is not None:
@@ -715,9 +720,11 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
         "relay_amp_version": relay_amp.__version__,
         "command": options.command,
         "model": {"path": os.path.abspath(options.model), "format": checked.fmt,
-                  "inputs": [{"name": i.source, "parameter": i.name, "shape": list(i.shape),
+                  "inputs": [{"name": i.source, "parameter": i.name,
+                              "shape": [d if isinstance(d, int) else str(d) for d in i.shape],
                               "dtype": i.dtype, "fed_as": io.get(i.name, i.dtype)}
-                             for i in imported.inputs]},
+                             for i in imported.inputs],
+                  "symbolic": symbolic},
         "dtype": dtype,
         "target": _plain(checked.target),  # as chosen: TVM would add its default mtriple
         "target_given": options.target,

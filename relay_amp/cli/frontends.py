@@ -11,6 +11,7 @@ import zipfile
 from dataclasses import dataclass, field
 
 from .arguments import FORMATS_TEXT, IMPORT_ERRORS, ConvertFailure, UsageError, one_line
+from .symbolic import is_symbolic, tvm_shapes
 
 
 def import_onnx(model, input_shapes: dict, notes: list, simplify: bool = False):
@@ -25,7 +26,9 @@ def import_onnx(model, input_shapes: dict, notes: list, simplify: bool = False):
         if model.ir_version > onnx.IR_VERSION:  # newer exporters stamp a version onnx 1.15
             model.ir_version = onnx.IR_VERSION  # cannot check; the ops themselves are older
             notes.append(f"ir_version lowered to {onnx.IR_VERSION} for onnx {onnx.__version__}")
-        result, ok = onnxsim.simplify(model, overwrite_input_shapes=input_shapes)
+        fixed = {name: shape for name, shape in input_shapes.items()  # a symbolic input keeps
+                 if all(isinstance(d, int) for d in shape)}  # the dims its graph input names
+        result, ok = onnxsim.simplify(model, overwrite_input_shapes=fixed)
         if not ok:
             raise RuntimeError("onnxsim could not verify the simplified model")
         notes.append("shapes folded with onnxsim before import")
@@ -73,30 +76,50 @@ def _resolve_specs(specs: dict, declared: list, path: str) -> dict:
     return resolved
 
 
-def _input_shapes(declared: list, specs: dict, path: str) -> dict:
-    """Concrete shapes per input: the declared ones, with ``--input`` filling symbolic dims."""
+def _input_shapes(declared: list, specs: dict, path: str, symbolic: bool = True) -> dict:
+    """Shapes per input: the declared ones with ``--input`` filling or naming their dims; ints,
+    and :class:`SymbolicDim` where a dimension stays symbolic (a name in ``--input``, or the
+    model's own where no ``--input`` gives it a number). Where the format cannot keep one
+    (``symbolic`` False), a symbolic dimension is a usage error."""
+    from .arguments import SymbolicDim, symbolic_ranges
+    from .symbolic import model_dim_name, with_ranges
+
+    def fixed(dim):
+        return isinstance(dim, int) and dim > 0
+
+    tied = {}  # a dimension the model names (seq), as --input gives it in one of its inputs
+    for name, dims, _ in declared:
+        if name in specs and len(specs[name].shape) == len(dims):
+            tied.update({d: given for d, given in zip(dims, specs[name].shape)
+                         if isinstance(d, str) and d != "?"})
     shapes = {}
     for name, dims, _ in declared:
         spec = specs.get(name)
+        shown = [d if fixed(d) else "?" for d in dims]
         if spec is None:
-            if any(not isinstance(d, int) or d < 1 for d in dims):
-                shown = ",".join(str(d) if isinstance(d, int) and d > 0 else "?" for d in dims)
+            dims = [tied.get(d, d) if isinstance(d, str) else d for d in dims]
+            if not symbolic and not all(fixed(d) for d in dims):
                 raise UsageError(f"input {name!r} of {os.path.basename(path)} has a symbolic "
-                                 f"shape [{shown}]: give it with --input {name}:"
-                                 + ",".join(str(d) if isinstance(d, int) and d > 0 else "N"
-                                            for d in dims))
-            shapes[name] = tuple(dims)
+                                 f"shape [{','.join(map(str, shown))}]: give it with --input "
+                                 f"{name}:" + ",".join(str(d) if fixed(d) else "N" for d in dims))
+            shapes[name] = tuple(
+                d if fixed(d) or isinstance(d, SymbolicDim) else
+                SymbolicDim(model_dim_name(d, name, axis)) for axis, d in enumerate(dims))
             continue
         if len(spec.shape) != len(dims):
-            raise UsageError(f"--input {name}: shape {list(spec.shape)} has {len(spec.shape)} "
-                             f"dimensions but the model's input has {len(dims)} "
-                             f"({[d if isinstance(d, int) and d > 0 else '?' for d in dims]})")
-        for given, declared_dim in zip(spec.shape, dims):
-            if isinstance(declared_dim, int) and declared_dim > 0 and given != declared_dim:
-                raise UsageError(f"--input {name}: shape {list(spec.shape)} does not match the "
-                                 f"model's fixed shape {list(dims)}")
+            raise UsageError(f"--input {name}: shape {[str(d) for d in spec.shape]} has "
+                             f"{len(spec.shape)} dimensions but the model's input has {len(dims)} "
+                             f"({shown})")
+        for axis, (given, declared_dim) in enumerate(zip(spec.shape, dims)):
+            if isinstance(given, SymbolicDim) and not symbolic:
+                raise UsageError(f"--input {name}: {os.path.basename(path)} is a TFLite file, "
+                                 f"whose importer takes numbers only: give a number for {given}")
+            if fixed(declared_dim) and given != declared_dim:
+                raise UsageError(f"--input {name}: shape {[str(d) for d in spec.shape]} does not "
+                                 f"match the model's fixed shape {list(dims)} (dimension {axis} "
+                                 f"is {declared_dim})")
         shapes[name] = tuple(spec.shape)
-    return shapes
+    return with_ranges(shapes, symbolic_ranges(specs.values()))
 
 
 def _check_dtype(spec, declared_dtype: str, name: str) -> None:
@@ -139,15 +162,32 @@ def _import_onnx(path: str, specs: dict, notes: list) -> Imported:
     shapes = _input_shapes(declared, specs, path)
     for name, _, dtype in declared:
         _check_dtype(specs.get(name), dtype, name)
-    shape_dict = {name: list(shape) for name, shape in shapes.items()}
+    shape_dict = tvm_shapes(shapes)
+    if any(is_symbolic(shape) for shape in shapes.values()):
+        _name_dims(model, shapes)
     mod = import_onnx(model, shape_dict, notes)
     func = mod["main"]
-    if relax.analysis.defined_symbolic_vars(func) or _has_unknown_shape(func.ret_ty):
+    named = {str(d) for shape in shape_dict.values() for d in shape if not isinstance(d, int)}
+    if {str(v) for v in relax.analysis.defined_symbolic_vars(func)} - named or \
+            _has_unknown_shape(func.ret_ty):
         mod = import_onnx(model, shape_dict, notes, simplify=True)  # fold data-dependent shapes
     params = list(mod["main"].params)
     inputs = [ModelInput(p.name, name, shapes[name], dtype)
               for p, (name, _, dtype) in zip(params, declared)]
     return Imported(mod, inputs, notes)
+
+
+def _name_dims(model, shapes: dict) -> None:
+    """Write ``shapes`` (numbers and names) into the graph inputs of ``model``, so that onnxsim
+    folds what does not depend on the symbolic ones."""
+    from .arguments import SymbolicDim
+
+    for value in model.graph.input:
+        for dim, given in zip(value.type.tensor_type.shape.dim, shapes.get(value.name, ())):
+            if isinstance(given, SymbolicDim):
+                dim.dim_param = given.name
+            else:
+                dim.dim_value = given
 
 
 def _load_external_data(model, path: str) -> None:
@@ -252,7 +292,7 @@ def _import_tflite(path: str, specs: dict, notes: list) -> Imported:
     except (struct.error, IndexError, ValueError) as err:  # a corrupt flatbuffer
         raise UsageError(f"cannot read {path!r} as TFLite ({one_line(err)})") from None
     specs = _resolve_specs(specs, declared, path)
-    shapes = _input_shapes(declared, specs, path)
+    shapes = _input_shapes(declared, specs, path, symbolic=False)
     for name, _, dtype in declared:
         _check_dtype(specs.get(name), dtype, name)
     try:
@@ -275,6 +315,7 @@ def _import_pt2(path: str, specs: dict, notes: list) -> Imported:
     import tvm
 
     from ..execution import with_function
+    from .arguments import SymbolicDim, symbolic_ranges
 
     try:
         program = torch.export.load(path)
@@ -293,19 +334,55 @@ def _import_pt2(path: str, specs: dict, notes: list) -> Imported:
         declared.append((param.name, dims, str(param.ty.dtype)))
     specs = _resolve_specs(specs, declared, path)
     shapes = _input_shapes(declared, specs, path)
-    bindings = {}
+    bindings, variables = {}, {}
     for param, (name, _, dtype) in zip(func.params, declared):
         _check_dtype(specs.get(name), dtype, name)
         for dim, value in zip(param.ty.shape.values, shapes[name]):
-            if not isinstance(dim, tvm.tirx.IntImm):
-                bindings[dim] = value
+            if isinstance(dim, tvm.tirx.IntImm) or getattr(value, "name", None) == str(dim):
+                continue  # fixed, or kept symbolic under the program's own name
+            if isinstance(value, SymbolicDim):
+                value = variables.setdefault(value.name, tvm.tirx.Var(value.name, "int64"))
+            if dim in bindings and str(bindings[dim]) != str(value):
+                raise UsageError(f"--input: the program ties dimension {dim} of its inputs "
+                                 f"together; give it one value, not {bindings[dim]} and {value}")
+            bindings[dim] = value
     if bindings:
         func = func.bind_symbolic_vars(bindings)
         mod = with_function(mod, "main", func)
         notes.append("symbolic dimensions bound to the --input shapes: "
                      + ", ".join(f"{var}={value}" for var, value in bindings.items()))
-    inputs = [ModelInput(name, name, shapes[name], dtype) for name, _, dtype in declared]
+    inputs = [ModelInput(name, name, shape, dtype) for (name, _, dtype), shape in
+              zip(declared, _pt2_shapes(func, bindings, symbolic_ranges(specs.values())))]
     return Imported(mod, inputs, notes)
+
+
+def _pt2_shapes(func, bindings: dict, ranges: dict) -> list:
+    """The shapes of ``func``'s parameters after ``bindings``: a symbolic dimension keeps the
+    range ``--input`` gives its name, else the one ``torch.export`` recorded for it."""
+    import tvm
+
+    from .arguments import SymbolicDim
+
+    recorded = {}
+    for attr, index in (("tir_var_lower_bound", 0), ("tir_var_upper_bound", 1)):
+        for name, value in dict(func.attrs.get(attr, {}) if func.attrs else {}).items():
+            recorded.setdefault(str(name), [None, None])[index] = int(value)
+    for var, value in bindings.items():  # a program variable renamed by --input
+        if str(var) in recorded and not isinstance(value, int):
+            recorded.setdefault(str(value), recorded[str(var)])
+    shapes = []
+    for param in func.params:
+        shape = []
+        for dim in param.ty.shape.values:
+            if isinstance(dim, tvm.tirx.IntImm):
+                shape.append(int(dim))
+                continue
+            lower, upper = ranges.get(str(dim), (None, None))
+            if lower is None and recorded.get(str(dim), [None, None])[1] is not None:
+                lower, upper = recorded[str(dim)][0] or 1, recorded[str(dim)][1]
+            shape.append(SymbolicDim(str(dim), lower, upper))
+        shapes.append(tuple(shape))
+    return shapes
 
 
 def import_model(path: str, fmt: str, specs: dict) -> Imported:

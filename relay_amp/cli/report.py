@@ -75,6 +75,15 @@ def loading_snippet(saved: dict) -> list:
     ]
 
 
+def symbolic_text(rows: list) -> str:
+    """The symbolic dimensions of a report's inputs, in a line: name, sizes, where."""
+    return "; ".join(
+        f"`{row['name']}` "
+        + (f"{row['lower']}..{row['upper']} (memory planned for {row['upper']})"
+           if row["upper"] is not None else "any size (memory allocated per call)")
+        + f" in {', '.join(row['inputs'])}" for row in rows)
+
+
 def markdown_report(saved: dict, dump: dict | None = None) -> str:
     """report.md: what was converted, how, how well, where it departs from float32 (``dump``,
     the ``--dump-errors`` data), and how to load it."""
@@ -90,6 +99,8 @@ def markdown_report(saved: dict, dump: dict | None = None) -> str:
                  f"`{i['name']}` {'x'.join(map(str, i['shape']))} {i['dtype']}"
                  + (f" (fed as {i['fed_as']})" if i["fed_as"] != i["dtype"] else "")
                  for i in saved["model"]["inputs"]) + " |",
+             *([f"| symbolic | {_md_cell(symbolic_text(saved['model']['symbolic']))} |"]
+               if saved["model"].get("symbolic") else []),
              f"| dtype | {saved['dtype']} |",
              f"| target | {target_text} |",
              f"| library | `{saved['library']}` |",
