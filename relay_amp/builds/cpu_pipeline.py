@@ -220,12 +220,15 @@ class VectorizeDotProduct:
         if not all(it.kind in "SR" for it in info.iters) or not spatial:
             return None
         axis = next((it for it in spatial if last.min.same_as(it.var)), None)
-        if axis is None or not isinstance(axis.dom, (int, tvm.tirx.IntImm)):
+        if axis is None:
             return None
         dtype = operand_dtype(block)
         fmlal = has_fmlal(target) and dtype == "float16"
         tiles = fmlal or (dtype == "float32" and is_aarch64(target))
-        lanes = lanes_for(int(axis.dom), 4 if fmlal else 1)
+        # a symbolic last axis (attention's scores over a sequence length) is padded to
+        # a multiple of the widest lanes, as a symbolic row axis is to the rows
+        pad_lanes = not isinstance(axis.dom, (int, tvm.tirx.IntImm))
+        lanes = VECTOR_LANES[0] if pad_lanes else lanes_for(int(axis.dom), 4 if fmlal else 1)
         if lanes is None:
             return None
         in_registers = registers_hold_the_sums(target)
@@ -233,18 +236,22 @@ class VectorizeDotProduct:
         block = sch.get(info.block_rv)
         rows, row_axis = _row_block(block, spatial, axis)
         try:
-            if row_axis is not None and not isinstance(row_axis.dom, (int, tvm.tirx.IntImm)):
-                # a symbolic extent (a sequence length) is padded to a multiple of the rows:
-                # the padded rows are zeros computed and never written out
+            pad_rows = row_axis is not None and not isinstance(row_axis.dom,
+                                                                (int, tvm.tirx.IntImm))
+            if pad_rows or pad_lanes:
+                # a symbolic extent (a sequence length) is padded to a multiple of the rows
+                # or lanes: the padded outputs are zeros computed and never written out
                 position = {id(it): n for n, it in enumerate(info.iters)}
-                sch.pad_einsum(info.block_rv, [rows if it is row_axis else 1
-                                               for it in info.iters])
+                sch.pad_einsum(info.block_rv, [
+                    rows if it is row_axis and pad_rows else lanes if it is axis and pad_lanes
+                    else 1 for it in info.iters])
                 info = next(i for i in normalize_prim_func(sch) or ()
                             if any(it.kind == "R" for it in i.iters))
                 spatial = [info.iters[position[id(it)]] for it in spatial]
                 reduce = [info.iters[position[id(it)]] for it in reduce]
                 axis = info.iters[position[id(axis)]]
-                row_axis = info.iters[position[id(row_axis)]]
+                if row_axis is not None:
+                    row_axis = info.iters[position[id(row_axis)]]
             outer, inner = sch.split(axis.loop_rv, [None, lanes])
             row_outer = row_inner = None
             if row_axis is not None:

@@ -66,6 +66,18 @@ class SymbolicRows:
         return gv
 
 
+
+@I.ir_module
+class SymbolicScores:
+    """Attention's scores: a query times the keys, both over a sequence length."""
+
+    @R.function
+    def main(q: R.Tensor((2, "n", 16), "float32"), k: R.Tensor((2, 16, "n"), "float32")):
+        with R.dataflow():
+            gv = R.matmul(q, k)
+            R.output(gv)
+        return gv
+
 def _inputs(mod, seed=0):
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal([int(d) for d in p.ty.shape.values]) / 4).astype("float32")
@@ -303,6 +315,26 @@ def test_a_symbolic_extent_is_padded_to_blocks_of_rows(rows):
     assert outputs[1].shape == (rows, 48)
     np.testing.assert_allclose(outputs[1], outputs[0], rtol=0, atol=1e-5)
 
+
+
+@pytest.mark.parametrize("length", [1, 7, 40])
+@pytest.mark.parametrize("target", [NEON, AVX2], ids=["aarch64", "x86"])
+def test_a_symbolic_last_axis_is_padded_to_whole_vectors(target, length):
+    """Attention's scores have a sequence length as their last axis too: it is padded to a
+    multiple of the widest lanes, so the scores are vector FMAs, not TVM's scalar loop; the
+    outputs that exist are TVM's."""
+    (script,) = [s for n, s in _scheduled(SymbolicScores, target).items() if "matmul" in n]
+    assert "T.vectorized(T.int64(16))" in script
+    assert "T.unroll(" in script or "T.call_llvm_pure_intrin" in script
+    if target is AVX2:
+        rng = np.random.default_rng(length)
+        inputs = [rng.standard_normal(shape).astype("float32")
+                  for shape in ((2, length, 16), (2, 16, length))]
+        outputs = [relay_amp.execution.run(relay_amp.compile_module(SymbolicScores, None,
+                                                                    schedules), inputs)[0]
+                   for schedules in (False, True)]
+        assert outputs[1].shape == (2, length, length)
+        np.testing.assert_allclose(outputs[1], outputs[0], rtol=0, atol=1e-5)
 
 def _llvm_ir(mod, target, schedules=True):
     executable = tvm.compile(mod, target=tvm.target.Target(target),
