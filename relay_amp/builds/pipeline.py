@@ -325,12 +325,43 @@ def _matmul_without_tensor_cores():
     return MatmulWithoutTensorCores()
 
 
+# ------------------------------------------------------------------------------ modulo
+#: Ops whose float16/bfloat16 form TVM's CUDA code generation refuses ("Non single or double
+#: precision floating point in Mod"): truncated modulo becomes ``fmodf``/``fmod`` only.
+_WIDENED = {tvm.ir.Op.get("relax.mod")}
+
+
+@relax.expr_functor.mutator
+class _ModuloWidener(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op in _WIDENED):
+            return call
+        dtype = str(call.ty.dtype) if isinstance(call.ty, relax.TensorType) else None
+        if dtype not in _LOW:
+            return call
+        wide = [self.builder_.emit(relax.op.astype(arg, "float32")) for arg in call.args]
+        return relax.op.astype(self.builder_.emit(relax.Call(call.op, wide, call.attrs)), dtype)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relay_amp.WidenModulo")
+def WidenModulo(mod: tvm.IRModule, _context) -> tvm.IRModule:
+    """Compute a float16/bfloat16 ``mod`` in float32 and round the result back (exact: the
+    remainder of two low-precision values is one): CUDA has ``fmod`` for float and double
+    only, and TVM's code generation fails the whole build on a half ``Mod``."""
+    widener = _ModuloWidener(mod)
+    for global_var, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            widener.builder_.update_func(global_var, widener.visit_expr(func))
+    return widener.builder_.get()
+
+
 def graph_rewrites(target, split_k: bool = True) -> list:
-    """The Relax passes :func:`cuda_pipeline` runs ahead of TVM's: :func:`DecomposeAttention`,
-    and :func:`SplitK` for the target's SMs unless ``split_k`` is False (what
-    :func:`relay_amp.gpu_cost` also runs to count what the build launches)."""
+    """The Relax passes :func:`cuda_pipeline` runs ahead of TVM's: :func:`WidenModulo`,
+    :func:`DecomposeAttention`, and :func:`SplitK` for the target's SMs unless ``split_k`` is
+    False (what :func:`relay_amp.gpu_cost` also runs to count what the build launches)."""
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    return [DecomposeAttention] + ([SplitK(sm_count(target))] if split_k else [])
+    return [WidenModulo, DecomposeAttention] + ([SplitK(sm_count(target))] if split_k else [])
 
 
 #: The name (``Pass.info.name``) of the dlight pass in TVM's CUDA legalize passes that

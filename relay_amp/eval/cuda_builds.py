@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections import Counter
@@ -63,8 +64,8 @@ def build_outcome(mod, target=None) -> dict:
     Returns
     -------
     dict
-        ``outcome`` ``"pass"`` (with ``kernels``: the ``__global__`` functions of its CUDA
-        source) or ``"fail"`` (with ``cause`` ``"TVM"``, ``reason``: TVM's error's last line,
+        ``outcome`` ``"pass"`` (with ``kernels``: the ``__global__`` functions its CUDA
+        source defines) or ``"fail"`` (with ``cause`` ``"TVM"``, ``reason``: TVM's error's last line,
         and ``error``: its tail); ``rule_errors``: the schedule rules that raised on a kernel
         (:class:`relay_amp.builds.schedule_rules.RuleError` as dicts), ``seconds``.
     """
@@ -81,7 +82,7 @@ def build_outcome(mod, target=None) -> dict:
         return {"outcome": "fail", "cause": "TVM", "reason": f"build: {reason}",
                 "error": error, "rule_errors": [asdict(e) for e in log.errors],
                 "seconds": time.perf_counter() - start}
-    kernels = 0 if source is None else source.count("__global__")
+    kernels = 0 if source is None else len(re.findall(r"__global__[^;{]*\{", source))
     return {"outcome": "pass", "kernels": kernels,
             "rule_errors": [asdict(e) for e in log.errors],
             "seconds": time.perf_counter() - start}
