@@ -130,7 +130,9 @@ def main(argv=None) -> int:
             row = measure_convert(path, out, args.dtype)
             if row["exit_code"] == 0:
                 with open(os.path.join(out, "report.json"), encoding="utf-8") as handle:
-                    row["timings_s"] = json.load(handle)["timings_s"]
+                    report = json.load(handle)
+                row["timings_s"], row["notes"] = report["timings_s"], report["notes"]
+                row["summary"] = report["conversion"]["summary"]
                 row["library_bytes"] = os.path.getsize(os.path.join(out, "model.so"))
                 row["stage_peak_rss_bytes"] = stage_peaks(row["samples"], row["called_s"],
                                                           row["timings_s"])

@@ -42,6 +42,7 @@ import time
 import tvm
 from tvm import relax
 
+from ..relax_utils import last_line
 from .codegen import cuda as cuda_codegen
 from .cpu_pipeline import cpu_pipeline
 from .schedule_rules import RuleLog, apply_rules
@@ -512,7 +513,9 @@ def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_core
         VM's).
     rule_log : relay_amp.builds.schedule_rules.RuleLog, optional
         Records the schedule rules that raised on a kernel and the rule that scheduled it
-        instead (:func:`cuda_pipeline`, :func:`relay_amp.cpu_pipeline`).
+        instead (:func:`cuda_pipeline`, :func:`relay_amp.cpu_pipeline`); and, for CUDA with
+        ``cuda_graph`` None, a build that failed with CUDA graphs (relay_amp's default) and was
+        built without them (kernel ``main``, rule ``RewriteCUDAGraph``).
 
     Returns
     -------
@@ -526,9 +529,25 @@ def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_core
     with tvm.transform.PassContext(opt_level=3, config=config,
                                    instruments=[stages] if stages is not None else None):
         if target.kind.name == "cuda":
-            executable = tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(
-                target, tensor_cores, relay_amp_schedules, cuda_graph=cuda_graph,
-                rule_log=rule_log))
+            def compile_cuda(graphs):
+                return tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(
+                    target, tensor_cores, relay_amp_schedules, cuda_graph=graphs,
+                    rule_log=rule_log))
+
+            try:
+                executable = compile_cuda(cuda_graph)
+            except Exception as err:
+                if cuda_graph is not None or not relay_amp_schedules:
+                    raise
+                # CUDA graphs are relay_amp's default, not the user's ask: TVM's
+                # RewriteCUDAGraph captures a shape it defines outside the graph ("Var lv is
+                # not defined") where a shape is read from a tensor at run time
+                if rule_log is not None:
+                    rule_log.reset()
+                executable = compile_cuda(False)
+                if rule_log is not None:
+                    rule_log.raised("main", "RewriteCUDAGraph", last_line(err))
+                    rule_log.scheduled("main", "the build without CUDA graphs")
         elif target.kind.name == "llvm":
             executable = tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(
                 target, relay_amp_schedules, rule_log=rule_log))

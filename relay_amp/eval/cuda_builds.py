@@ -32,11 +32,14 @@ CASE_MODE = "cuda_build"
 
 
 def _error_text(err) -> tuple[str, str]:
-    """``(its last line with its type, its last 1,500 characters)``."""
+    """``(its type and the line that says what failed, its last 1,500 characters)``: TVM's
+    first ``Check failed`` line (a TVMScript dump and its underlines may follow it), else
+    the last line."""
     text = str(err).strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    last = f"{type(err).__name__}: {lines[-1].strip() if lines else ''}"
-    return last[:300], text[-1500:]
+    lines = [line.strip() for line in text.splitlines() if line.strip(" ^~")]
+    checks = [line for line in lines if line.startswith("Check failed")]
+    line = checks[0] if checks else (lines[-1] if lines else "")
+    return f"{type(err).__name__}: {line}"[:300], text[-1500:]
 
 
 def device_source(executable, kind: str = "cuda") -> str | None:
@@ -65,8 +68,8 @@ def build_outcome(mod, target=None) -> dict:
     -------
     dict
         ``outcome`` ``"pass"`` (with ``kernels``: the ``__global__`` functions its CUDA
-        source defines) or ``"fail"`` (with ``cause`` ``"TVM"``, ``reason``: TVM's error's last line,
-        and ``error``: its tail); ``rule_errors``: the schedule rules that raised on a kernel
+        source defines) or ``"fail"`` (with ``cause`` ``"TVM"``, ``reason``: TVM's error's
+        line, and ``error``: its tail); ``rule_errors``: the schedule rules that raised on a kernel
         (:class:`relay_amp.builds.schedule_rules.RuleError` as dicts), ``seconds``.
     """
     from ..builds.pipeline import build

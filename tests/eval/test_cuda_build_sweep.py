@@ -30,6 +30,26 @@ def test_a_case_builds_for_sm90_in_every_dtype(name):
         assert result["kernels"] >= 1 and result["rule_errors"] == []
 
 
+def test_a_build_that_cuda_graphs_break_is_built_without_them():
+    """ONNX's Squeeze with its axes as an input: TVM's RewriteCUDAGraph (relay_amp's default)
+    captures a shape defined outside the graph; asked for explicitly, it still fails."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from relay_amp.builds import pipeline
+    from relay_amp.builds.schedule_rules import RuleLog
+
+    model, names, inputs, _ = conformance.load_case(_case("test_squeeze"))
+    mod = from_onnx(model, shape_dict={n: list(a.shape) for n, a in zip(names, inputs)})
+    with pytest.raises(Exception, match="is not defined"):
+        pipeline.build(mod, cuda_builds.TARGET, cuda_graph=True)
+    log = RuleLog()
+    executable = pipeline.build(mod, cuda_builds.TARGET, rule_log=log)
+    assert [(e.kernel, e.rule, e.scheduled_by) for e in log.errors] == [
+        ("main", "RewriteCUDAGraph", "the build without CUDA graphs")]
+    assert "is not defined" in log.errors[0].error
+    assert cuda_builds.device_source(executable) is not None
+
+
 def _half_mod():
     from tvm import relax
 
