@@ -10,8 +10,11 @@ configuration, exported by ``torch.onnx.export`` at a fixed sequence length into
 folder and saved with every tensor of at least 1 KiB in ``weights.bin`` beside ``model.onnx``.
 The export runs in a child process and so does the convert (``python -m relay_amp.cli convert
 model.onnx --dtype float16 -o OUT``: the default target, this CPU, with its build and export),
-so the peak resident memory of the convert's process (``ru_maxrss`` of the child, as the kernel
-counts it) is the convert's alone. Each stage's seconds come from the report's ``timings_s``.
+so the peak resident memory of the convert's process (its ``ru_maxrss``, as the kernel counts
+it) is the convert's alone. The compiler and linker it runs to export the library are processes
+of their own and are not measured (a forked child's ``ru_maxrss`` counts its parent's pages).
+Each stage's seconds come from the report's ``timings_s``; RSS is sampled every 50 ms to give
+each stage's peak.
 """
 
 from __future__ import annotations
