@@ -193,11 +193,12 @@ def _load_external_data(model, path: str) -> dict:
     from onnx import external_data_helper
 
     folder = os.path.dirname(os.path.abspath(path))
-    tensors = [t for t in _onnx_tensors(model.graph)
-               if external_data_helper.uses_external_data(t)]
-    main = {id(t) for t in model.graph.initializer}
-    weights = {}
-    for tensor in tensors:
+    every = list(_onnx_tensors(model.graph))  # the main graph's initializers come first
+    main = len(model.graph.initializer)
+    weights, load = {}, []
+    for index, tensor in enumerate(every):
+        if not external_data_helper.uses_external_data(tensor):
+            continue
         info = external_data_helper.ExternalDataInfo(tensor)
         file = os.path.join(folder, info.location)
         if not os.path.isfile(file):
@@ -212,16 +213,16 @@ def _load_external_data(model, path: str) -> dict:
             raise UsageError(f"{info.location!r} beside {path!r} is truncated: tensor "
                              f"{tensor.name!r} needs bytes {info.offset or 0}..{end}, the file has "
                              f"{os.path.getsize(file)}")
-        if (id(tensor) in main and dtype.name in _WEIGHT_DTYPES and tensor.dims
+        if (index < main and dtype.name in _WEIGHT_DTYPES and tensor.dims
                 and needed == dtype.itemsize * count and needed >= EXTERNAL_WEIGHT_BYTES):
             weights[tensor.name] = ExternalWeight(tensor.name, file, info.offset or 0,
                                                   tuple(tensor.dims), dtype.name)
-    if len(weights) < len(tensors):
-        for tensor in tensors:
-            if tensor.name not in weights or id(tensor) not in main:
-                external_data_helper.load_external_data_for_tensor(tensor, folder)
-                tensor.data_location = onnx.TensorProto.DEFAULT
-                del tensor.external_data[:]
+        else:
+            load.append(tensor)
+    for tensor in load:
+        external_data_helper.load_external_data_for_tensor(tensor, folder)
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        del tensor.external_data[:]
     if weights:
         _weights_as_inputs(model, weights)
     return weights
