@@ -42,6 +42,7 @@ import time
 import tvm
 from tvm import relax
 
+from ..relax_utils import last_line
 from .codegen import cuda as cuda_codegen
 from .cpu_pipeline import cpu_pipeline
 from .schedule_rules import RuleLog, apply_rules
@@ -327,12 +328,43 @@ def _matmul_without_tensor_cores():
     return MatmulWithoutTensorCores()
 
 
+# ------------------------------------------------------------------------------ modulo
+#: Ops whose float16/bfloat16 form TVM's CUDA code generation refuses ("Non single or double
+#: precision floating point in Mod"): truncated modulo becomes ``fmodf``/``fmod`` only.
+_WIDENED = {tvm.ir.Op.get("relax.mod")}
+
+
+@relax.expr_functor.mutator
+class _ModuloWidener(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op in _WIDENED):
+            return call
+        dtype = str(call.ty.dtype) if isinstance(call.ty, relax.TensorType) else None
+        if dtype not in _LOW:
+            return call
+        wide = [self.builder_.emit(relax.op.astype(arg, "float32")) for arg in call.args]
+        return relax.op.astype(self.builder_.emit(relax.Call(call.op, wide, call.attrs)), dtype)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relay_amp.WidenModulo")
+def WidenModulo(mod: tvm.IRModule, _context) -> tvm.IRModule:
+    """Compute a float16/bfloat16 ``mod`` in float32 and round the result back (exact: the
+    remainder of two low-precision values is one): CUDA has ``fmod`` for float and double
+    only, and TVM's code generation fails the whole build on a half ``Mod``."""
+    widener = _ModuloWidener(mod)
+    for global_var, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            widener.builder_.update_func(global_var, widener.visit_expr(func))
+    return widener.builder_.get()
+
+
 def graph_rewrites(target, split_k: bool = True) -> list:
-    """The Relax passes :func:`cuda_pipeline` runs ahead of TVM's: :func:`DecomposeAttention`,
-    and :func:`SplitK` for the target's SMs unless ``split_k`` is False (what
-    :func:`relay_amp.gpu_cost` also runs to count what the build launches)."""
+    """The Relax passes :func:`cuda_pipeline` runs ahead of TVM's: :func:`WidenModulo`,
+    :func:`DecomposeAttention`, and :func:`SplitK` for the target's SMs unless ``split_k`` is
+    False (what :func:`relay_amp.gpu_cost` also runs to count what the build launches)."""
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    return [DecomposeAttention] + ([SplitK(sm_count(target))] if split_k else [])
+    return [WidenModulo, DecomposeAttention] + ([SplitK(sm_count(target))] if split_k else [])
 
 
 #: The name (``Pass.info.name``) of the dlight pass in TVM's CUDA legalize passes that
@@ -483,7 +515,9 @@ def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_core
         VM's).
     rule_log : relay_amp.builds.schedule_rules.RuleLog, optional
         Records the schedule rules that raised on a kernel and the rule that scheduled it
-        instead (:func:`cuda_pipeline`, :func:`relay_amp.cpu_pipeline`).
+        instead (:func:`cuda_pipeline`, :func:`relay_amp.cpu_pipeline`); and, for CUDA with
+        ``cuda_graph`` None, a build that failed with CUDA graphs (relay_amp's default) and was
+        built without them (kernel ``main``, rule ``RewriteCUDAGraph``).
 
     Returns
     -------
@@ -497,9 +531,25 @@ def build(mod: tvm.IRModule, target, cuda_graph: bool | None = None, tensor_core
     with tvm.transform.PassContext(opt_level=3, config=config,
                                    instruments=[stages] if stages is not None else None):
         if target.kind.name == "cuda":
-            executable = tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(
-                target, tensor_cores, relay_amp_schedules, cuda_graph=cuda_graph,
-                rule_log=rule_log))
+            def compile_cuda(graphs):
+                return tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(
+                    target, tensor_cores, relay_amp_schedules, cuda_graph=graphs,
+                    rule_log=rule_log))
+
+            try:
+                executable = compile_cuda(cuda_graph)
+            except Exception as err:
+                if cuda_graph is not None or not relay_amp_schedules:
+                    raise
+                # CUDA graphs are relay_amp's default, not the user's ask: TVM's
+                # RewriteCUDAGraph captures a shape it defines outside the graph ("Var lv is
+                # not defined") where a shape is read from a tensor at run time
+                if rule_log is not None:
+                    rule_log.reset()
+                executable = compile_cuda(False)
+                if rule_log is not None:
+                    rule_log.raised("main", "RewriteCUDAGraph", last_line(err))
+                    rule_log.scheduled("main", "the build without CUDA graphs")
         elif target.kind.name == "llvm":
             executable = tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(
                 target, relay_amp_schedules, rule_log=rule_log))

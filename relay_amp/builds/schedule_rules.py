@@ -64,6 +64,11 @@ class RuleLog:
     def kernel_name(self, func) -> str:
         return self._names.get(func.__chandle__(), "<unnamed kernel>")
 
+    def reset(self) -> None:
+        """Forget what was recorded (a build that starts again)."""
+        self._raised.clear()
+        self._scheduled.clear()
+
     def raised(self, kernel: str, rule: str, error: str) -> None:
         self._raised.append((kernel, rule, error))
 
@@ -80,6 +85,26 @@ class RuleLog:
         """Every :class:`RuleError`, in the order the rules raised."""
         return [RuleError(kernel, rule, error, self._scheduled.get(kernel))
                 for kernel, rule, error in self._raised]
+
+
+def _check_lowers(space) -> None:
+    """Raise where a schedule a rule returned cannot be lowered: dlight's ``Reduction`` gives a
+    grouped convolution with an epilogue a cross-thread reduction whose loops are not the
+    deepest, which ``LowerCrossThreadReduction`` rejects later, failing the whole build."""
+    import tvm
+    from tvm import s_tir
+
+    schedules = space if isinstance(space, (list, tuple)) else [space]
+    for schedule in schedules:
+        mod = schedule.mod if isinstance(schedule, s_tir.Schedule) else schedule
+        if not isinstance(mod, tvm.IRModule):
+            continue
+        try:
+            s_tir.transform.LowerCrossThreadReduction()(mod)
+        except Exception as err:  # noqa: BLE001 - TVM's check, whatever its type
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            raise RuntimeError("its schedule does not lower: "
+                               + (lines[0] if lines else type(err).__name__)) from None
 
 
 def apply_rules(rules, log: RuleLog | None = None):
@@ -117,6 +142,7 @@ def apply_rules(rules, log: RuleLog | None = None):
             kernel = log.kernel_name(func)
             try:
                 space = self.rule.apply(func, target, tunable)
+                _check_lowers(space)
             except Exception as err:  # noqa: BLE001 - a rule's bug, in whatever form: next rule
                 kind, text = type(err).__name__, last_line(err)
                 log.raised(kernel, self.name, text if text == kind else f"{kind}: {text}")

@@ -324,6 +324,7 @@ def _build(mod, target: dict, folder: str, timings: dict):
     ``build_tir_passes_s``, ``build_codegen_s``: :func:`relay_amp.builds.pipeline.build`) and of the
     export (``build_export_s``)."""
 
+    from ..builds.packing import can_pack, pack_imports
     from ..builds.pipeline import build
     from ..builds.schedule_rules import RuleLog
 
@@ -336,6 +337,8 @@ def _build(mod, target: dict, folder: str, timings: dict):
     path = os.path.join(folder, library)
     if fcompile is not None:
         executable.export_library(path, fcompile=fcompile)
+    elif can_pack(target):  # the weights packed from one copy (relay_amp.builds.packing)
+        executable.export_library(path, fpack_imports=pack_imports)
     else:
         executable.export_library(path)
     timings["build_export_s"] = time.perf_counter() - start

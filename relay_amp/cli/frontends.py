@@ -145,13 +145,13 @@ def _import_onnx(path: str, specs: dict, notes: list) -> Imported:
     except (OSError, DecodeError) as err:  # not a protobuf message
         raise UsageError(f"cannot read {path!r} as ONNX ({one_line(err)}); give "
                          f"{FORMATS_TEXT}") from None
-    _load_external_data(model, path)
+    weights = _load_external_data(model, path)
     if not model.graph.node:
         raise UsageError(f"{path!r} holds no ONNX graph; give {FORMATS_TEXT}")
     initializers = {i.name for i in model.graph.initializer}
     declared = []
     for value in model.graph.input:
-        if value.name in initializers:
+        if value.name in initializers or value.name in weights:
             continue
         tensor = value.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?"
@@ -171,6 +171,7 @@ def _import_onnx(path: str, specs: dict, notes: list) -> Imported:
     if {str(v) for v in relax.analysis.defined_symbolic_vars(func)} - named or \
             _has_unknown_shape(func.ret_ty):
         mod = import_onnx(model, shape_dict, notes, simplify=True)  # fold data-dependent shapes
+    mod = bind_external_weights(mod, weights)
     params = list(mod["main"].params)
     inputs = [ModelInput(p.name, name, shapes[name], dtype)
               for p, (name, _, dtype) in zip(params, declared)]
@@ -190,33 +191,137 @@ def _name_dims(model, shapes: dict) -> None:
                 dim.dim_value = given
 
 
-def _load_external_data(model, path: str) -> None:
+#: An initializer of the main graph kept in an external file, of a float dtype and at least this
+#: many bytes, is a weight: it stays out of the protobuf (:func:`_load_external_data`).
+EXTERNAL_WEIGHT_BYTES = 64 * 1024
+_WEIGHT_DTYPES = ("float32", "float16", "float64")
+
+
+@dataclass(frozen=True)
+class ExternalWeight:
+    """A weight left in its external file: read once, straight into a TVM tensor, by
+    :func:`bind_external_weights`."""
+
+    name: str  # the initializer's name in the model file
+    file: str
+    offset: int
+    shape: tuple
+    dtype: str
+
+    def read(self):
+        import numpy as np
+        import tvm
+
+        count = int(np.prod(self.shape, dtype=np.int64))
+        array = np.fromfile(self.file, dtype=self.dtype, count=count,
+                            offset=self.offset).reshape(self.shape)
+        return tvm.runtime.tensor(array)
+
+
+def _load_external_data(model, path: str) -> dict:
     """Read the tensors ``model`` keeps in files beside ``path`` (models past protobuf's 2 GB
     limit ship so), after checking that each file exists and holds its tensor's bytes: a
-    missing or truncated file is a usage error naming it, not an import error later."""
+    missing or truncated file is a usage error naming it, not an import error later.
+
+    The main graph's float initializers of at least :data:`EXTERNAL_WEIGHT_BYTES` are not read:
+    they are returned by name (:class:`ExternalWeight`) and become graph inputs named
+    ``relay_amp_weight_N`` (:func:`_weights_as_inputs`), so the protobuf that ``from_onnx``
+    checks and onnxsim copies holds no weight; :func:`bind_external_weights` reads each into
+    the imported module once. The rest is loaded into the protobuf as before."""
     import numpy as np
     import onnx
     from onnx import external_data_helper
 
     folder = os.path.dirname(os.path.abspath(path))
-    tensors = [t for t in _onnx_tensors(model.graph)
-               if external_data_helper.uses_external_data(t)]
-    for tensor in tensors:
+    every = list(_onnx_tensors(model.graph))  # the main graph's initializers come first
+    main = len(model.graph.initializer)
+    weights, load = {}, []
+    for index, tensor in enumerate(every):
+        if not external_data_helper.uses_external_data(tensor):
+            continue
         info = external_data_helper.ExternalDataInfo(tensor)
         file = os.path.join(folder, info.location)
         if not os.path.isfile(file):
             raise UsageError(f"{path!r} keeps tensor {tensor.name!r} in {info.location!r}, which "
                              f"is not beside it ({file} does not exist): copy the model's weight "
                              "files with it")
-        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-        needed = info.length or itemsize * int(np.prod(tensor.dims, dtype=np.int64))
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        count = int(np.prod(tensor.dims, dtype=np.int64))
+        needed = info.length or dtype.itemsize * count
         end = (info.offset or 0) + needed
         if os.path.getsize(file) < end:
             raise UsageError(f"{info.location!r} beside {path!r} is truncated: tensor "
                              f"{tensor.name!r} needs bytes {info.offset or 0}..{end}, the file has "
                              f"{os.path.getsize(file)}")
-    if tensors:
-        external_data_helper.load_external_data_for_model(model, folder)
+        if (index < main and dtype.name in _WEIGHT_DTYPES and tensor.dims
+                and needed == dtype.itemsize * count and needed >= EXTERNAL_WEIGHT_BYTES):
+            weights[tensor.name] = ExternalWeight(tensor.name, file, info.offset or 0,
+                                                  tuple(tensor.dims), dtype.name)
+        else:
+            load.append(tensor)
+    for tensor in load:
+        external_data_helper.load_external_data_for_tensor(tensor, folder)
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        del tensor.external_data[:]
+    if weights:
+        _weights_as_inputs(model, weights)
+    return weights
+
+
+def _weights_as_inputs(model, weights: dict) -> None:
+    """Turn the initializers named in ``weights`` into graph inputs ``relay_amp_weight_N`` (a
+    name ``from_onnx`` keeps as is, so :func:`bind_external_weights` finds its parameter), and
+    rekey ``weights`` by the new names."""
+    import onnx
+
+    renamed = {name: f"relay_amp_weight_{i}" for i, name in enumerate(weights)}
+    kept = [t for t in model.graph.initializer if t.name not in renamed]
+    moved = [t for t in model.graph.initializer if t.name in renamed]
+    listed = {value.name for value in model.graph.input}
+    for value in model.graph.input:  # an old model lists its initializers among the inputs
+        if value.name in renamed:
+            value.name = renamed[value.name]
+    for tensor in moved:
+        if tensor.name not in listed:
+            model.graph.input.append(onnx.helper.make_tensor_value_info(
+                renamed[tensor.name], tensor.data_type, list(tensor.dims)))
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    _rename_uses(model.graph, renamed)
+    for name in list(weights):
+        weights[renamed[name]] = weights.pop(name)
+
+
+def _rename_uses(graph, renamed: dict) -> None:
+    """Rename the uses of ``renamed``'s keys in ``graph`` and its subgraphs (which may read
+    names of the graph around them), unless a subgraph defines the name itself."""
+    for node in graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+        for attribute in node.attribute:
+            subgraphs = ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
+            for subgraph in subgraphs:
+                defined = ({v.name for v in subgraph.input} | {t.name for t in subgraph.initializer}
+                           | {o for n in subgraph.node for o in n.output})
+                _rename_uses(subgraph, {k: v for k, v in renamed.items() if k not in defined})
+    for value in graph.output:
+        value.name = renamed.get(value.name, value.name)
+
+
+def bind_external_weights(mod, weights: dict):
+    """``mod`` with its ``relay_amp_weight_N`` parameters bound to the weights
+    (:class:`ExternalWeight`), each read from its file once, as constants."""
+    from tvm import relax
+
+    if not weights:
+        return mod
+    func = mod["main"]
+    bound = {param: weights[param.name].read() for param in func.params
+             if param.name in weights}
+    mod = relax.transform.BindParams("main", bound)(mod)
+    num_input = func.attrs.get("num_input") if func.attrs is not None else None
+    if num_input is not None:
+        mod["main"] = mod["main"].with_attr("num_input", int(num_input) - len(bound))
+    return mod
 
 
 def _onnx_tensors(graph):

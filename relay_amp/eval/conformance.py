@@ -63,6 +63,9 @@ class Mode:
     target : dict or None
         The target relay_amp converts for (its rules and kernels); the converted module is
         still compiled for and run on the host CPU, so a CUDA target needs no GPU.
+    build_only : bool
+        Build the conversion for ``target`` (:func:`relay_amp.eval.cuda_builds.build_outcome`)
+        instead of running it on the CPU; dtype ``float32`` builds the imported module as is.
     """
 
     name: str
@@ -72,6 +75,7 @@ class Mode:
     builtin: str | None
     description: str
     target: dict | None = None
+    build_only: bool = False
 
 
 MODES = {
@@ -93,6 +97,14 @@ MODES = {
                         "outputs, calibrated", CUDA_TARGET),
 }
 LOW_PRECISION_MODES = ("low_io", "all_low", "all_low_io", "cuda_low_io")
+#: Modes that build instead of run (``scripts/cuda_build_sweep.py``), outside :data:`MODES` so
+#: that the conformance doc's runs and tables stay as they are.
+BUILD_MODES = {
+    "cuda_build": Mode("cuda_build", False, False, False, None,
+                       "default policy converted and built for CUDA sm_90 (CUDA source, no "
+                       "GPU needed)", CUDA_TARGET, build_only=True),
+}
+ALL_MODES = {**MODES, **BUILD_MODES}
 
 
 # --------------------------------------------------------------------------- the test data
@@ -478,6 +490,15 @@ def _relay_amp_unit(case: _Case, mode: Mode, dtype: str) -> dict:
     return result
 
 
+def _build_unit(case: _Case, mode: Mode, dtype: str) -> dict:
+    """Convert for ``mode.target`` (float32: the imported module as is) and build for it
+    (:func:`relay_amp.eval.cuda_builds.build_model`)."""
+    from .cuda_builds import build_model
+
+    case.stage("convert and build")
+    return build_model(case.mod, dtype, mode.target)
+
+
 def _builtin_unit(case: _Case, variant: str) -> dict:
     fp16_inputs = case.float_params() if variant == "float16_inputs" else None
     try:
@@ -493,7 +514,7 @@ def units(modes=tuple(MODES), dtypes=DTYPES) -> list[str]:
     names = [f"{m}/{d}" for m in modes for d in dtypes]
     builtin = []
     for m in modes:
-        variant = MODES[m].builtin
+        variant = ALL_MODES[m].builtin
         if variant and f"builtin/{variant}" not in builtin:
             builtin.append(f"builtin/{variant}")
     return names + builtin
@@ -529,8 +550,12 @@ def run_case(path: str, modes=tuple(MODES), dtypes=DTYPES, done=(), emit=None,
             continue
         current[0] = unit
         first, second = unit.split("/")
-        result = (_builtin_unit(case, second) if first == "builtin"
-                  else _relay_amp_unit(case, MODES[first], second))
+        if first == "builtin":
+            result = _builtin_unit(case, second)
+        elif ALL_MODES[first].build_only:
+            result = _build_unit(case, ALL_MODES[first], second)
+        else:
+            result = _relay_amp_unit(case, MODES[first], second)
         finish(unit, result)
     return assemble(name, results)
 

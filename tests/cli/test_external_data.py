@@ -88,3 +88,67 @@ def test_a_truncated_weight_file_is_named_exit_2(tmp_path, capsys):
     line = err.strip().splitlines()[-1]
     assert "'weights.bin'" in line and "truncated" in line and "the file has 1000" in line
     assert not (tmp_path / "out").exists()
+
+
+def _large_model(list_initializers_as_inputs: bool = False):
+    """A weight of 128 KiB (a weight :func:`frontends._load_external_data` leaves in its file)
+    and a small bias (loaded into the protobuf as before)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    weight = numpy_helper.from_array(rng.normal(0, 0.1, (256, 128)).astype(np.float32), "w")
+    bias = numpy_helper.from_array(rng.normal(0, 0.1, (128,)).astype(np.float32), "b")
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 256])]
+    if list_initializers_as_inputs:  # as exporters before ONNX IR 4 wrote them
+        inputs += [helper.make_tensor_value_info("w", TensorProto.FLOAT, [256, 128]),
+                   helper.make_tensor_value_info("b", TensorProto.FLOAT, [128])]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["out"])]
+    graph = helper.make_graph(
+        nodes, "large", inputs,
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 128])], [weight, bias])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _run_library(out, x):
+    import tvm
+
+    vm = tvm.relax.VirtualMachine(tvm.runtime.load_module(str(out / "model.so")), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy().astype(np.float32)
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["initializers", "listed_as_inputs"])
+def test_a_large_weight_is_read_once_and_never_into_the_protobuf(tmp_path, capsys, monkeypatch,
+                                                                 listed):
+    import tvm.relax.frontend.onnx as onnx_frontend
+    from onnx import numpy_helper
+
+    from relay_amp.cli import frontends
+
+    reads, imported = [], []
+    real_read, real_from_onnx = frontends.ExternalWeight.read, onnx_frontend.from_onnx
+
+    def read(weight):
+        reads.append(weight.name)
+        return real_read(weight)
+
+    def from_onnx(model, *args, **kwargs):
+        imported.append(sum(len(t.raw_data) for t in model.graph.initializer))
+        return real_from_onnx(model, *args, **kwargs)
+
+    monkeypatch.setattr(frontends.ExternalWeight, "read", read)
+    monkeypatch.setattr(onnx_frontend, "from_onnx", from_onnx)
+    path = _save(tmp_path / "large", _large_model(listed))
+    code, err = _convert(path, tmp_path / "out", capsys)
+    assert code == 0, err
+    assert reads == ["w"]  # the weight, once; the 512-byte bias went through the protobuf
+    assert imported and max(imported) == 128 * 4  # what from_onnx saw: the bias's bytes alone
+    weights = {t.name: numpy_helper.to_array(t) for t in _large_model().graph.initializer}
+    x = np.random.default_rng(3).normal(0, 1, (2, 256)).astype(np.float32)
+    want = x @ weights["w"] + weights["b"]
+    np.testing.assert_allclose(_run_library(tmp_path / "out", x), want,
+                               atol=2e-2 * np.abs(want).max())
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [i["name"] for i in report["model"]["inputs"]] == ["x"]

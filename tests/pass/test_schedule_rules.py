@@ -92,3 +92,37 @@ def test_a_rule_error_is_plain_data():
     error = RuleError("k", "GEMV", "AttributeError: x", None)
     assert error.text() == "k: schedule rule GEMV raised (AttributeError: x); no later rule " \
                            "scheduled it"
+
+
+def grouped_conv(dtype="float32"):
+    """ONNX's Conv2d_groups case (PyTorch's grouped convolution with its bias): dlight's
+    Reduction rule gives the fused kernel a cross-thread reduction that does not lower."""
+    rng = np.random.default_rng(0)
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 4, 6, 5), dtype))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            conv = builder.emit(relax.op.nn.conv2d(
+                x, relax.const(rng.standard_normal((6, 2, 3, 2)).astype(dtype)), groups=2))
+            out = builder.emit_output(builder.emit(relax.op.add(
+                conv, relax.const(rng.standard_normal((1, 6, 1, 1)).astype(dtype)))))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def test_tvms_own_cuda_pipeline_fails_on_a_grouped_convolution():
+    with pytest.raises(ValueError, match="Cross-thread reduction"):
+        pipeline.build(grouped_conv(), CUDA, relay_amp_schedules=False)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_schedule_that_does_not_lower_passes_the_kernel_on(dtype):
+    log = RuleLog()
+    executable = pipeline.build(grouped_conv(dtype), CUDA, rule_log=log)
+    errors = log.errors
+    assert [(e.kernel, e.rule, e.scheduled_by) for e in errors] == [
+        ("fused_conv2d_add", "Reduction", "GeneralReduction")]
+    assert "does not lower" in errors[0].error and "Cross-thread" in errors[0].error
+    source = executable.mod.imports[0].imports[0].inspect_source("cuda")
+    assert "fused_conv2d_add_kernel" in source
+
