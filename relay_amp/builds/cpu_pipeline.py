@@ -37,9 +37,6 @@ MIN_LANES, MAX_LANES = 4, 16
 #: Rows of outputs computed together, widest first (4 rows of 16 float32 lanes are 16 of NEON's
 #: 32 vector registers).
 BLOCK_ROWS = (4, 2)
-#: The multiple a symbolic reduction is padded to where a register tile reads it (the
-#: widest group of values :func:`relay_amp.builds.neon_tiles.register_tile` adds at once).
-DEPTH_PAD = 8
 #: Where a tile's partial sums live, by the target's architecture (measured, docs/PERFORMANCE.md
 #: and docs/ARM.md). TVM lowers a CPU buffer of any scope but "global" to a
 #: ``TVMBackendAllocWorkspace`` call, whose memory LLVM keeps: each FMA loads and stores its sum.
@@ -241,18 +238,13 @@ class VectorizeDotProduct:
         try:
             pad_rows = row_axis is not None and not isinstance(row_axis.dom,
                                                                 (int, tvm.tirx.IntImm))
-            # a register tile adds a reduction's values in groups of up to 8: a symbolic one
-            # (attention's weights times the values) is padded to that, with zero products
-            pad_depth = [it for it in reduce if tiles and row_axis is not None
-                         and not isinstance(it.dom, (int, tvm.tirx.IntImm))]
-            if pad_rows or pad_lanes or pad_depth:
+            if pad_rows or pad_lanes:
                 # a symbolic extent (a sequence length) is padded to a multiple of the rows
                 # or lanes: the padded outputs are zeros computed and never written out
                 position = {id(it): n for n, it in enumerate(info.iters)}
                 sch.pad_einsum(info.block_rv, [
                     rows if it is row_axis and pad_rows else lanes if it is axis and pad_lanes
-                    else DEPTH_PAD if any(it is d for d in pad_depth) else 1
-                    for it in info.iters])
+                    else 1 for it in info.iters])
                 info = next(i for i in normalize_prim_func(sch) or ()
                             if any(it.kind == "R" for it in i.iters))
                 spatial = [info.iters[position[id(it)]] for it in spatial]

@@ -325,9 +325,8 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
     if len(found) != 1:
         return None
     extent = sch.get(reduce_loops[found[0]]).extent
-    divides = tvm.sym.Analyzer().can_prove  # a symbolic extent padded to a multiple of 8
     depth = next((d for d in ((8, 4, 2) if dtype == "float16" else (4, 2))
-                  if divides(tvm.tirx.floormod(extent, d) == 0)), None)
+                  if isinstance(extent, tvm.tirx.IntImm) and int(extent) % d == 0), None)
     if depth is None:
         return None
     trial = sch.copy()

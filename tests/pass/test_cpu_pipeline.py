@@ -78,18 +78,6 @@ class SymbolicScores:
             R.output(gv)
         return gv
 
-
-@I.ir_module
-class SymbolicWeighting:
-    """Attention's weights times its values: the sum runs over a sequence length."""
-
-    @R.function
-    def main(p: R.Tensor((2, "n", "n"), "float32"), v: R.Tensor((2, "n", 16), "float32")):
-        with R.dataflow():
-            gv = R.matmul(p, v)
-            R.output(gv)
-        return gv
-
 def _inputs(mod, seed=0):
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal([int(d) for d in p.ty.shape.values]) / 4).astype("float32")
@@ -346,26 +334,6 @@ def test_a_symbolic_last_axis_is_padded_to_whole_vectors(target, length):
                                                                     schedules), inputs)[0]
                    for schedules in (False, True)]
         assert outputs[1].shape == (2, length, length)
-        np.testing.assert_allclose(outputs[1], outputs[0], rtol=0, atol=1e-5)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_a_symbolic_reduction_runs_on_the_register_tile(dtype):
-    """A sum over a sequence length is padded to whole groups of the register tile (zero
-    products), so attention's weighting reads each row's weights as lanes of one load
-    (``fmla ... v.s[k]``, ``fmlal ... v.h[k]``) instead of one scalar at a time."""
-    target = NEON if dtype == "float32" else FP16FML
-    mod = SymbolicWeighting if dtype == "float32" else _convert(SymbolicWeighting, dtype,
-                                                                target)
-    asm = _assembly(mod, target)
-    assert re.findall(A64_F32_BY_ELEMENT if dtype == "float32" else A64_FMLAL_BY_ELEMENT, asm)
-    rng = np.random.default_rng(3)
-    for length in (1, 9):
-        inputs = [rng.standard_normal(shape).astype("float32")
-                  for shape in ((2, length, length), (2, length, 16))]
-        outputs = [relay_amp.execution.run(relay_amp.compile_module(SymbolicWeighting, None,
-                                                                    schedules), inputs)[0]
-                   for schedules in (False, True)]
         np.testing.assert_allclose(outputs[1], outputs[0], rtol=0, atol=1e-5)
 
 def _llvm_ir(mod, target, schedules=True):
