@@ -138,7 +138,7 @@ def _input_copies(sch, block_rv, parallel: bool) -> None:
 
     for producer in sch.get_producers(block_rv):
         block = sch.get(producer)
-        if block.reads and len(block.reads) == 1 and _is_copy(block):
+        if len(block.reads) == 1 and _is_copy(block):
             try:
                 sch.compute_inline(producer)
                 continue
