@@ -24,6 +24,7 @@ from __future__ import annotations
 import tvm
 
 from .batch_norm import inference_batch_norms
+from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights
 from .neon_tiles import has_fmlal, is_aarch64, operand_dtype, register_tile, tensorize_fmlal
 from .nhwc import nhwc_convolutions
 from .schedule_rules import apply_rules
@@ -224,11 +225,13 @@ class VectorizeDotProduct:
             return None
         dtype = operand_dtype(block)
         fmlal = has_fmlal(target) and dtype == "float16"
+        bfdot = has_bfdot(target) and dtype == "bfloat16"
         tiles = fmlal or (dtype == "float32" and is_aarch64(target))
         # a symbolic last axis (attention's scores over a sequence length) is padded to
         # a multiple of the widest lanes, as a symbolic row axis is to the rows
         pad_lanes = not isinstance(axis.dom, (int, tvm.tirx.IntImm))
-        lanes = VECTOR_LANES[0] if pad_lanes else lanes_for(int(axis.dom), 4 if fmlal else 1)
+        lanes = VECTOR_LANES[0] if pad_lanes else lanes_for(int(axis.dom),
+                                                             4 if fmlal or bfdot else 1)
         if lanes is None:
             return None
         in_registers = registers_hold_the_sums(target)
@@ -270,6 +273,11 @@ class VectorizeDotProduct:
             for vectorized in (init, write_back):
                 sch.vectorize(sch.get_loops(vectorized)[-1])
             scope = "global" if in_registers else "local"
+            if bfdot:
+                tiled = bfdot_tile(sch, tile, inner, row_inner, [it.loop_rv for it in reduce],
+                                   lanes, rows, scope)
+                if tiled is not None:
+                    return tiled
             if tiles:
                 tiled = register_tile(sch, inner, row_inner, [it.loop_rv for it in reduce],
                                       lanes, rows, scope)
@@ -313,6 +321,8 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     rules = [VectorizeDotProduct(), dlight_cpu.Reduction()]
     schedules = [apply_rules(rules, rule_log)] if relay_amp_schedules else []
     layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and is_aarch64(target) else []
+    if relay_amp_schedules and has_bfdot(target):
+        layouts.append(packed_bfloat16_weights())
     if relay_amp_schedules:
         layouts = [inference_batch_norms(), *layouts]
     passes = tvm.transform.Sequential(

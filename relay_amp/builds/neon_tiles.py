@@ -229,9 +229,19 @@ def _uses(expr, var) -> bool:
     return any(found)
 
 
+def _bits(value):
+    """The load under ``value``: itself, or the buffer of 16-bit patterns a
+    ``reinterpret`` reads as bfloat16 (:mod:`relay_amp.builds.bfdot`'s padded input)."""
+    if isinstance(value, tvm.ir.expr.Call) and value.op.name == "tirx.reinterpret" \
+            and str(value.ty) == "bfloat16":
+        return value.args[0]
+    return value
+
+
 def operand_dtype(block) -> str | None:
     """What the dot-product ``block`` multiplies, where it sums float32 products of two loads
-    of one dtype: "float16" (both widened: what FMLAL computes) or "float32"; else None."""
+    of one dtype: "float16" (both widened: what FMLAL computes), "bfloat16" (both widened: what
+    BFDOT computes; a load may be of bit patterns read as bfloat16) or "float32"; else None."""
     prim = tvm.ir.prim.expr
     store = block.body
     if not isinstance(store, tvm.tirx.BufferStore) or not isinstance(store.value, prim.Add) \
@@ -243,18 +253,19 @@ def operand_dtype(block) -> str | None:
     dtypes = set()
     for operand in (product.a, product.b):
         widened = isinstance(operand, prim.Cast)
-        load = operand.value if widened else operand
+        load = _bits(operand.value) if widened else operand
         if not isinstance(load, tvm.ir.expr.TensorLoad):
             return None
-        dtypes.add((str(load.source.dtype), widened))
-    return {("float16", True): "float16", ("float32", False): "float32"}.get(
-        dtypes.pop()) if len(dtypes) == 1 else None
+        bits = widened and not isinstance(operand.value, tvm.ir.expr.TensorLoad)
+        dtypes.add(("bfloat16" if bits else str(load.source.dtype), widened))
+    return {("float16", True): "float16", ("float32", False): "float32",
+            ("bfloat16", True): "bfloat16"}.get(dtypes.pop()) if len(dtypes) == 1 else None
 
 
 def _loads(block) -> tuple:
     value = block.body.value
     product = next(t for t in (value.a, value.b) if isinstance(t, tvm.ir.prim.expr.Mul))
-    return tuple(o.value if isinstance(o, tvm.ir.prim.expr.Cast) else o
+    return tuple(_bits(o.value) if isinstance(o, tvm.ir.prim.expr.Cast) else o
                  for o in (product.a, product.b))
 
 

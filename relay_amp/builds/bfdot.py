@@ -1,0 +1,291 @@
+"""bfloat16 dot products on BFDOT (FEAT_BF16, ``+bf16``): eight multiply-accumulates per
+instruction, where ``fmla v.4s`` does four.
+
+``bfdot v.4s, v.8h, v.2h[j]`` adds to each of four float32 sums the products of a *pair* of
+bfloat16 values: lane ``i`` gets ``b[2i] * a[2j] + b[2i+1] * a[2j+1]``. So a pair of the
+reduction sits in adjacent halves of the register, for every output lane: a weight ``W[k, n]``
+is read as ``W'[k // 2, n, k % 2]``. Two steps make the build read it so:
+
+- :func:`packed_bfloat16_weights` (a Relax pass, before legalization): a bfloat16 matmul or
+  NHWC convolution with float32 sums and a constant weight becomes a ``call_tir`` of the same
+  sum written over the packed weight (``sum(p, t) a[.., 2p + t] * W'[p, n, t]``), the weight
+  packed once, at build time. The sum keeps its order (``k = 2p + t``, ascending).
+- :func:`bfdot_tile`: :class:`relay_amp.builds.cpu_pipeline.VectorizeDotProduct`'s register
+  tile on that kernel runs four pairs of a row's values per vector load, each pair one lane of
+  the ``bfdot``.
+
+LLVM selects ``bfdot`` only from its intrinsic, and TVM's bfloat16 legalization turns the
+intrinsic's operands into float32 vectors. The kernel instead passes raw 16-bit vectors to a
+function of its own, :data:`LLVM_IR`, linked into the library (TVM's ``pragma_import_llvm``)
+and inlined. LLVM 22 does not select the by-element form from the lane broadcast ARM's header
+writes (it emits a ``dup`` per pair), so the function states the instruction in inline
+assembly.
+
+BFDOT rounds differently from the plain bfloat16 build (Arm's BFDotAdd: each pair summed
+before it is added, denormals flushed), so the outputs equal that build's to float32 rounding
+of the sums, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import tvm
+
+from .neon_tiles import _loads, is_aarch64
+
+#: The function the kernels call: ``relay_amp_bfdot(sums, pairs, row, j)`` is ``bfdot sums.4s,
+#: pairs.8h, row.2h[j]``, ``j`` a constant after unrolling (the switch folds away).
+LLVM_IR = "\n".join([
+    "define linkonce_odr <4 x float> @relay_amp_bfdot(<4 x float> %acc, <8 x i16> %b, "
+    "<4 x float> %a, i32 %j) alwaysinline {",
+    "  switch i32 %j, label %l3 [ i32 0, label %l0 i32 1, label %l1 i32 2, label %l2 ]",
+    *(line for j in range(4) for line in (
+        f"l{j}:",
+        f'  %r{j} = call <4 x float> asm "bfdot $0.4s, $2.8h, $3.2h[{j}]", "=w,0,w,w"'
+        f"(<4 x float> %acc, <8 x i16> %b, <4 x float> %a) #0",
+        f"  ret <4 x float> %r{j}")),
+    "}",
+    # no memory, so LLVM keeps the sums in registers across the tile
+    "attributes #0 = { nounwind memory(none) }",
+])
+#: Pairs of a row's values one vector load brings: four pairs, eight bfloat16 values.
+DEPTHS = (4, 2, 1)
+
+_REGISTERED: dict = {}
+
+
+def has_bfdot(target) -> bool:
+    """Whether ``target`` is an aarch64 ``llvm`` target with FEAT_BF16 (``+bf16``, or an
+    ``mcpu`` that has it)."""
+    return is_aarch64(target) and bool(tvm.target.codegen.llvm_cpu_has_features("bf16", target))
+
+
+def _packable(weight, axis: int) -> bool:
+    return (isinstance(weight, tvm.ir.expr.Constant) and str(weight.ty.dtype) == "bfloat16"
+            and int(weight.ty.shape[axis]) % 2 == 0)
+
+
+def _pack(weight, axis: int):
+    """The weight with its reduction ``axis`` (next to last in a matmul's ``[K, N]``, third from
+    last in HWIO) split into pairs, each pair after the output channel: ``[.., K/2, N, 2]``."""
+    import numpy as np
+    from tvm import relax
+
+    value = weight.value.numpy()
+    shape = value.shape
+    pairs = value.reshape(*shape[:axis], shape[axis] // 2, 2, *shape[axis + 1:])
+    order = list(range(pairs.ndim))
+    order.append(order.pop(axis + 1))
+    return relax.const(np.ascontiguousarray(pairs.transpose(order)))
+
+
+def _matmul(x, packed):
+    from tvm import te
+
+    p = te.reduce_axis((0, packed.shape[0]), "p")
+    t = te.reduce_axis((0, 2), "t")
+    return te.compute(
+        (*x.shape[:-1], packed.shape[1]),
+        lambda *i: te.sum(x[(*i[:-1], 2 * p + t)].astype("float32")
+                          * packed[p, i[-1], t].astype("float32"), axis=[p, t]),
+        name="matmul")
+
+
+def _padded(x, padding):
+    """``x`` padded with zeros, as the 16-bit patterns of its values: TVM's bfloat16
+    legalization stores a kernel's own bfloat16 buffer in float32, where the ``bfdot`` reads
+    a pair as 32 bits of the buffer."""
+    from tvm import te, tirx
+
+    top, left, bottom, right = padding
+    n, height, width, channels = x.shape
+
+    def value(b, h, w, c):
+        inside = tirx.all(h >= top, h < height + top, w >= left, w < width + left)
+        return tirx.if_then_else(inside, tirx.reinterpret("uint16", x[b, h - top, w - left, c]),
+                                 tirx.const(0, "uint16"))
+
+    return te.compute((n, height + top + bottom, width + left + right, channels), value,
+                      name="pad_temp")
+
+
+def _conv2d(x, packed, strides, padding, dilation):
+    from tvm import te, tirx
+
+    def element(*index):
+        return x[index].astype("float32")
+
+    if any(padding):
+        x = _padded(x, padding)
+
+        def element(*index):  # noqa: F811 - the padded input holds bit patterns
+            return tirx.reinterpret("bfloat16", x[index]).astype("float32")
+
+    kh, kw, pairs, channels, _ = packed.shape
+    (sh, sw), (dh, dw) = strides, dilation
+    height = (x.shape[1] - (kh - 1) * dh - 1) // sh + 1
+    width = (x.shape[2] - (kw - 1) * dw - 1) // sw + 1
+    ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+    p, t = te.reduce_axis((0, pairs), "p"), te.reduce_axis((0, 2), "t")
+    return te.compute(
+        (x.shape[0], height, width, channels),
+        lambda n, h, w, c: te.sum(
+            element(n, h * sh + ry * dh, w * sw + rx * dw, 2 * p + t)
+            * packed[ry, rx, p, c, t].astype("float32"), axis=[ry, rx, p, t]),
+        name="conv2d_nhwc")
+
+
+def _rewrite(builder, call, weight):
+    """The ``call_tir`` of ``call`` over its packed weight, or None where it is not a bfloat16
+    matmul or groups-1 NHWC/HWIO convolution with float32 sums and a constant ``weight`` (its
+    second argument, or the constant that argument is bound to) whose reduction has an even
+    extent."""
+    if not call.args or str(call.ty.dtype) != "float32" \
+            or str(call.args[0].ty.dtype) != "bfloat16":
+        return None
+    name, x = call.op.name, call.args[0]
+    if name == "relax.matmul" and len(weight.ty.shape) == 2 and _packable(weight, 0):
+        return builder.call_te(_matmul, x, _pack(weight, 0), primfunc_name_hint="matmul_bfdot")
+    attrs = call.attrs
+    if name == "relax.nn.conv2d" and str(attrs.data_layout) == "NHWC" \
+            and str(attrs.kernel_layout) == "HWIO" and str(attrs.out_layout) == "NHWC" \
+            and int(attrs.groups) == 1 and _packable(weight, 2):
+        return builder.call_te(
+            _conv2d, x, _pack(weight, 2), [int(s) for s in attrs.strides],
+            [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation],
+            primfunc_name_hint="conv2d_nhwc_bfdot")
+    return None
+
+
+def packed_bfloat16_weights() -> tvm.transform.Pass:
+    """The Relax pass: bfloat16 matmuls and NHWC convolutions with float32 sums and constant
+    weights, as kernels over weights packed in pairs for :func:`bfdot_tile` (see the module's
+    docstring). Others are left as they are.
+
+    Returns
+    -------
+    tvm.transform.Pass
+    """
+    from tvm import relax
+
+    ops = {tvm.ir.Op.get(name) for name in ("relax.matmul", "relax.nn.conv2d")}
+
+    @relax.expr_functor.mutator
+    class Packed(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if isinstance(call.op, tvm.ir.Op) and call.op in ops:
+                weight = call.args[1] if len(call.args) > 1 else None
+                if isinstance(weight, relax.Var):  # ConvertLayout's transposed weight
+                    weight = self.lookup_binding(weight) or weight
+                rewritten = _rewrite(self.builder_, call, weight)
+                if rewritten is not None:
+                    return rewritten
+            return call
+
+    @tvm.transform.module_pass(opt_level=0, name="relay_amp.packed_bfloat16_weights")
+    def _pack_module(mod, context):
+        mutator = Packed(mod)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+        return mutator.builder_.get()
+
+    return _pack_module
+
+
+def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str) -> str:
+    """The tensor intrinsic: ``rows`` x ``lanes`` float32 sums in a ``scope`` buffer, each
+    adding ``depth`` pairs of products, a row's ``2 * depth`` values (one load) times the
+    packed weight's ``[depth, lanes, 2]``, one ``bfdot`` per row, pair and four lanes. The
+    rows' values are ``stored`` as "bfloat16" or as their "uint16" bit patterns."""
+    key = (rows, depth, lanes, scope, stored)
+    if key in _REGISTERED:
+        return _REGISTERED[key]
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    def row(A, r):
+        """Row ``r``'s pairs as the four 32-bit lanes ``bfdot`` picks a pair from."""
+        loaded = A.vload([r, 0], f"{stored}x{2 * depth}")
+        if stored != "uint16":
+            loaded = T.reinterpret(f"uint16x{2 * depth}", loaded)
+        if depth < 4:
+            zeros = tvm.tirx.Broadcast(tvm.tirx.IntImm("uint16", 0), 8 - 2 * depth)
+            loaded = tvm.tirx.Shuffle([loaded, zeros], list(range(8)))
+        return T.reinterpret("float32x4", loaded)
+
+    def value(loaded):
+        return loaded if stored == "bfloat16" else T.reinterpret("bfloat16", loaded)
+
+    def update(C, A, B, r, p, g):
+        sums = C[r, tvm.tirx.Ramp(g * 4, 1, 4)]
+        pairs = T.reinterpret("uint16x8", B.vload([p, g * 4, 0], "bfloat16x8"))
+        return T.call_pure_extern("float32x4", "relay_amp_bfdot", sums, pairs, row(A, r),
+                                  T.int32(p))
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sb, sc = T.int64(), T.int64(), T.int64()
+        A = T.match_buffer(a, (rows, 2 * depth), stored, offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (depth, lanes, 2), "bfloat16", offset_factor=1,
+                           strides=[sb, 2, 1])
+        C = T.match_buffer(c, (rows, lanes), "float32", offset_factor=1, strides=[sc, 1],
+                           scope=scope)
+        with T.sblock("root"):
+            T.reads(C[0:rows, 0:lanes], A[0:rows, 0:2 * depth], B[0:depth, 0:lanes, 0:2])
+            T.writes(C[0:rows, 0:lanes])
+            for p, t, r, i in T.grid(depth, 2, rows, lanes):
+                with T.sblock("update"):
+                    vr, vi, vp, vt = T.axis.remap("SSRR", [r, i, p, t])
+                    C[vr, vi] = C[vr, vi] + T.Cast("float32", value(A[vr, vp * 2 + vt])) \
+                        * T.Cast("float32", B[vp, vi, vt])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sb, sc = T.int64(), T.int64(), T.int64()
+        A = T.match_buffer(a, (rows, 2 * depth), stored, offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (depth, lanes, 2), "bfloat16", offset_factor=1,
+                           strides=[sb, 2, 1])
+        C = T.match_buffer(c, (rows, lanes), "float32", offset_factor=1, strides=[sc, 1],
+                           scope=scope)
+        with T.sblock("root"):
+            T.reads(C[0:rows, 0:lanes], A[0:rows, 0:2 * depth], B[0:depth, 0:lanes, 0:2])
+            T.writes(C[0:rows, 0:lanes])
+            for p in T.unroll(depth):
+                for r in T.unroll(rows):
+                    for g in T.unroll(lanes // 4):
+                        C[r, T.ramp(g * 4, 1, 4)] = update(C, A, B, r, p, g)
+
+    name = f"relay_amp_bfdot_{stored}_{rows}x{lanes}_p{depth}_{scope}"
+    TensorIntrin.register(name, desc, impl, override=True)
+    _REGISTERED[key] = name
+    return name
+
+
+def bfdot_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: int,
+               scope: str):
+    """A copy of ``sch`` whose tile runs on ``bfdot``, or None where the kernel is not one
+    :func:`packed_bfloat16_weights` wrote (its last two reductions the pairs and the pair's
+    halves), has no rows, or lanes not a multiple of 4: the pairs' loop is split by the depth
+    (:data:`DEPTHS`) and its inner part tensorized; the ``tile`` loop links :data:`LLVM_IR`."""
+    from tvm import s_tir
+
+    if rows_loop is None or lanes % 4 or len(reduce_loops) < 2:
+        return None
+    pairs, halves = (sch.get(loop) for loop in reduce_loops[-2:])
+    if not isinstance(halves.extent, tvm.tirx.IntImm) or int(halves.extent) != 2 \
+            or not isinstance(pairs.extent, tvm.tirx.IntImm):
+        return None
+    depth = next(d for d in DEPTHS if int(pairs.extent) % d == 0)
+    stored = str(_loads(sch.get(lanes_loop).body.block)[0].source.dtype)
+    trial = sch.copy()
+    try:
+        _, inner = trial.split(reduce_loops[-2], [None, depth])
+        trial.tensorize(inner, _intrinsic(rows, depth, lanes, scope, stored))
+        trial.annotate(tile, "pragma_import_llvm", LLVM_IR)
+    except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
+        return None
+    return trial
+
+
+__all__ = ["DEPTHS", "LLVM_IR", "bfdot_tile", "has_bfdot", "packed_bfloat16_weights"]
