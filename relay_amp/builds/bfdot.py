@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import tvm
 
+from ..relax_utils import TVM_ERRORS
 from .neon_tiles import _loads, is_aarch64
 
 #: The function the kernels call: ``relay_amp_bfdot(sums, pairs, row, j)`` is ``bfdot sums.4s,
@@ -60,7 +61,7 @@ def has_bfdot(target) -> bool:
 
 
 def _packable(weight, axis: int) -> bool:
-    return (isinstance(weight, tvm.ir.expr.Constant) and str(weight.ty.dtype) == "bfloat16"
+    return (isinstance(weight, tvm.ir.expr.GenericConst) and str(weight.ty.dtype) == "bfloat16"
             and int(weight.ty.shape[axis]) % 2 == 0)
 
 
@@ -176,8 +177,12 @@ def packed_bfloat16_weights() -> tvm.transform.Pass:
             if isinstance(call.op, tvm.ir.Op) and call.op in ops:
                 weight = call.args[1] if len(call.args) > 1 else None
                 if isinstance(weight, relax.Var):  # ConvertLayout's transposed weight
-                    weight = self.lookup_binding(weight) or weight
-                rewritten = _rewrite(self.builder_, call, weight)
+                    bound = self.lookup_binding(weight)
+                    weight = weight if bound is None else bound
+                try:
+                    rewritten = _rewrite(self.builder_, call, weight)
+                except TVM_ERRORS:  # an op TE cannot write so keeps TVM's kernel
+                    rewritten = None
                 if rewritten is not None:
                     return rewritten
             return call

@@ -1,0 +1,153 @@
+"""relay_amp.builds.bfdot: bfloat16 matmuls and NHWC convolutions on BFDOT with ``+bf16``.
+
+The packing pass writes the same sums over a packed weight (checked by running both on this
+machine); the aarch64 build runs every product of those kernels in ``bfdot`` by element, with
+no operand widened (read off the assembly). tests/arm counts them on the emulated CPU."""
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import relay_amp
+from relay_amp.builds.bfdot import has_bfdot, packed_bfloat16_weights
+from relay_amp.builds.nhwc import nhwc_convolutions
+from relay_amp.execution import run
+
+BF16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+bf16"]}
+NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
+A64_BFDOT_BY_ELEMENT = r"\bbfdot\s+v\d+\.4s,\s*v\d+\.8h,\s*v\d+\.2h\[\d\]"
+A64_WIDEN = r"\b(shll2?|fcvtl2?)\s+v\d+\.4s"
+
+
+def conv_matmul(padding=1, strides=1):
+    """An NCHW convolution (16 -> 32 channels, 3x3) with relu, and a (4, 32) @ (32, 24)
+    matmul, float32 constants."""
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    y = relax.Var("y", relax.TensorType((4, 32), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x, y]):
+        with builder.dataflow():
+            c = builder.emit(relax.op.nn.conv2d(
+                x, relax.const(rng.standard_normal((32, 16, 3, 3)).astype("float32")),
+                strides=strides, padding=padding))
+            r = builder.emit(relax.op.nn.relu(c))
+            m = builder.emit(relax.op.matmul(
+                y, relax.const(rng.standard_normal((32, 24)).astype("float32"))))
+            out = builder.emit_output(relax.Tuple([r, m]))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def _inputs():
+    rng = np.random.default_rng(1)
+    return [rng.standard_normal((1, 16, 8, 8)).astype("float32"),
+            rng.standard_normal((4, 32)).astype("float32")]
+
+
+def _converted(target=BF16, **kwargs):
+    mod, _ = relay_amp.convert(conv_matmul(**kwargs), "bfloat16", target=target)
+    return mod
+
+
+def _packed(mod, target=BF16):
+    with tvm.target.Target(target):
+        return packed_bfloat16_weights()(nhwc_convolutions()(mod))
+
+
+def _kernels(mod):
+    return sorted(gvar.name_hint for gvar, func in mod.functions_items()
+                  if isinstance(func, tvm.tirx.PrimFunc))
+
+
+def test_the_targets_with_bfdot():
+    assert has_bfdot(tvm.target.Target(BF16))
+    assert has_bfdot(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu",
+                                        "mcpu": "neoverse-v1"}))
+    assert not has_bfdot(tvm.target.Target(NEON))
+    assert not has_bfdot(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu",
+                                            "mcpu": "neoverse-n1"}))
+    assert not has_bfdot(tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids",
+                                            "mtriple": "x86_64-linux-gnu"}))
+
+
+@pytest.mark.parametrize("padding", [0, 1])
+def test_weights_are_packed_in_pairs_after_the_output_channel(padding):
+    """The matmul's (32, 24) weight becomes (16, 24, 2), the convolution's HWIO (3, 3, 16, 32)
+    (3, 3, 8, 32, 2): ``W'[.., p, n, t] == W[.., 2p + t, n]``; both ops become kernels over
+    them, and nothing else changes."""
+    mod = _converted(padding=padding)
+    text = mod.script()
+    packed = _packed(mod)
+    assert mod.script() == text  # the input unchanged
+    assert _kernels(packed) == ["conv2d_nhwc_bfdot", "matmul_bfdot"]
+    constants = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
+                and expr.op.name == "relax.call_tir":
+            constants[expr.args[0].name_hint] = expr.args[1][1].value.numpy()
+
+    relax.analysis.post_order_visit(packed["main"], visit)
+    assert constants["matmul_bfdot"].shape == (16, 24, 2)
+    assert constants["conv2d_nhwc_bfdot"].shape == (3, 3, 8, 32, 2)
+    weight = [c.value.numpy() for c in _constants(mod) if c.value.numpy().shape == (32, 24)][0]
+    np.testing.assert_array_equal(constants["matmul_bfdot"][5, :, 1], weight[11])
+
+
+def _constants(mod):
+    found = []
+    relax.analysis.post_order_visit(
+        mod["main"], lambda e: found.append(e) if isinstance(e, tvm.ir.expr.GenericConst) else None)
+    return found
+
+
+@pytest.mark.parametrize("padding, strides", [(0, 1), (1, 1), (1, 2)])
+def test_the_packed_kernels_compute_the_same_sums(padding, strides):
+    """Built for this machine (no BFDOT: TVM widens the operands), the packed module gives
+    the unpacked one's outputs: each output sums the same products in the same order."""
+    mod = _converted(padding=padding, strides=strides)
+    host = {"kind": "llvm"}
+    plain = _run(tvm.compile(mod, target="llvm"))
+    with tvm.target.Target(BF16):
+        packed_mod = packed_bfloat16_weights()(nhwc_convolutions()(mod))
+    packed = _run(tvm.compile(packed_mod, target=tvm.target.Target(host)))
+    for got, want in zip(packed, plain):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+def _run(executable):
+    return run(relax.VirtualMachine(executable, tvm.cpu()), _inputs())
+
+
+def test_without_bf16_nothing_is_packed():
+    mod = _converted(target=NEON)
+    executable = tvm.compile(mod, target=tvm.target.Target(NEON),
+                             relax_pipeline=relay_amp.cpu_pipeline(NEON))
+    assert not re.search(r"\bbfdot\b", executable.mod.imports[0].inspect_source("asm")
+                         if executable.mod.imports else executable.mod.inspect_source("asm"))
+
+
+@pytest.mark.parametrize("padding", [0, 1])
+def test_every_product_runs_in_bfdot_by_element(padding):
+    """The aarch64 ``+bf16`` build: both kernels on ``bfdot v.4s, v.8h, v.2h[j]`` (no
+    ``dup`` of each pair), no operand widened by ``shll`` in a dot product."""
+    executable = tvm.compile(_converted(padding=padding), target=tvm.target.Target(BF16),
+                             relax_pipeline=relay_amp.cpu_pipeline(BF16))
+    lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
+    asm = lib.inspect_source("asm")
+    for kernel in ("conv2d_nhwc_bfdot", "matmul_bfdot"):
+        body = _function(asm, kernel)
+        assert re.search(A64_BFDOT_BY_ELEMENT, body), kernel
+        assert not re.search(A64_WIDEN, body), kernel
+        assert not re.search(r"\bdup\s+v\d+\.4s", body), kernel
+
+
+def _function(asm: str, name: str) -> str:
+    """The assembly of the compute function whose name starts with ``name``."""
+    match = re.search(rf"^(\S*{name}\S*_compute_):\n(.*?)\.Lfunc_end", asm, re.M | re.S)
+    assert match, f"no {name} in the assembly"
+    return match.group(2)
