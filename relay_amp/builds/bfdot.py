@@ -61,8 +61,27 @@ def has_bfdot(target) -> bool:
 
 
 def _packable(weight, axis: int) -> bool:
-    return (isinstance(weight, tvm.ir.expr.GenericConst) and str(weight.ty.dtype) == "bfloat16"
-            and int(weight.ty.shape[axis]) % 2 == 0)
+    return weight is not None and str(weight.dtype) == "bfloat16" and weight.shape[axis] % 2 == 0
+
+
+def _astype(value, attrs):
+    import ml_dtypes
+    import numpy as np
+
+    dtype = str(attrs.dtype)
+    return value.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype))
+
+
+def _permute(value, attrs):
+    import numpy as np
+
+    return np.transpose(value, None if attrs.axes is None else [int(a) for a in attrs.axes])
+
+
+#: What a weight may pass through between its constant and the op, computed here with numpy:
+#: the casts the pass inserts (a float16 TFLite weight is widened, then narrowed to bfloat16)
+#: and ``ConvertLayout``'s transpose.
+FOLDED = {"relax.astype": _astype, "relax.permute_dims": _permute}
 
 
 def _pack(weight, axis: int):
@@ -71,7 +90,7 @@ def _pack(weight, axis: int):
     import numpy as np
     from tvm import relax
 
-    value = weight.value.numpy()
+    value = weight
     shape = value.shape
     pairs = value.reshape(*shape[:axis], shape[axis] // 2, 2, *shape[axis + 1:])
     order = list(range(pairs.ndim))
@@ -137,14 +156,14 @@ def _conv2d(x, packed, strides, padding, dilation):
 
 def _rewrite(builder, call, weight):
     """The ``call_tir`` of ``call`` over its packed weight, or None where it is not a bfloat16
-    matmul or groups-1 NHWC/HWIO convolution with float32 sums and a constant ``weight`` (its
-    second argument, or the constant that argument is bound to) whose reduction has an even
-    extent."""
+    matmul or groups-1 NHWC/HWIO convolution with float32 sums and a constant weight (``weight``,
+    its value, or None) whose reduction has an even extent."""
     if not call.args or str(call.ty.dtype) != "float32" \
             or str(call.args[0].ty.dtype) != "bfloat16":
         return None
     name, x = call.op.name, call.args[0]
-    if name == "relax.matmul" and len(weight.ty.shape) == 2 and _packable(weight, 0):
+    if name == "relax.matmul" and weight is not None and weight.ndim == 2 \
+            and _packable(weight, 0):
         return builder.call_te(_matmul, x, _pack(weight, 0), primfunc_name_hint="matmul_bfdot")
     attrs = call.attrs
     if name == "relax.nn.conv2d" and str(attrs.data_layout) == "NHWC" \
@@ -172,13 +191,23 @@ def packed_bfloat16_weights() -> tvm.transform.Pass:
 
     @relax.expr_functor.mutator
     class Packed(relax.PyExprMutator):
+        def constant(self, expr, hops: int = 8):
+            """The numpy value of ``expr`` where it is a constant or :data:`FOLDED` ops of
+            one, through the variables bound to them; else None."""
+            while isinstance(expr, relax.Var) and hops:
+                expr, hops = self.lookup_binding(expr), hops - 1
+            if isinstance(expr, tvm.ir.expr.GenericConst):
+                return expr.value.numpy()
+            if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
+                    and expr.op.name in FOLDED and hops:
+                value = self.constant(expr.args[0], hops - 1)
+                return None if value is None else FOLDED[expr.op.name](value, expr.attrs)
+            return None
+
         def visit_call_(self, call):
             call = super().visit_call_(call)
             if isinstance(call.op, tvm.ir.Op) and call.op in ops:
-                weight = call.args[1] if len(call.args) > 1 else None
-                if isinstance(weight, relax.Var):  # ConvertLayout's transposed weight
-                    bound = self.lookup_binding(weight)
-                    weight = weight if bound is None else bound
+                weight = self.constant(call.args[1]) if len(call.args) > 1 else None
                 try:
                     rewritten = _rewrite(self.builder_, call, weight)
                 except TVM_ERRORS:  # an op TE cannot write so keeps TVM's kernel
