@@ -98,14 +98,16 @@ def _pack(weight, axis: int):
     return relax.const(np.ascontiguousarray(pairs.transpose(order)))
 
 
-def _matmul(x, packed):
+def _matmul(pairs, packed):
+    """``pairs``: the input, its last axis reshaped into ``[K/2, 2]``, so that each index is
+    an axis of the loop nest (what ``pad_einsum`` pads a symbolic row count of)."""
     from tvm import te
 
     p = te.reduce_axis((0, packed.shape[0]), "p")
     t = te.reduce_axis((0, 2), "t")
     return te.compute(
-        (*x.shape[:-1], packed.shape[1]),
-        lambda *i: te.sum(x[(*i[:-1], 2 * p + t)].astype("float32")
+        (*pairs.shape[:-2], packed.shape[1]),
+        lambda *i: te.sum(pairs[(*i[:-1], p, t)].astype("float32")
                           * packed[p, i[-1], t].astype("float32"), axis=[p, t]),
         name="matmul")
 
@@ -164,7 +166,12 @@ def _rewrite(builder, call, weight):
     name, x = call.op.name, call.args[0]
     if name == "relax.matmul" and weight is not None and weight.ndim == 2 \
             and _packable(weight, 0):
-        return builder.call_te(_matmul, x, _pack(weight, 0), primfunc_name_hint="matmul_bfdot")
+        from tvm import relax
+
+        shape = list(x.ty.shape)
+        pairs = builder.emit(relax.op.reshape(x, [*shape[:-1], shape[-1] // 2, 2]))
+        return builder.call_te(_matmul, pairs, _pack(weight, 0),
+                               primfunc_name_hint="matmul_bfdot")
     attrs = call.attrs
     if name == "relax.nn.conv2d" and str(attrs.data_layout) == "NHWC" \
             and str(attrs.kernel_layout) == "HWIO" and str(attrs.out_layout) == "NHWC" \
@@ -227,12 +234,14 @@ def packed_bfloat16_weights() -> tvm.transform.Pass:
     return _pack_module
 
 
-def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str) -> str:
+def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
+               paired: bool) -> str:
     """The tensor intrinsic: ``rows`` x ``lanes`` float32 sums in a ``scope`` buffer, each
     adding ``depth`` pairs of products, a row's ``2 * depth`` values (one load) times the
     packed weight's ``[depth, lanes, 2]``, one ``bfdot`` per row, pair and four lanes. The
-    rows' values are ``stored`` as "bfloat16" or as their "uint16" bit patterns."""
-    key = (rows, depth, lanes, scope, stored)
+    rows' values are ``stored`` as "bfloat16" or as their "uint16" bit patterns, and indexed
+    ``[row, 2p + t]`` or, ``paired``, ``[row, p, t]`` (a matmul's input, reshaped)."""
+    key = (rows, depth, lanes, scope, stored, paired)
     if key in _REGISTERED:
         return _REGISTERED[key]
     from tvm.s_tir import TensorIntrin
@@ -240,7 +249,7 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str) -> st
 
     def row(A, r):
         """Row ``r``'s pairs as the four 32-bit lanes ``bfdot`` picks a pair from."""
-        loaded = A.vload([r, 0], f"{stored}x{2 * depth}")
+        loaded = A.vload([r, 0, 0] if paired else [r, 0], f"{stored}x{2 * depth}")
         if stored != "uint16":
             loaded = T.reinterpret(f"uint16x{2 * depth}", loaded)
         if depth < 4:
@@ -248,8 +257,14 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str) -> st
             loaded = tvm.tirx.Shuffle([loaded, zeros], list(range(8)))
         return T.reinterpret("float32x4", loaded)
 
-    def value(loaded):
+    def value(A, r, p, t):
+        loaded = A[r, p, t] if paired else A[r, p * 2 + t]
         return loaded if stored == "bfloat16" else T.reinterpret("bfloat16", loaded)
+
+    def whole(A):
+        return A[0:rows, 0:depth, 0:2] if paired else A[0:rows, 0:2 * depth]
+
+    shape = (rows, depth, 2) if paired else (rows, 2 * depth)
 
     def update(C, A, B, r, p, g):
         sums = C[r, tvm.tirx.Ramp(g * 4, 1, 4)]
@@ -260,37 +275,39 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str) -> st
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()
-        A = T.match_buffer(a, (rows, 2 * depth), stored, offset_factor=1, strides=[sa, 1])
+        A = T.match_buffer(a, shape, stored, offset_factor=1,
+                           strides=[sa, 2, 1] if paired else [sa, 1])
         B = T.match_buffer(b, (depth, lanes, 2), "bfloat16", offset_factor=1,
                            strides=[sb, 2, 1])
         C = T.match_buffer(c, (rows, lanes), "float32", offset_factor=1, strides=[sc, 1],
                            scope=scope)
         with T.sblock("root"):
-            T.reads(C[0:rows, 0:lanes], A[0:rows, 0:2 * depth], B[0:depth, 0:lanes, 0:2])
+            T.reads(C[0:rows, 0:lanes], whole(A), B[0:depth, 0:lanes, 0:2])
             T.writes(C[0:rows, 0:lanes])
             for p, t, r, i in T.grid(depth, 2, rows, lanes):
                 with T.sblock("update"):
                     vr, vi, vp, vt = T.axis.remap("SSRR", [r, i, p, t])
-                    C[vr, vi] = C[vr, vi] + T.Cast("float32", value(A[vr, vp * 2 + vt])) \
+                    C[vr, vi] = C[vr, vi] + T.Cast("float32", value(A, vr, vp, vt)) \
                         * T.Cast("float32", B[vp, vi, vt])
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()
-        A = T.match_buffer(a, (rows, 2 * depth), stored, offset_factor=1, strides=[sa, 1])
+        A = T.match_buffer(a, shape, stored, offset_factor=1,
+                           strides=[sa, 2, 1] if paired else [sa, 1])
         B = T.match_buffer(b, (depth, lanes, 2), "bfloat16", offset_factor=1,
                            strides=[sb, 2, 1])
         C = T.match_buffer(c, (rows, lanes), "float32", offset_factor=1, strides=[sc, 1],
                            scope=scope)
         with T.sblock("root"):
-            T.reads(C[0:rows, 0:lanes], A[0:rows, 0:2 * depth], B[0:depth, 0:lanes, 0:2])
+            T.reads(C[0:rows, 0:lanes], whole(A), B[0:depth, 0:lanes, 0:2])
             T.writes(C[0:rows, 0:lanes])
             for p in T.unroll(depth):
                 for r in T.unroll(rows):
                     for g in T.unroll(lanes // 4):
                         C[r, T.ramp(g * 4, 1, 4)] = update(C, A, B, r, p, g)
 
-    name = f"relay_amp_bfdot_{stored}_{rows}x{lanes}_p{depth}_{scope}"
+    name = f"relay_amp_bfdot_{stored}{'_paired' if paired else ''}_{rows}x{lanes}_p{depth}_{scope}"
     TensorIntrin.register(name, desc, impl, override=True)
     _REGISTERED[key] = name
     return name
@@ -311,11 +328,18 @@ def bfdot_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, rows:
             or not isinstance(pairs.extent, tvm.tirx.IntImm):
         return None
     depth = next(d for d in DEPTHS if int(pairs.extent) % d == 0)
-    stored = str(_loads(sch.get(lanes_loop).body.block)[0].source.dtype)
+    row_values = _loads(sch.get(lanes_loop).body.block)[0]
+    func = sch.mod["main"]
+    if str(row_values.source.dtype) == "bfloat16" and not any(
+            row_values.source.same_as(b) for b in func.params):
+        return None  # a kernel's own bfloat16 buffer (a padded copy) is stored as float32
+    stored, paired = str(row_values.source.dtype), len(row_values.indices) > 1 and int(
+        row_values.source.shape[-1]) == 2 if isinstance(row_values.source.shape[-1],
+                                                        tvm.tirx.IntImm) else False
     trial = sch.copy()
     try:
         _, inner = trial.split(reduce_loops[-2], [None, depth])
-        trial.tensorize(inner, _intrinsic(rows, depth, lanes, scope, stored))
+        trial.tensorize(inner, _intrinsic(rows, depth, lanes, scope, stored, paired))
         trial.annotate(tile, "pragma_import_llvm", LLVM_IR)
     except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
         return None

@@ -129,15 +129,24 @@ def test_fmlal_gives_the_widening_builds_sums_in_fewer_instructions(counter, tmp
     assert fmlal.total < widened.total - M * K * N / 16, (fmlal.total, widened.total)
 
 
-@pytest.mark.parametrize("variant", ["float32", "float16-fmlal"])
+@pytest.mark.parametrize("variant", ["float32", "float16-fmlal", "bfloat16"])
 def test_an_nhwc_block_runs_every_product_in_vector_lanes(counter, variant, tmp_path):
     """The pointwise convolution on the register tile (a vector of input channels per row,
     by element), the depthwise one lane-wise: every multiply-accumulate in ``fmla v.4s``
     (float32) or ``fmlal`` (float16, ``+fp16fml``) lanes, outputs those of TVM's float32
-    build (float32) or bit for bit the widening ``+fullfp16`` build (float16)."""
+    build (float32) or bit for bit the widening ``+fullfp16`` build (float16). bfloat16
+    (``+bf16``): the pointwise convolution on ``bfdot``, the depthwise one on ``fmla v.4s``,
+    outputs TVM's bfloat16 build's to float32 rounding."""
     inputs = [np.random.default_rng(3).standard_normal((1, 8, 8, 32)).astype("float32")]
     count = counter.count(_library(variant, tmp_path, True, nhwc_block), inputs)
     lanes = {name: n * LANES[name] for name, n in count.mix().items() if name in LANES}
+    if variant == "bfloat16":
+        pointwise = 8 * 8 * 32 * 48
+        assert (lanes["bfdot"], lanes["fma .4s"]) == (pointwise, NHWC_MACS - pointwise), lanes
+        plain = counter.run(_library("bfloat16", tmp_path, False, nhwc_block), inputs)
+        np.testing.assert_allclose(count.outputs[0], plain[0], rtol=0,
+                                   atol=1e-5 * np.abs(plain[0]).max())
+        return
     assert lanes["fmlal" if variant == "float16-fmlal" else "fma .4s"] == NHWC_MACS, lanes
     if variant == "float32":
         plain = counter.run(_library("float32", tmp_path, False, nhwc_block), inputs)

@@ -151,3 +151,25 @@ def _function(asm: str, name: str) -> str:
     match = re.search(rf"^(\S*{name}\S*_compute_):\n(.*?)\.Lfunc_end", asm, re.M | re.S)
     assert match, f"no {name} in the assembly"
     return match.group(2)
+
+
+def test_a_symbolic_row_count_builds_and_keeps_its_sums():
+    """A matmul over a sequence length (rows symbolic): packed, built for ``+bf16`` (its rows
+    padded in a copy of its own, which TVM stores in float32, so no ``bfdot``: TVM's widening
+    loop instead), and on this machine the unpacked module's outputs."""
+    rng = np.random.default_rng(4)
+    x = relax.Var("x", relax.TensorType((tvm.tirx.Var("n", "int64"), 32), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.matmul(
+                x, relax.const(rng.standard_normal((32, 48)).astype("float32"))))
+        builder.emit_func_output(out)
+    mod, _ = relay_amp.convert(builder.get(), "bfloat16", target=BF16)
+    tvm.compile(mod, target=tvm.target.Target(BF16), relax_pipeline=relay_amp.cpu_pipeline(BF16))
+    inputs = [rng.standard_normal((5, 32)).astype("float32")]
+    plain = run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), inputs)
+    packed = run(relax.VirtualMachine(tvm.compile(_packed(mod), target="llvm"), tvm.cpu()),
+                 inputs)
+    assert _kernels(_packed(mod)) == ["matmul_bfdot"]
+    np.testing.assert_allclose(packed[0], plain[0], rtol=1e-6, atol=1e-6 * np.abs(plain[0]).max())
