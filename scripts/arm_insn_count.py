@@ -38,7 +38,8 @@ VARIANTS = {
     "float16-acc16": ("float16", "float16", True, "TARGET_FP16"),
     "bfloat16": ("bfloat16", None, True, "TARGET_BF16"),
 }
-MIX_COLUMNS = ("fma .4s", "fma s", "fma .8h", "fma h", "fmlal", "bfdot", "bfmmla", "convert")
+MIX_COLUMNS = ("fma .4s", "fma s", "fma .8h", "fma h", "fmlal", "bfdot", "bfmmla", "bfmlal",
+               "convert")
 
 
 def build(loaded, variant: str, workdir: str) -> str:

@@ -33,8 +33,10 @@ import tvm
 from ..relax_utils import TVM_ERRORS
 from .neon_tiles import _loads, is_aarch64
 
-#: The function the kernels call: ``relay_amp_bfdot(sums, pairs, row, j)`` is ``bfdot sums.4s,
-#: pairs.8h, row.2h[j]``, ``j`` a constant after unrolling (the switch folds away).
+#: The functions the kernels call: ``relay_amp_bfdot(sums, pairs, row, j)`` is ``bfdot
+#: sums.4s, pairs.8h, row.2h[j]``, ``j`` a constant after unrolling (the switch folds away);
+#: ``relay_amp_bfmlalb``/``t(sums, a, b)`` multiply the even/odd halves of ``a`` and ``b`` into
+#: ``sums`` (``bfmlalb``/``bfmlalt``).
 LLVM_IR = "\n".join([
     "define linkonce_odr <4 x float> @relay_amp_bfdot(<4 x float> %acc, <8 x i16> %b, "
     "<4 x float> %a, i32 %j) alwaysinline {",
@@ -47,6 +49,17 @@ LLVM_IR = "\n".join([
     "}",
     # no memory, so LLVM keeps the sums in registers across the tile
     "attributes #0 = { nounwind memory(none) }",
+    *(line for half in "bt" for line in (
+        f"define linkonce_odr <4 x float> @relay_amp_bfmlal{half}(<4 x float> %acc, "
+        "<8 x i16> %a, <8 x i16> %b) alwaysinline {",
+        "  %x = bitcast <8 x i16> %a to <8 x bfloat>",
+        "  %y = bitcast <8 x i16> %b to <8 x bfloat>",
+        f"  %r = call <4 x float> @llvm.aarch64.neon.bfmlal{half}(<4 x float> %acc, "
+        "<8 x bfloat> %x, <8 x bfloat> %y)",
+        "  ret <4 x float> %r",
+        "}",
+        f"declare <4 x float> @llvm.aarch64.neon.bfmlal{half}(<4 x float>, <8 x bfloat>, "
+        "<8 x bfloat>)")),
 ])
 #: Pairs of a row's values one vector load brings: four pairs, eight bfloat16 values.
 DEPTHS = (4, 2, 1)
@@ -156,6 +169,25 @@ def _conv2d(x, packed, strides, padding, dilation):
         name="conv2d_nhwc")
 
 
+def _depthwise(x, weight, strides, padding, dilation):
+    """A depthwise convolution, NHWC with an HWOI weight ``(kh, kw, C, 1)``, its padding as
+    bit patterns (see :func:`_padded`), for :func:`tensorize_bfmlal`."""
+    from tvm import te, tirx
+
+    x = _padded(x, padding)
+    kh, kw, channels, _ = weight.shape
+    (sh, sw), (dh, dw) = strides, dilation
+    height = (x.shape[1] - (kh - 1) * dh - 1) // sh + 1
+    width = (x.shape[2] - (kw - 1) * dw - 1) // sw + 1
+    ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+    return te.compute(
+        (x.shape[0], height, width, channels),
+        lambda n, h, w, c: te.sum(
+            tirx.reinterpret("bfloat16", x[n, h * sh + ry * dh, w * sw + rx * dw, c])
+            .astype("float32") * weight[ry, rx, c, 0].astype("float32"), axis=[ry, rx]),
+        name="depthwise_conv2d_nhwc")
+
+
 def _rewrite(builder, call, weight):
     """The ``call_tir`` of ``call`` over its packed weight, or None where it is not a bfloat16
     matmul or groups-1 NHWC/HWIO convolution with float32 sums and a constant weight (``weight``,
@@ -180,6 +212,20 @@ def _rewrite(builder, call, weight):
             _conv2d, x, _pack(weight, 2), [int(s) for s in attrs.strides],
             [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation],
             primfunc_name_hint="conv2d_nhwc_bfdot")
+    depthwise = {"HWOI": 2, "HWIO": 3}.get(str(attrs.kernel_layout))
+    if name == "relax.nn.conv2d" and depthwise and str(attrs.data_layout) == "NHWC" \
+            and str(attrs.out_layout) == "NHWC" and weight is not None \
+            and str(weight.dtype) == "bfloat16" and weight.ndim == 4 \
+            and weight.shape[5 - depthwise] == 1 and int(attrs.groups) == weight.shape[depthwise] \
+            and weight.shape[depthwise] % 8 == 0:
+        from tvm import relax
+
+        kh, kw = weight.shape[:2]  # (kh, kw, 1, C) and (kh, kw, C, 1): the same in memory
+        return builder.call_te(
+            _depthwise, x, relax.const(weight.reshape(kh, kw, -1, 1)),
+            [int(s) for s in attrs.strides], [int(p) for p in attrs.padding],
+            [int(d) for d in attrs.dilation],
+            primfunc_name_hint="depthwise_conv2d_nhwc_bfmlal")
     return None
 
 
@@ -313,6 +359,82 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
     return name
 
 
+def _bfmlal_intrinsic(lanes: int, stored: str, scope: str) -> str:
+    """Per tap of a depthwise convolution: ``lanes`` float32 sums plus an input vector (stored
+    as "bfloat16" or "uint16" bit patterns) times a weight vector (``(lanes, 1)``), eight lanes
+    per ``bfmlalb`` (even channels) and ``bfmlalt`` (odd): the sums of even and odd channels
+    are read and written with a stride of 2, which LLVM does with ``uzp``/``zip`` around a
+    tile's taps."""
+    key = ("bfmlal", lanes, stored, scope)
+    if key in _REGISTERED:
+        return _REGISTERED[key]
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    def value(P, i):
+        return P[i] if stored == "bfloat16" else T.reinterpret("bfloat16", P[i])
+
+    def bits(buffer, offset, dtype, units):
+        loaded = buffer.vload([offset] + [0] * units, f"{dtype}x8")
+        return loaded if dtype == "uint16" else T.reinterpret("uint16x8", loaded)
+
+    def update(C, P, Q, g, half):
+        sums = C[tvm.tirx.Ramp(g * 8 + (half == "t"), 2, 4)]
+        return T.call_pure_extern("float32x4", f"relay_amp_bfmlal{half}", sums,
+                                  bits(P, g * 8, stored, 0), bits(Q, g * 8, "bfloat16", 1))
+
+    @T.prim_func(s_tir=True)
+    def desc(p: T.handle, q: T.handle, c: T.handle) -> None:
+        P = T.match_buffer(p, (lanes,), stored, offset_factor=1)
+        Q = T.match_buffer(q, (lanes, 1), "bfloat16", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "float32", offset_factor=1, scope=scope)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], P[0:lanes], Q[0:lanes, 0:1])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                with T.sblock("update"):
+                    vi = T.axis.remap("S", [i])
+                    C[vi] = C[vi] + T.Cast("float32", value(P, vi)) \
+                        * T.Cast("float32", Q[vi, 0])
+
+    @T.prim_func(s_tir=True)
+    def impl(p: T.handle, q: T.handle, c: T.handle) -> None:
+        P = T.match_buffer(p, (lanes,), stored, offset_factor=1)
+        Q = T.match_buffer(q, (lanes, 1), "bfloat16", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "float32", offset_factor=1, scope=scope)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], P[0:lanes], Q[0:lanes, 0:1])
+            T.writes(C[0:lanes])
+            for g in T.unroll(lanes // 8):
+                C[T.ramp(g * 8, 2, 4)] = update(C, P, Q, g, "b")
+                C[T.ramp(g * 8 + 1, 2, 4)] = update(C, P, Q, g, "t")
+
+    name = f"relay_amp_bfmlal_{stored}_{lanes}_{scope}"
+    TensorIntrin.register(name, desc, impl, override=True)
+    _REGISTERED[key] = name
+    return name
+
+
+def tensorize_bfmlal(sch, tile, lanes_loop, lanes: int, scope: str) -> bool:
+    """Tensorize the update under ``lanes_loop`` of a depthwise convolution
+    :func:`packed_bfloat16_weights` wrote (an input and a ``(.., C, 1)`` weight, both vectors
+    of the lanes) into ``bfmlalb``/``bfmlalt``; the ``tile`` loop links :data:`LLVM_IR`. False,
+    and ``sch`` unchanged, where it is not that or ``lanes`` is not a multiple of 8."""
+    from tvm import s_tir
+
+    from .neon_tiles import _operands
+
+    if lanes % 8 or _operands(sch, lanes_loop) != (0, 1):
+        return False
+    stored = str(_loads(sch.get(lanes_loop).body.block)[0].source.dtype)
+    try:
+        sch.tensorize(lanes_loop, _bfmlal_intrinsic(lanes, stored, scope))
+    except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
+        return False
+    sch.annotate(tile, "pragma_import_llvm", LLVM_IR)
+    return True
+
+
 def bfdot_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: int,
                scope: str):
     """A copy of ``sch`` whose tile runs on ``bfdot``, or None where the kernel is not one
@@ -346,4 +468,5 @@ def bfdot_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, rows:
     return trial
 
 
-__all__ = ["DEPTHS", "LLVM_IR", "bfdot_tile", "has_bfdot", "packed_bfloat16_weights"]
+__all__ = ["DEPTHS", "LLVM_IR", "bfdot_tile", "has_bfdot", "packed_bfloat16_weights",
+           "tensorize_bfmlal"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import tvm
 
 from .batch_norm import inference_batch_norms
-from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights
+from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
 from .neon_tiles import has_fmlal, is_aarch64, operand_dtype, register_tile, tensorize_fmlal
 from .nhwc import nhwc_convolutions
 from .schedule_rules import apply_rules
@@ -283,7 +283,8 @@ class VectorizeDotProduct:
                                       lanes, rows, scope)
                 if tiled is not None:
                     return tiled
-            if not (fmlal and tensorize_fmlal(sch, inner, lanes, scope)):
+            if not (fmlal and tensorize_fmlal(sch, inner, lanes, scope)
+                    or bfdot and tensorize_bfmlal(sch, tile, inner, lanes, scope)):
                 sch.unroll(inner)
             if row_inner is not None:
                 sch.unroll(row_inner)

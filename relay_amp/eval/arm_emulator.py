@@ -446,6 +446,7 @@ INSTRUCTION_MIX: dict[str, Callable[[str, str], bool]] = {
     "fmlal": lambda op, shape: op.startswith(("fmlal", "fmlsl")),
     "bfdot": lambda op, shape: op == "bfdot",
     "bfmmla": lambda op, shape: op == "bfmmla",
+    "bfmlal": lambda op, shape: op in ("bfmlalb", "bfmlalt"),
     "convert": lambda op, shape: op.startswith(("fcvt", "bfcvt")) or op in ("shll", "shll2"),
     "load": lambda op, shape: op.startswith("ld"),
     "store": lambda op, shape: op.startswith("st"),

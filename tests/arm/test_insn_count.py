@@ -31,7 +31,7 @@ WEIGHT = (np.random.default_rng(0).standard_normal((K, N)) / 8).astype("float32"
 VARIANTS = ("float32", "float16", "float16-fmlal", "float16-acc16", "bfloat16")
 #: Multiply-accumulate lanes per instruction of each FMA entry of the mix.
 LANES = {"fma s": 1, "fma h": 1, "fma .4s": 4, "fma .8h": 8, "fmlal": 4, "bfdot": 8,
-         "bfmmla": 16}
+         "bfmmla": 16, "bfmlal": 4}
 
 
 def matmul_relu():
@@ -135,14 +135,15 @@ def test_an_nhwc_block_runs_every_product_in_vector_lanes(counter, variant, tmp_
     by element), the depthwise one lane-wise: every multiply-accumulate in ``fmla v.4s``
     (float32) or ``fmlal`` (float16, ``+fp16fml``) lanes, outputs those of TVM's float32
     build (float32) or bit for bit the widening ``+fullfp16`` build (float16). bfloat16
-    (``+bf16``): the pointwise convolution on ``bfdot``, the depthwise one on ``fmla v.4s``,
-    outputs TVM's bfloat16 build's to float32 rounding."""
+    (``+bf16``): the pointwise convolution on ``bfdot``, the depthwise one on ``bfmlalb`` and
+    ``bfmlalt``, outputs TVM's bfloat16 build's to float32 rounding."""
     inputs = [np.random.default_rng(3).standard_normal((1, 8, 8, 32)).astype("float32")]
     count = counter.count(_library(variant, tmp_path, True, nhwc_block), inputs)
     lanes = {name: n * LANES[name] for name, n in count.mix().items() if name in LANES}
     if variant == "bfloat16":
         pointwise = 8 * 8 * 32 * 48
-        assert (lanes["bfdot"], lanes["fma .4s"]) == (pointwise, NHWC_MACS - pointwise), lanes
+        assert (lanes["bfdot"], lanes["bfmlal"], lanes["fma .4s"]) == (
+            pointwise, NHWC_MACS - pointwise, 0), lanes
         plain = counter.run(_library("bfloat16", tmp_path, False, nhwc_block), inputs)
         np.testing.assert_allclose(count.outputs[0], plain[0], rtol=0,
                                    atol=1e-5 * np.abs(plain[0]).max())
