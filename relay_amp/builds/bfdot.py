@@ -63,6 +63,8 @@ LLVM_IR = "\n".join([
 ])
 #: Pairs of a row's values one vector load brings: four pairs, eight bfloat16 values.
 DEPTHS = (4, 2, 1)
+#: How far apart a tile's rows may lie in the input: a convolution's strides.
+STEPS = (1, 2)
 
 _REGISTERED: dict = {}
 
@@ -125,22 +127,23 @@ def _matmul(pairs, packed):
         name="matmul")
 
 
-def _padded(x, padding):
-    """``x`` padded with zeros, as the 16-bit patterns of its values: TVM's bfloat16
-    legalization stores a kernel's own bfloat16 buffer in float32, where the ``bfdot`` reads
-    a pair as 32 bits of the buffer."""
+def _padded(x, padding, extra_channels: int = 0):
+    """``x`` padded with zeros (and ``extra_channels`` zero channels), as the 16-bit patterns
+    of its values: TVM's bfloat16 legalization stores a kernel's own bfloat16 buffer in
+    float32, where the ``bfdot`` reads a pair as 32 bits of the buffer."""
     from tvm import te, tirx
 
     top, left, bottom, right = padding
     n, height, width, channels = x.shape
 
     def value(b, h, w, c):
-        inside = tirx.all(h >= top, h < height + top, w >= left, w < width + left)
+        inside = tirx.all(h >= top, h < height + top, w >= left, w < width + left,
+                          c < channels)
         return tirx.if_then_else(inside, tirx.reinterpret("uint16", x[b, h - top, w - left, c]),
                                  tirx.const(0, "uint16"))
 
-    return te.compute((n, height + top + bottom, width + left + right, channels), value,
-                      name="pad_temp")
+    return te.compute((n, height + top + bottom, width + left + right,
+                       channels + extra_channels), value, name="pad_temp")
 
 
 def _conv2d(x, packed, strides, padding, dilation):
@@ -149,8 +152,9 @@ def _conv2d(x, packed, strides, padding, dilation):
     def element(*index):
         return x[index].astype("float32")
 
-    if any(padding):
-        x = _padded(x, padding)
+    extra = 2 * int(packed.shape[2]) - int(x.shape[3])  # an odd channel count gets a zero one
+    if any(padding) or extra:
+        x = _padded(x, padding, extra)
 
         def element(*index):  # noqa: F811 - the padded input holds bit patterns
             return tirx.reinterpret("bfloat16", x[index]).astype("float32")
@@ -207,7 +211,12 @@ def _rewrite(builder, call, weight):
     attrs = call.attrs
     if name == "relax.nn.conv2d" and str(attrs.data_layout) == "NHWC" \
             and str(attrs.kernel_layout) == "HWIO" and str(attrs.out_layout) == "NHWC" \
-            and int(attrs.groups) == 1 and _packable(weight, 2):
+            and int(attrs.groups) == 1 and weight is not None \
+            and str(weight.dtype) == "bfloat16" and weight.ndim == 4:
+        if weight.shape[2] % 2:  # a zero input channel, added to the input too (_conv2d)
+            import numpy as np
+
+            weight = np.concatenate([weight, np.zeros_like(weight[:, :, :1])], axis=2)
         return builder.call_te(
             _conv2d, x, _pack(weight, 2), [int(s) for s in attrs.strides],
             [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation],
@@ -281,13 +290,16 @@ def packed_bfloat16_weights() -> tvm.transform.Pass:
 
 
 def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
-               paired: bool) -> str:
+               paired: bool, step: int = 1) -> str:
     """The tensor intrinsic: ``rows`` x ``lanes`` float32 sums in a ``scope`` buffer, each
     adding ``depth`` pairs of products, a row's ``2 * depth`` values (one load) times the
     packed weight's ``[depth, lanes, 2]``, one ``bfdot`` per row, pair and four lanes. The
     rows' values are ``stored`` as "bfloat16" or as their "uint16" bit patterns, and indexed
-    ``[row, 2p + t]`` or, ``paired``, ``[row, p, t]`` (a matmul's input, reshaped)."""
-    key = (rows, depth, lanes, scope, stored, paired)
+    ``[row, 2p + t]`` or, ``paired``, ``[row, p, t]`` (a matmul's input, reshaped). ``rows``
+    0: a tile of one row, without a loop over rows (a 7-wide feature map, a matmul of one
+    row). ``step``: rows of the tile ``step`` rows apart in the input (a convolution of stride
+    ``step``)."""
+    key = (rows, depth, lanes, scope, stored, paired, step)
     if key in _REGISTERED:
         return _REGISTERED[key]
     from tvm.s_tir import TensorIntrin
@@ -295,7 +307,8 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
 
     def row(A, r):
         """Row ``r``'s pairs as the four 32-bit lanes ``bfdot`` picks a pair from."""
-        loaded = A.vload([r, 0, 0] if paired else [r, 0], f"{stored}x{2 * depth}")
+        index = [0, 0] if paired else [0]
+        loaded = A.vload(index if r is None else [r * step, *index], f"{stored}x{2 * depth}")
         if stored != "uint16":
             loaded = T.reinterpret(f"uint16x{2 * depth}", loaded)
         if depth < 4:
@@ -304,13 +317,21 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
         return T.reinterpret("float32x4", loaded)
 
     def value(A, r, p, t):
-        loaded = A[r, p, t] if paired else A[r, p * 2 + t]
+        loaded = A[r, p, t] if paired else A[r * step, p * 2 + t]
         return loaded if stored == "bfloat16" else T.reinterpret("bfloat16", loaded)
 
     def whole(A):
-        return A[0:rows, 0:depth, 0:2] if paired else A[0:rows, 0:2 * depth]
+        return A[0:rows, 0:depth, 0:2] if paired else A[0:(rows - 1) * step + 1, 0:2 * depth]
 
-    shape = (rows, depth, 2) if paired else (rows, 2 * depth)
+    shape = (rows, depth, 2) if paired else ((rows - 1) * step + 1, 2 * depth)
+    one_row = shape[1:]
+
+    def value_row(A, p, t):
+        loaded = A[p, t] if paired else A[p * 2 + t]
+        return loaded if stored == "bfloat16" else T.reinterpret("bfloat16", loaded)
+
+    def whole_row(A):
+        return A[0:depth, 0:2] if paired else A[0:2 * depth]
 
     def update(C, A, B, r, p, g):
         sums = C[r, tvm.tirx.Ramp(g * 4, 1, 4)]
@@ -353,7 +374,43 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
                     for g in T.unroll(lanes // 4):
                         C[r, T.ramp(g * 4, 1, 4)] = update(C, A, B, r, p, g)
 
-    name = f"relay_amp_bfdot_{stored}{'_paired' if paired else ''}_{rows}x{lanes}_p{depth}_{scope}"
+    @T.prim_func(s_tir=True)
+    def desc_one_row(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sb = T.int64()
+        A = T.match_buffer(a, one_row, stored, offset_factor=1)
+        B = T.match_buffer(b, (depth, lanes, 2), "bfloat16", offset_factor=1,
+                           strides=[sb, 2, 1])
+        C = T.match_buffer(c, (lanes,), "float32", offset_factor=1, scope=scope)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], whole_row(A), B[0:depth, 0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            for p, t, i in T.grid(depth, 2, lanes):
+                with T.sblock("update"):
+                    vi, vp, vt = T.axis.remap("SRR", [i, p, t])
+                    C[vi] = C[vi] + T.Cast("float32", value_row(A, vp, vt)) \
+                        * T.Cast("float32", B[vp, vi, vt])
+
+    @T.prim_func(s_tir=True)
+    def impl_one_row(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sb = T.int64()
+        A = T.match_buffer(a, one_row, stored, offset_factor=1)
+        B = T.match_buffer(b, (depth, lanes, 2), "bfloat16", offset_factor=1,
+                           strides=[sb, 2, 1])
+        C = T.match_buffer(c, (lanes,), "float32", offset_factor=1, scope=scope)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], whole_row(A), B[0:depth, 0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            for p in T.unroll(depth):
+                for g in T.unroll(lanes // 4):
+                    C[T.ramp(g * 4, 1, 4)] = T.call_pure_extern(
+                        "float32x4", "relay_amp_bfdot", C[T.ramp(g * 4, 1, 4)],
+                        T.reinterpret("uint16x8", B.vload([p, g * 4, 0], "bfloat16x8")),
+                        row(A, None), T.int32(p))
+
+    name = (f"relay_amp_bfdot_{stored}{'_paired' if paired else ''}_{rows or 'one'}x{lanes}"
+            f"_p{depth}_s{step}_{scope}")
+    if not rows:
+        desc, impl = desc_one_row, impl_one_row
     TensorIntrin.register(name, desc, impl, override=True)
     _REGISTERED[key] = name
     return name
@@ -439,11 +496,12 @@ def bfdot_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, rows:
                scope: str):
     """A copy of ``sch`` whose tile runs on ``bfdot``, or None where the kernel is not one
     :func:`packed_bfloat16_weights` wrote (its last two reductions the pairs and the pair's
-    halves), has no rows, or lanes not a multiple of 4: the pairs' loop is split by the depth
-    (:data:`DEPTHS`) and its inner part tensorized; the ``tile`` loop links :data:`LLVM_IR`."""
+    halves) or lanes are not a multiple of 4 (without ``rows_loop``, a tile of one row): the
+    pairs' loop is split by the depth (:data:`DEPTHS`) and its inner part tensorized, its rows
+    :data:`STEPS` apart in the input; the ``tile`` loop links :data:`LLVM_IR`."""
     from tvm import s_tir
 
-    if rows_loop is None or lanes % 4 or len(reduce_loops) < 2:
+    if lanes % 4 or len(reduce_loops) < 2:
         return None
     pairs, halves = (sch.get(loop) for loop in reduce_loops[-2:])
     if not isinstance(halves.extent, tvm.tirx.IntImm) or int(halves.extent) != 2 \
@@ -458,14 +516,17 @@ def bfdot_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, rows:
     stored, paired = str(row_values.source.dtype), len(row_values.indices) > 1 and int(
         row_values.source.shape[-1]) == 2 if isinstance(row_values.source.shape[-1],
                                                         tvm.tirx.IntImm) else False
-    trial = sch.copy()
-    try:
-        _, inner = trial.split(reduce_loops[-2], [None, depth])
-        trial.tensorize(inner, _intrinsic(rows, depth, lanes, scope, stored, paired))
-        trial.annotate(tile, "pragma_import_llvm", LLVM_IR)
-    except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
-        return None
-    return trial
+    for step in STEPS if rows_loop is not None and not paired else (1,):
+        trial = sch.copy()
+        try:
+            _, inner = trial.split(reduce_loops[-2], [None, depth])
+            trial.tensorize(inner, _intrinsic(rows if rows_loop is not None else 0, depth,
+                                              lanes, scope, stored, paired, step))
+            trial.annotate(tile, "pragma_import_llvm", LLVM_IR)
+        except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
+            continue
+        return trial
+    return None
 
 
 __all__ = ["DEPTHS", "LLVM_IR", "bfdot_tile", "has_bfdot", "packed_bfloat16_weights",

@@ -22,17 +22,17 @@ A64_BFDOT_BY_ELEMENT = r"\bbfdot\s+v\d+\.4s,\s*v\d+\.8h,\s*v\d+\.2h\[\d\]"
 A64_WIDEN = r"\b(shll2?|fcvtl2?)\s+v\d+\.4s"
 
 
-def conv_matmul(padding=1, strides=1):
-    """An NCHW convolution (16 -> 32 channels, 3x3) with relu, and a (4, 32) @ (32, 24)
-    matmul, float32 constants."""
+def conv_matmul(padding=1, strides=1, channels=16):
+    """An NCHW convolution (``channels`` -> 32 channels, 3x3) with relu, and a (4, 32) @
+    (32, 24) matmul, float32 constants."""
     rng = np.random.default_rng(0)
-    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    x = relax.Var("x", relax.TensorType((1, channels, 8, 8), "float32"))
     y = relax.Var("y", relax.TensorType((4, 32), "float32"))
     builder = relax.BlockBuilder()
     with builder.function("main", [x, y]):
         with builder.dataflow():
             c = builder.emit(relax.op.nn.conv2d(
-                x, relax.const(rng.standard_normal((32, 16, 3, 3)).astype("float32")),
+                x, relax.const(rng.standard_normal((32, channels, 3, 3)).astype("float32")),
                 strides=strides, padding=padding))
             r = builder.emit(relax.op.nn.relu(c))
             m = builder.emit(relax.op.matmul(
@@ -42,9 +42,9 @@ def conv_matmul(padding=1, strides=1):
     return builder.get()
 
 
-def _inputs():
+def _inputs(channels=16):
     rng = np.random.default_rng(1)
-    return [rng.standard_normal((1, 16, 8, 8)).astype("float32"),
+    return [rng.standard_normal((1, channels, 8, 8)).astype("float32"),
             rng.standard_normal((4, 32)).astype("float32")]
 
 
@@ -105,22 +105,24 @@ def _constants(mod):
     return found
 
 
-@pytest.mark.parametrize("padding, strides", [(0, 1), (1, 1), (1, 2)])
-def test_the_packed_kernels_compute_the_same_sums(padding, strides):
+@pytest.mark.parametrize("padding, strides, channels", [(0, 1, 16), (1, 1, 16), (1, 2, 16),
+                                                        (0, 1, 3), (1, 2, 3)])
+def test_the_packed_kernels_compute_the_same_sums(padding, strides, channels):
     """Built for this machine (no BFDOT: TVM widens the operands), the packed module gives
-    the unpacked one's outputs: each output sums the same products in the same order."""
-    mod = _converted(padding=padding, strides=strides)
+    the unpacked one's outputs: each output sums the same products in the same order (an
+    odd channel count with a zero channel added to the input and the weight)."""
+    mod = _converted(padding=padding, strides=strides, channels=channels)
     host = {"kind": "llvm"}
-    plain = _run(tvm.compile(mod, target="llvm"))
+    plain = _run(tvm.compile(mod, target="llvm"), channels)
     with tvm.target.Target(BF16):
         packed_mod = packed_bfloat16_weights()(nhwc_convolutions()(mod))
-    packed = _run(tvm.compile(packed_mod, target=tvm.target.Target(host)))
+    packed = _run(tvm.compile(packed_mod, target=tvm.target.Target(host)), channels)
     for got, want in zip(packed, plain):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
-def _run(executable):
-    return run(relax.VirtualMachine(executable, tvm.cpu()), _inputs())
+def _run(executable, channels=16):
+    return run(relax.VirtualMachine(executable, tvm.cpu()), _inputs(channels))
 
 
 def test_without_bf16_nothing_is_packed():
@@ -131,11 +133,14 @@ def test_without_bf16_nothing_is_packed():
                          if executable.mod.imports else executable.mod.inspect_source("asm"))
 
 
-@pytest.mark.parametrize("padding", [0, 1])
-def test_every_product_runs_in_bfdot_by_element(padding):
+@pytest.mark.parametrize("padding, strides, channels", [(0, 1, 16), (1, 1, 16), (0, 2, 16),
+                                                        (1, 2, 16), (1, 2, 3)])
+def test_every_product_runs_in_bfdot_by_element(padding, strides, channels):
     """The aarch64 ``+bf16`` build: both kernels on ``bfdot v.4s, v.8h, v.2h[j]`` (no
-    ``dup`` of each pair), no operand widened by ``shll`` in a dot product."""
-    executable = tvm.compile(_converted(padding=padding), target=tvm.target.Target(BF16),
+    ``dup`` of each pair), no operand widened by ``shll`` in a dot product; with stride 2 the
+    tile's rows are two input pixels apart; 3 input channels are read as 4."""
+    executable = tvm.compile(_converted(padding=padding, strides=strides, channels=channels),
+                             target=tvm.target.Target(BF16),
                              relax_pipeline=relay_amp.cpu_pipeline(BF16))
     lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
     asm = lib.inspect_source("asm")
