@@ -289,6 +289,53 @@ def packed_bfloat16_weights() -> tvm.transform.Pass:
     return _pack_module
 
 
+class _Rows:
+    """How a register tile reads its rows' values: ``depth`` pairs a load, ``stored`` as
+    "bfloat16" or "uint16" bit patterns, indexed ``[row * step, 2p + t]`` or, ``paired``,
+    ``[row, p, t]``; without a row index where the tile has one row."""
+
+    def __init__(self, depth: int, stored: str, paired: bool, step: int):
+        self.depth, self.stored, self.paired, self.step = depth, stored, paired, step
+
+    def shape(self, rows: int) -> tuple:
+        if self.paired:
+            return (rows, self.depth, 2)
+        return ((rows - 1) * self.step + 1, 2 * self.depth)
+
+    def region(self, A, rows):
+        depth = self.depth
+        if rows is None:
+            return A[0:depth, 0:2] if self.paired else A[0:2 * depth]
+        return A[0:rows, 0:depth, 0:2] if self.paired else \
+            A[0:(rows - 1) * self.step + 1, 0:2 * depth]
+
+    def _value(self, loaded):
+        from tvm.script import tirx as T
+
+        return loaded if self.stored == "bfloat16" else T.reinterpret("bfloat16", loaded)
+
+    def value(self, A, r, p, t):
+        return self._value(A[r, p, t] if self.paired else A[r * self.step, p * 2 + t])
+
+    def value_row(self, A, p, t):
+        return self._value(A[p, t] if self.paired else A[p * 2 + t])
+
+    def vector(self, A, r):
+        """Row ``r``'s pairs as the four 32-bit lanes ``bfdot`` picks a pair from."""
+        from tvm.script import tirx as T
+
+        depth, stored = self.depth, self.stored
+        index = [0, 0] if self.paired else [0]
+        loaded = A.vload(index if r is None else [r * self.step, *index],
+                         f"{stored}x{2 * depth}")
+        if stored != "uint16":
+            loaded = T.reinterpret(f"uint16x{2 * depth}", loaded)
+        if depth < 4:
+            zeros = tvm.tirx.Broadcast(tvm.tirx.IntImm("uint16", 0), 8 - 2 * depth)
+            loaded = tvm.tirx.Shuffle([loaded, zeros], list(range(8)))
+        return T.reinterpret("float32x4", loaded)
+
+
 def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
                paired: bool, step: int = 1) -> str:
     """The tensor intrinsic: ``rows`` x ``lanes`` float32 sums in a ``scope`` buffer, each
@@ -305,33 +352,15 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
 
-    def row(A, r):
-        """Row ``r``'s pairs as the four 32-bit lanes ``bfdot`` picks a pair from."""
-        index = [0, 0] if paired else [0]
-        loaded = A.vload(index if r is None else [r * step, *index], f"{stored}x{2 * depth}")
-        if stored != "uint16":
-            loaded = T.reinterpret(f"uint16x{2 * depth}", loaded)
-        if depth < 4:
-            zeros = tvm.tirx.Broadcast(tvm.tirx.IntImm("uint16", 0), 8 - 2 * depth)
-            loaded = tvm.tirx.Shuffle([loaded, zeros], list(range(8)))
-        return T.reinterpret("float32x4", loaded)
-
-    def value(A, r, p, t):
-        loaded = A[r, p, t] if paired else A[r * step, p * 2 + t]
-        return loaded if stored == "bfloat16" else T.reinterpret("bfloat16", loaded)
+    rows_of = _Rows(depth, stored, paired, step)
+    row, value, value_row = rows_of.vector, rows_of.value, rows_of.value_row
+    shape, one_row = rows_of.shape(rows), rows_of.shape(rows)[1:]
 
     def whole(A):
-        return A[0:rows, 0:depth, 0:2] if paired else A[0:(rows - 1) * step + 1, 0:2 * depth]
-
-    shape = (rows, depth, 2) if paired else ((rows - 1) * step + 1, 2 * depth)
-    one_row = shape[1:]
-
-    def value_row(A, p, t):
-        loaded = A[p, t] if paired else A[p * 2 + t]
-        return loaded if stored == "bfloat16" else T.reinterpret("bfloat16", loaded)
+        return rows_of.region(A, rows)
 
     def whole_row(A):
-        return A[0:depth, 0:2] if paired else A[0:2 * depth]
+        return rows_of.region(A, None)
 
     def update(C, A, B, r, p, g):
         sums = C[r, tvm.tirx.Ramp(g * 4, 1, 4)]
