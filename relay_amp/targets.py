@@ -213,9 +213,9 @@ def arm_cpu_path(mcpu: str) -> dict:
         float16 = "storage: float32 compute, weights stored in float16 (no fullfp16)"
     if caps.computes("bfloat16"):
         bfloat16 = ("converts: matmuls and convolutions with constant weights on bfdot by "
-                    "element (weights packed in pairs at build time, float32 sums); other dot "
-                    "products (attention's) widened by shifts into float32 vector FMAs; BFMMLA "
-                    "not used yet")
+                    "element, depthwise convolutions of 8k channels on bfmlalb/bfmlalt "
+                    "(weights packed at build time, float32 sums); other dot products "
+                    "(attention's) widened by shifts into float32 vector FMAs; BFMMLA not used")
     else:
         bfloat16 = "storage: float32 compute, weights stored in bfloat16 (no bf16)"
     return {"mcpu": mcpu, "features": features, "float16": float16, "bfloat16": bfloat16}

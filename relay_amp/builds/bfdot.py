@@ -62,7 +62,7 @@ LLVM_IR = "\n".join([
         "<8 x bfloat>)")),
 ])
 #: Pairs of a row's values one vector load brings: four pairs, eight bfloat16 values.
-DEPTHS = (4, 2, 1)
+DEPTHS = (4, 2)
 #: How far apart a tile's rows may lie in the input: a convolution's strides.
 STEPS = (1, 2)
 
@@ -79,24 +79,29 @@ def _packable(weight, axis: int) -> bool:
     return weight is not None and str(weight.dtype) == "bfloat16" and weight.shape[axis] % 2 == 0
 
 
-def _astype(value, attrs):
+def _astype(value, call):
     import ml_dtypes
     import numpy as np
 
-    dtype = str(attrs.dtype)
+    dtype = str(call.attrs.dtype)
     return value.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype))
 
 
-def _permute(value, attrs):
+def _permute(value, call):
     import numpy as np
 
-    return np.transpose(value, None if attrs.axes is None else [int(a) for a in attrs.axes])
+    axes = call.attrs.axes
+    return np.transpose(value, None if axes is None else [int(a) for a in axes])
+
+
+def _reshape(value, call):
+    return value.reshape([int(n) for n in call.ty.shape])
 
 
 #: What a weight may pass through between its constant and the op, computed here with numpy:
-#: the casts the pass inserts (a float16 TFLite weight is widened, then narrowed to bfloat16)
-#: and ``ConvertLayout``'s transpose.
-FOLDED = {"relax.astype": _astype, "relax.permute_dims": _permute}
+#: the casts the pass inserts (a float16 TFLite weight is widened, then narrowed to bfloat16),
+#: ``ConvertLayout``'s transpose and the frontends' reshapes (TFLite's depthwise weights).
+FOLDED = {"relax.astype": _astype, "relax.permute_dims": _permute, "relax.reshape": _reshape}
 
 
 def _pack(weight, axis: int):
@@ -152,7 +157,7 @@ def _conv2d(x, packed, strides, padding, dilation):
     def element(*index):
         return x[index].astype("float32")
 
-    extra = 2 * int(packed.shape[2]) - int(x.shape[3])  # an odd channel count gets a zero one
+    extra = 2 * int(packed.shape[2]) - int(x.shape[3])  # zero channels to a multiple of 4
     if any(padding) or extra:
         x = _padded(x, padding, extra)
 
@@ -213,10 +218,11 @@ def _rewrite(builder, call, weight):
             and str(attrs.kernel_layout) == "HWIO" and str(attrs.out_layout) == "NHWC" \
             and int(attrs.groups) == 1 and weight is not None \
             and str(weight.dtype) == "bfloat16" and weight.ndim == 4:
-        if weight.shape[2] % 2:  # a zero input channel, added to the input too (_conv2d)
-            import numpy as np
+        if weight.shape[2] % 4:  # zero input channels to whole pairs of pairs, added to
+            import numpy as np  # the input too (_conv2d)
 
-            weight = np.concatenate([weight, np.zeros_like(weight[:, :, :1])], axis=2)
+            extra = np.zeros_like(weight[:, :, :4 - weight.shape[2] % 4])
+            weight = np.concatenate([weight, extra], axis=2)
         return builder.call_te(
             _conv2d, x, _pack(weight, 2), [int(s) for s in attrs.strides],
             [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation],
@@ -263,7 +269,7 @@ def packed_bfloat16_weights() -> tvm.transform.Pass:
             if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
                     and expr.op.name in FOLDED and hops:
                 value = self.constant(expr.args[0], hops - 1)
-                return None if value is None else FOLDED[expr.op.name](value, expr.attrs)
+                return None if value is None else FOLDED[expr.op.name](value, expr)
             return None
 
         def visit_call_(self, call):
@@ -536,7 +542,9 @@ def bfdot_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, rows:
     if not isinstance(halves.extent, tvm.tirx.IntImm) or int(halves.extent) != 2 \
             or not isinstance(pairs.extent, tvm.tirx.IntImm):
         return None
-    depth = next(d for d in DEPTHS if int(pairs.extent) % d == 0)
+    depth = next((d for d in DEPTHS if int(pairs.extent) % d == 0), None)
+    if depth is None:  # an odd number of pairs: one at a time costs more than it saves
+        return None
     row_values = _loads(sch.get(lanes_loop).body.block)[0]
     func = sch.mod["main"]
     if str(row_values.source.dtype) == "bfloat16" and not any(

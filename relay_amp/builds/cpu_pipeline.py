@@ -61,7 +61,10 @@ def lanes_for(extent: int, multiple: int = 1) -> int | None:
     """How many adjacent outputs of an axis of ``extent`` one vector of partial sums holds
     (None: the axis has no divisor from ``MIN_LANES`` to ``MAX_LANES``). ``multiple``: a
     divisor that is a multiple of it first, where one exists (FMLAL computes 4 lanes at once
-    and the rest one by one)."""
+    and the rest one by one; BFMLALB/T 8)."""
+    for lanes in VECTOR_LANES:
+        if extent % lanes == 0 and lanes % multiple == 0:
+            return lanes
     for lanes in VECTOR_LANES:
         if extent % lanes == 0:
             return lanes
@@ -94,6 +97,18 @@ def _uses(expr, var) -> bool:
     found = []
     tvm_ffi.structural_walk(expr, lambda node: found.append(node.same_as(var)))
     return any(found)
+
+
+def _lanes_in_pairs(block) -> bool:
+    """Whether ``block``'s product reads its second operand as a ``(.., C, 1)`` vector of the
+    lanes (a depthwise weight), which BFMLALB/BFMLALT read eight lanes at a time."""
+    from .neon_tiles import _loads
+
+    load = _loads(block)[1]
+    if not isinstance(load, tvm.ir.expr.TensorLoad):
+        return False
+    last = load.source.shape[-1]
+    return isinstance(last, tvm.tirx.IntImm) and int(last) == 1
 
 
 def _row_block(block, spatial, axis):
@@ -230,8 +245,8 @@ class VectorizeDotProduct:
         # a symbolic last axis (attention's scores over a sequence length) is padded to
         # a multiple of the widest lanes, as a symbolic row axis is to the rows
         pad_lanes = not isinstance(axis.dom, (int, tvm.tirx.IntImm))
-        lanes = VECTOR_LANES[0] if pad_lanes else lanes_for(int(axis.dom),
-                                                             4 if fmlal or bfdot else 1)
+        lanes = VECTOR_LANES[0] if pad_lanes else lanes_for(
+            int(axis.dom), 8 if bfdot and _lanes_in_pairs(block) else 4 if fmlal or bfdot else 1)
         if lanes is None:
             return None
         in_registers = registers_hold_the_sums(target)

@@ -233,3 +233,26 @@ def test_a_build_for_a_core_runs_on_that_core(cpu, tmp_path):
         outputs = core.run(lib, inputs)
     agreement = relay_amp.agreement(reference, outputs)
     assert agreement.nonfinite == 0 and agreement.relative_l2 <= TOLERANCE["float16"], agreement
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_relay_amps_bfloat16_build_runs_on_bfdot_near_float32(counter, name, tmp_path):
+    """relay_amp's ``+bf16`` build (relay_amp.builds.bfdot): every matmul and convolution with
+    a constant weight on ``bfdot``, depthwise ones on ``bfmlalb``/``bfmlalt``, no float32 FMA
+    left in the convolutions; outputs as near float32 as TVM's bfloat16 build's (BFDOT's
+    rounding of each pair is within float32's of the sums)."""
+    inputs, reference = _host_float32(name)
+    mod, _ = relay_amp.convert(MODELS[name](), "bfloat16", target=TARGET_BF16)
+    executable = relay_amp.builds.pipeline.build(mod, TARGET_BF16)
+    lib = remote.export_for(executable, tmp_path / f"{name}_bfdot.so", TARGET_BF16)
+    count = counter.count(lib, inputs)
+    mix = count.mix()
+    assert mix["bfdot"] > 0, mix
+    assert (mix["bfmlal"] > 0) == (name == "depthwise"), mix
+    if name in ("convnet", "depthwise"):
+        assert mix["fma .4s"] == 0, mix
+    agreement = relay_amp.agreement(reference, count.outputs)
+    assert agreement.nonfinite == 0 and agreement.relative_l2 <= TOLERANCE["bfloat16"], agreement
+    plain, _ = _build_for_arm(name, "bfloat16", tmp_path)
+    tvms = relay_amp.agreement(reference, counter.run(plain, inputs))
+    assert agreement.relative_l2 <= 1.1 * tvms.relative_l2 + 1e-6, (agreement, tvms)
