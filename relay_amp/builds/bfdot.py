@@ -61,8 +61,9 @@ LLVM_IR = "\n".join([
         f"declare <4 x float> @llvm.aarch64.neon.bfmlal{half}(<4 x float>, <8 x bfloat>, "
         "<8 x bfloat>)")),
 ])
-#: Pairs of a row's values one vector load brings: four pairs, eight bfloat16 values.
-DEPTHS = (4, 2)
+#: Pairs of a row's values a tile adds per call, widest first: 8 (two loads of four pairs; the
+#: sums are loaded and stored once per call), 4 (one load of eight bfloat16 values) or 2.
+DEPTHS = (8, 4, 2)
 #: How far apart a tile's rows may lie in the input: a convolution's strides.
 STEPS = (1, 2)
 
@@ -326,18 +327,20 @@ class _Rows:
     def value_row(self, A, p, t):
         return self._value(A[p, t] if self.paired else A[p * 2 + t])
 
-    def vector(self, A, r):
-        """Row ``r``'s pairs as the four 32-bit lanes ``bfdot`` picks a pair from."""
+    def vector(self, A, r, p):
+        """The four pairs of row ``r`` that pair ``p`` is among, as the four 32-bit lanes
+        ``bfdot`` picks a pair from (lane ``p % 4``)."""
         from tvm.script import tirx as T
 
-        depth, stored = self.depth, self.stored
-        index = [0, 0] if self.paired else [0]
+        width, stored = min(self.depth, 4), self.stored
+        chunk = p // 4 * 4  # the first pair of the load
+        index = [chunk, 0] if self.paired else [chunk * 2]
         loaded = A.vload(index if r is None else [r * self.step, *index],
-                         f"{stored}x{2 * depth}")
+                         f"{stored}x{2 * width}")
         if stored != "uint16":
-            loaded = T.reinterpret(f"uint16x{2 * depth}", loaded)
-        if depth < 4:
-            zeros = tvm.tirx.Broadcast(tvm.tirx.IntImm("uint16", 0), 8 - 2 * depth)
+            loaded = T.reinterpret(f"uint16x{2 * width}", loaded)
+        if width < 4:
+            zeros = tvm.tirx.Broadcast(tvm.tirx.IntImm("uint16", 0), 8 - 2 * width)
             loaded = tvm.tirx.Shuffle([loaded, zeros], list(range(8)))
         return T.reinterpret("float32x4", loaded)
 
@@ -371,8 +374,8 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
     def update(C, A, B, r, p, g):
         sums = C[r, tvm.tirx.Ramp(g * 4, 1, 4)]
         pairs = T.reinterpret("uint16x8", B.vload([p, g * 4, 0], "bfloat16x8"))
-        return T.call_pure_extern("float32x4", "relay_amp_bfdot", sums, pairs, row(A, r),
-                                  T.int32(p))
+        return T.call_pure_extern("float32x4", "relay_amp_bfdot", sums, pairs, row(A, r, p),
+                                  T.Cast("int32", p % 4))
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -440,7 +443,7 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
                     C[T.ramp(g * 4, 1, 4)] = T.call_pure_extern(
                         "float32x4", "relay_amp_bfdot", C[T.ramp(g * 4, 1, 4)],
                         T.reinterpret("uint16x8", B.vload([p, g * 4, 0], "bfloat16x8")),
-                        row(A, None), T.int32(p))
+                        row(A, None, p), T.Cast("int32", p % 4))
 
     name = (f"relay_amp_bfdot_{stored}{'_paired' if paired else ''}_{rows or 'one'}x{lanes}"
             f"_p{depth}_s{step}_{scope}")
