@@ -256,6 +256,9 @@ class VectorizeDotProduct:
         try:
             pad_rows = row_axis is not None and not isinstance(row_axis.dom,
                                                                 (int, tvm.tirx.IntImm))
+            if pad_rows and bfdot:  # the padded copy would be a bfloat16 buffer of the
+                # kernel's own, which TVM stores in float32: bfdot reads one row at a time
+                rows, row_axis, pad_rows = 1, None, False
             if pad_rows or pad_lanes:
                 # a symbolic extent (a sequence length) is padded to a multiple of the rows
                 # or lanes: the padded outputs are zeros computed and never written out

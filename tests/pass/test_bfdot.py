@@ -152,16 +152,19 @@ def test_every_product_runs_in_bfdot_by_element(padding, strides, channels):
 
 
 def _function(asm: str, name: str) -> str:
-    """The assembly of the compute function whose name starts with ``name``."""
-    match = re.search(rf"^(\S*{name}\S*_compute_):\n(.*?)\.Lfunc_end", asm, re.M | re.S)
+    """The assembly of the kernel named like ``name``: its compute function, or, where TVM
+    made none, its ``__tvm_ffi_`` function."""
+    match = re.search(rf"^(\S*{name}\S*_compute_):\n(.*?)\.Lfunc_end", asm, re.M | re.S) \
+        or re.search(rf"^(__tvm_ffi_\S*{name}\S*):\n(.*?)\.Lfunc_end", asm, re.M | re.S)
     assert match, f"no {name} in the assembly"
     return match.group(2)
 
 
-def test_a_symbolic_row_count_builds_and_keeps_its_sums():
-    """A matmul over a sequence length (rows symbolic): packed, built for ``+bf16`` (its rows
-    padded in a copy of its own, which TVM stores in float32, so no ``bfdot``: TVM's widening
-    loop instead), and on this machine the unpacked module's outputs."""
+def test_a_symbolic_row_count_runs_one_row_at_a_time_on_bfdot():
+    """A matmul over a sequence length (rows symbolic): packed, and built for ``+bf16`` on
+    ``bfdot`` one row at a time (padding the rows would copy the input into a bfloat16 buffer
+    of the kernel's own, which TVM stores in float32); on this machine the packed module gives
+    the unpacked one's outputs."""
     rng = np.random.default_rng(4)
     x = relax.Var("x", relax.TensorType((tvm.tirx.Var("n", "int64"), 32), "float32"))
     builder = relax.BlockBuilder()
@@ -171,7 +174,10 @@ def test_a_symbolic_row_count_builds_and_keeps_its_sums():
                 x, relax.const(rng.standard_normal((32, 48)).astype("float32"))))
         builder.emit_func_output(out)
     mod, _ = relay_amp.convert(builder.get(), "bfloat16", target=BF16)
-    tvm.compile(mod, target=tvm.target.Target(BF16), relax_pipeline=relay_amp.cpu_pipeline(BF16))
+    executable = tvm.compile(mod, target=tvm.target.Target(BF16),
+                             relax_pipeline=relay_amp.cpu_pipeline(BF16))
+    lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
+    assert re.search(A64_BFDOT_BY_ELEMENT, _function(lib.inspect_source("asm"), "matmul_bfdot"))
     inputs = [rng.standard_normal((5, 32)).astype("float32")]
     plain = run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), inputs)
     packed = run(relax.VirtualMachine(tvm.compile(_packed(mod), target="llvm"), tvm.cpu()),
