@@ -29,15 +29,15 @@ cuda sm_XY             converts on sm_53+. With               converts on sm_80+
                        computes ``nn.attention`` in float16.
                        Older arches: storage
 llvm aarch64           converts with ``+fullfp16`` (or an     converts with ``+bf16`` (or an
-                       ``mcpu`` that has it): float32         ``mcpu`` with it), but LLVM emits no
-                       arithmetic by default (``fcvt``        BFDOT, BFMMLA or BFMLAL: values
-                       widening, float32 FMAs); half FMAs     widened with integer shifts, float32
-                       (``fmadd h``, ``fmla v.8h``) with      arithmetic. Without: storage
-                       float16 accumulation asked
-                       (``Policy.set_accumulation_dtype``).
-                       relay_amp's build
-                       (:func:`relay_amp.cpu_pipeline`)
-                       computes matmuls and convolutions
+                       ``mcpu`` that has it): float32         ``mcpu`` with it). TVM's own build
+                       arithmetic by default (``fcvt``        emits no BFDOT, BFMMLA or BFMLAL:
+                       widening, float32 FMAs); half FMAs     values widened with integer shifts,
+                       (``fmadd h``, ``fmla v.8h``) with      float32 arithmetic. relay_amp's
+                       float16 accumulation asked             runs matmuls and convolutions with
+                       (``Policy.set_accumulation_dtype``).   constant weights on ``bfdot``,
+                       relay_amp's build                      depthwise ones on ``bfmlalb/t``
+                       (:func:`relay_amp.cpu_pipeline`)       (:mod:`relay_amp.builds.bfdot`).
+                       computes matmuls and convolutions      Without: storage
                        in vector FMAs (``fmla v.4s``,
                        ``fmla v.8h``), TVM's own mostly in
                        scalar ``fmadd``. Without: storage
