@@ -76,10 +76,6 @@ def has_bfdot(target) -> bool:
     return is_aarch64(target) and bool(tvm.target.codegen.llvm_cpu_has_features("bf16", target))
 
 
-def _packable(weight, axis: int) -> bool:
-    return weight is not None and str(weight.dtype) == "bfloat16" and weight.shape[axis] % 2 == 0
-
-
 def _astype(value, call):
     import ml_dtypes
     import numpy as np
@@ -198,50 +194,45 @@ def _depthwise(x, weight, strides, padding, dilation):
         name="depthwise_conv2d_nhwc")
 
 
+def _window(attrs) -> tuple:
+    """A convolution's strides, padding and dilation, as lists of ints."""
+    return tuple([int(n) for n in values]
+                 for values in (attrs.strides, attrs.padding, attrs.dilation))
+
+
 def _rewrite(builder, call, weight):
-    """The ``call_tir`` of ``call`` over its packed weight, or None where it is not a bfloat16
-    matmul or groups-1 NHWC/HWIO convolution with float32 sums and a constant weight (``weight``,
-    its value, or None) whose reduction has an even extent."""
-    if not call.args or str(call.ty.dtype) != "float32" \
+    """The ``call_tir`` of ``call`` over its packed weight (``weight``: the value of its
+    constant weight, or None), or None where it is not a bfloat16 op with float32 sums that
+    :func:`packed_bfloat16_weights` writes: a matmul whose reduction has an even extent, a
+    groups-1 NHWC/HWIO convolution, a depthwise NHWC one of a multiple of 8 channels."""
+    import numpy as np
+    from tvm import relax
+
+    if weight is None or str(weight.dtype) != "bfloat16" or str(call.ty.dtype) != "float32" \
             or str(call.args[0].ty.dtype) != "bfloat16":
         return None
-    name, x = call.op.name, call.args[0]
-    if name == "relax.matmul" and weight is not None and weight.ndim == 2 \
-            and _packable(weight, 0):
-        from tvm import relax
-
+    name, x, attrs = call.op.name, call.args[0], call.attrs
+    if name == "relax.matmul" and weight.ndim == 2 and weight.shape[0] % 2 == 0:
         shape = list(x.ty.shape)
         pairs = builder.emit(relax.op.reshape(x, [*shape[:-1], shape[-1] // 2, 2]))
         return builder.call_te(_matmul, pairs, _pack(weight, 0),
                                primfunc_name_hint="matmul_bfdot")
-    attrs = call.attrs
-    if name == "relax.nn.conv2d" and str(attrs.data_layout) == "NHWC" \
-            and str(attrs.kernel_layout) == "HWIO" and str(attrs.out_layout) == "NHWC" \
-            and int(attrs.groups) == 1 and weight is not None \
-            and str(weight.dtype) == "bfloat16" and weight.ndim == 4:
-        if weight.shape[2] % 4:  # zero input channels to whole pairs of pairs, added to
-            import numpy as np  # the input too (_conv2d)
-
+    if name != "relax.nn.conv2d" or weight.ndim != 4 or str(attrs.data_layout) != "NHWC" \
+            or str(attrs.out_layout) != "NHWC":
+        return None
+    if str(attrs.kernel_layout) == "HWIO" and int(attrs.groups) == 1:
+        if weight.shape[2] % 4:  # zero channels to whole pairs of pairs (and in _conv2d's input)
             extra = np.zeros_like(weight[:, :, :4 - weight.shape[2] % 4])
             weight = np.concatenate([weight, extra], axis=2)
-        return builder.call_te(
-            _conv2d, x, _pack(weight, 2), [int(s) for s in attrs.strides],
-            [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation],
-            primfunc_name_hint="conv2d_nhwc_bfdot")
-    depthwise = {"HWOI": 2, "HWIO": 3}.get(str(attrs.kernel_layout))
-    if name == "relax.nn.conv2d" and depthwise and str(attrs.data_layout) == "NHWC" \
-            and str(attrs.out_layout) == "NHWC" and weight is not None \
-            and str(weight.dtype) == "bfloat16" and weight.ndim == 4 \
-            and weight.shape[5 - depthwise] == 1 and int(attrs.groups) == weight.shape[depthwise] \
-            and weight.shape[depthwise] % 8 == 0:
-        from tvm import relax
-
+        return builder.call_te(_conv2d, x, _pack(weight, 2), *_window(attrs),
+                               primfunc_name_hint="conv2d_nhwc_bfdot")
+    channels = {"HWOI": 2, "HWIO": 3}.get(str(attrs.kernel_layout))
+    if channels and weight.shape[5 - channels] == 1 \
+            and int(attrs.groups) == weight.shape[channels] and weight.shape[channels] % 8 == 0:
         kh, kw = weight.shape[:2]  # (kh, kw, 1, C) and (kh, kw, C, 1): the same in memory
-        return builder.call_te(
-            _depthwise, x, relax.const(weight.reshape(kh, kw, -1, 1)),
-            [int(s) for s in attrs.strides], [int(p) for p in attrs.padding],
-            [int(d) for d in attrs.dilation],
-            primfunc_name_hint="depthwise_conv2d_nhwc_bfmlal")
+        return builder.call_te(_depthwise, x, relax.const(weight.reshape(kh, kw, -1, 1)),
+                               *_window(attrs),
+                               primfunc_name_hint="depthwise_conv2d_nhwc_bfmlal")
     return None
 
 
@@ -553,9 +544,9 @@ def bfdot_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, rows:
     if str(row_values.source.dtype) == "bfloat16" and not any(
             row_values.source.same_as(b) for b in func.params):
         return None  # a kernel's own bfloat16 buffer (a padded copy) is stored as float32
-    stored, paired = str(row_values.source.dtype), len(row_values.indices) > 1 and int(
-        row_values.source.shape[-1]) == 2 if isinstance(row_values.source.shape[-1],
-                                                        tvm.tirx.IntImm) else False
+    last = row_values.source.shape[-1]  # a matmul's input in pairs: [.., K / 2, 2]
+    stored = str(row_values.source.dtype)
+    paired = len(row_values.indices) > 1 and isinstance(last, tvm.tirx.IntImm) and int(last) == 2
     for step in STEPS if rows_loop is not None and not paired else (1,):
         trial = sch.copy()
         try:
