@@ -1,6 +1,9 @@
 """Shared test helpers: the invariants of every conversion, numeric runs, nvcc, and modules
 several test files use."""
 
+import glob
+import importlib.util
+import os
 import shutil
 import subprocess
 
@@ -73,3 +76,34 @@ def nvcc_compile(code: str, tmp_path, archs=("sm_80", "sm_90")):
     result = subprocess.run([NVCC, "-fatbin", *gencode, "-o", str(tmp_path / "kernel.fatbin"),
                              str(source)], capture_output=True, text=True, check=False)
     return result.returncode, result.stdout + result.stderr
+
+
+def _cuda_toolkit():
+    """A CUDA toolkit root whose headers NVRTC can include, or None."""
+    roots = [os.environ.get("CUDA_PATH", "")] + sorted(glob.glob("/usr/local/cuda*"))
+    for root in filter(None, roots):
+        if glob.glob(os.path.join(root, "targets", "*", "include", "cuda_runtime.h")) \
+                or os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")):
+            return root
+    return None
+
+
+CUDA_TOOLKIT = _cuda_toolkit()
+NVRTC = CUDA_TOOLKIT if importlib.util.find_spec("cuda.bindings") else None
+
+
+def nvrtc_compile(code: str, arch: str = "sm_90") -> bytes:
+    """Compile CUDA source to a cubin the way the GPU host's loader does
+    (``relay_amp.cuda_loader.enable_cuda(tvm, "nvrtc")``: TVM's NVRTC path)."""
+    from tvm.support import nvcc
+
+    # TVM looks for the headers beside ``which nvcc``, which may be a wrapper script
+    saved = os.environ.get("CUDA_PATH")
+    os.environ["CUDA_PATH"] = CUDA_TOOLKIT
+    try:
+        return bytes(nvcc.compile_cuda(code, target_format="cubin", arch=arch, compiler="nvrtc"))
+    finally:
+        if saved is None:
+            del os.environ["CUDA_PATH"]
+        else:
+            os.environ["CUDA_PATH"] = saved

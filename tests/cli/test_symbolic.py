@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from helpers import NVCC, nvcc_compile
+from helpers import NVCC, NVRTC, nvcc_compile, nvrtc_compile
 
 import relay_amp
 from relay_amp.cli import arguments, main
@@ -307,6 +307,28 @@ def test_the_cuda_source_of_a_symbolic_build_compiles_with_nvcc(tmp_path):
     (device,) = build(converted, target).mod.imports[0].imports
     status, output = nvcc_compile(device.inspect_source("cuda"), tmp_path, archs=("sm_90",))
     assert status == 0, output[-2000:]
+
+
+@pytest.mark.skipif(NVRTC is None, reason="no CUDA headers or cuda-bindings for NVRTC here")
+def test_the_cuda_source_of_a_symbolic_build_compiles_with_nvrtc():
+    """What the GPU host's loader does with the library (``enable_cuda(tvm, "nvrtc")``), minus
+    loading the cubin: NVRTC compiles every kernel, ``seq`` an argument of each."""
+    import tempfile
+
+    from relay_amp.builds.pipeline import build
+    from relay_amp.cli.frontends import import_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        attention_model(Path(tmp) / "a.onnx")
+        imported = import_model(str(Path(tmp) / "a.onnx"), "onnx", {})
+    target = {"kind": "cuda", "arch": "sm_90"}
+    converted, _ = relay_amp.convert(imported.mod, "float16", target=target)
+    (device,) = build(converted, target).mod.imports[0].imports
+    source = device.inspect_source("cuda")
+    cubin = nvrtc_compile(source, "sm_90")
+    assert cubin[:4] == b"\x7fELF"
+    kernels = re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(", source)
+    assert len(kernels) >= 5 and all(name.encode() in cubin for name in kernels)
 
 
 @pytest.mark.gpu

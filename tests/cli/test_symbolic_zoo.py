@@ -5,10 +5,12 @@ each with the outputs of the fixed-shape libraries, on this CPU. The command's `
 stores weights in float16 and computes in float32 (this CPU has no float16 arithmetic)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 import tvm
+from helpers import NVRTC, nvrtc_compile
 
 import relay_amp
 from relay_amp.cli import main
@@ -46,7 +48,8 @@ def test_one_yolov8n_library_runs_batch_1_and_4(tmp_path, capsys):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)  # boxes in pixels (<= 320)
 
 
-def test_one_bert_library_runs_64_and_128_tokens(tmp_path, capsys):
+def _bert_export(tmp_path):
+    """The registry's BERT-base, exported with a symbolic sequence length."""
     import torch
 
     from relay_amp.eval import transformers_zoo
@@ -56,7 +59,13 @@ def test_one_bert_library_runs_64_and_128_tokens(tmp_path, capsys):
     with torch.no_grad():
         program = torch.export.export(built.module, example, dynamic_shapes=built.dynamic_shapes)
     torch.export.save(program, str(tmp_path / "bert.pt2"))
-    report = _convert(tmp_path, capsys, tmp_path / "bert.pt2", "sym", "--input",
+    return tmp_path / "bert.pt2"
+
+
+def test_one_bert_library_runs_64_and_128_tokens(tmp_path, capsys):
+    from relay_amp.eval import transformers_zoo
+
+    report = _convert(tmp_path, capsys, _bert_export(tmp_path), "sym", "--input",
                       "input_ids:1,seq=2..128")
     assert report["model"]["symbolic"] == [{"name": "seq", "lower": 2, "upper": 128,
                                             "inputs": ["input_ids[1]", "attention_mask[1]"],
@@ -73,3 +82,30 @@ def test_one_bert_library_runs_64_and_128_tokens(tmp_path, capsys):
         assert got[0].shape == (1, seq, 768)
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(NVRTC is None, reason="no CUDA headers or cuda-bindings for NVRTC here")
+@pytest.mark.parametrize("name", ["yolov8n_320", "bert_base"])
+def test_the_symbolic_cuda_library_compiles_with_nvrtc(tmp_path, name):
+    """The two libraries above, built for ``cuda -arch=sm_90`` in float16: NVRTC (the GPU host's
+    loader) compiles their CUDA source, whose kernels take the symbolic size as an argument."""
+    from relay_amp.builds.pipeline import build
+    from relay_amp.cli.arguments import parse_input
+    from relay_amp.cli.frontends import import_model
+
+    if name == "yolov8n_320":
+        from relay_amp.eval.models import _package_file
+
+        model, fmt, spec, size = _package_file("nudenet", "320n.onnx"), "onnx", \
+            "images:batch=1..4,3,320,320", "batch"
+    else:
+        model, fmt, spec, size = _bert_export(tmp_path), "pt2", "input_ids:1,seq=2..128", "seq"
+    parsed = parse_input(spec)
+    imported = import_model(str(model), fmt, {parsed.name: parsed})
+    target = {"kind": "cuda", "arch": "sm_90"}
+    converted, _ = relay_amp.convert(imported.mod, "float16", target=target)
+    (device,) = build(converted, target).mod.imports[0].imports
+    source = device.inspect_source("cuda")
+    signatures = re.findall(r"__global__ void __launch_bounds__\(\d+\) \w+\(([^)]*)\)", source)
+    assert any(f"int64_t {size}" in signature for signature in signatures)
+    assert nvrtc_compile(source, "sm_90")[:4] == b"\x7fELF"
