@@ -331,6 +331,52 @@ def test_the_cuda_source_of_a_symbolic_build_compiles_with_nvrtc():
     assert len(kernels) >= 5 and all(name.encode() in cubin for name in kernels)
 
 
+AARCH64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu",
+           "mattr": ["+neon", "+fullfp16", "+fp16fml", "+bf16"]}
+
+
+def _dot_instructions(asm: str) -> dict:
+    """{kernel: the multiply-add instructions its compute function executes}."""
+    found = {}
+    for match in re.finditer(r"^(\w+_compute_):\n(.*?)\.Lfunc_end", asm, re.M | re.S):
+        kinds = {k for k in ("fmlal", "bfdot", "bfmlal", "fmla\tv", "fmadd")
+                 if k in match.group(2)}
+        if kinds:  # a symbolic library's shape functions have none
+            found[match.group(1)] = kinds
+    return found
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_no_kernel_tensorizes_only_at_fixed_shapes(tmp_path, dtype):
+    """Each kernel of the symbolic library is scheduled by the rule that schedules it at a
+    fixed length, on CUDA and on the CPU, and on aarch64 runs its dot products on the same
+    instructions (``fmlal``, ``bfdot``): the CPU tiles pad a symbolic extent, dlight's rules take
+    any size. (What the size does change, CUDA's split-K, is a note of the report: above.)"""
+    from relay_amp.builds.pipeline import build
+    from relay_amp.builds.schedule_rules import RuleLog
+    from relay_amp.cli.frontends import import_model
+
+    attention_model(tmp_path / "a.onnx")
+    fixed = {"x": arguments.parse_input(f"x:1,64,{WIDTH}"),
+             "mask": arguments.parse_input("mask:1,64")}
+    for target in ({"kind": "cuda", "arch": "sm_90"}, {"kind": "llvm"}, AARCH64):
+        rules, instructions = [], []
+        for specs in ({}, fixed):
+            mod = import_model(str(tmp_path / "a.onnx"), "onnx", specs).mod
+            converted, _ = relay_amp.convert(mod, dtype, target=target)
+            log = RuleLog()
+            built = build(converted, target, rule_log=log)
+            rules.append(log.rules)
+            if target is AARCH64:
+                (library,) = built.mod.imports
+                instructions.append(_dot_instructions(library.inspect_source("asm")))
+        assert len(rules[0]) >= 5 and rules[0] == rules[1], target
+        if target is AARCH64:
+            assert instructions[0] == instructions[1]
+            fast = "fmlal" if dtype == "float16" else "bfdot"
+            assert sum(fast in kinds for kinds in instructions[0].values()) >= 2
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not tvm.cuda(0).exist, reason="needs a CUDA GPU to run the kernels")
 def test_the_cuda_library_runs_64_and_128_tokens(tmp_path, capsys):
