@@ -65,6 +65,14 @@ def test_no_harness_import_in_what_a_user_runs():
     assert "from relay_amp.cuda_loader import enable_cuda" in code
 
 
+def test_docs_holds_prose_and_plots_its_data_in_results():
+    """Measurements are read in docs/*.md; the raw rows they cite lie in docs/results/."""
+    beside = [p.name for p in DOCS.iterdir() if p.suffix not in (".md", ".png")
+              and p.name != "results"]
+    assert beside == []
+    assert len(list((DOCS / "results").glob("*.json*"))) >= 20
+
+
 def test_every_relative_link_of_the_readme_and_docs_resolves():
     broken = []
     for path in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
