@@ -334,9 +334,10 @@ class FunctionPlan:
             if mode is None and accumulation is None and not reasons:
                 plans[var] = decided
                 continue
-            plans[var] = dataclasses.replace(
-                decided, mode=mode or decided.mode, accumulation=accumulation,
-                reasons=decided.reasons + reasons)
+            plans[var] = BindingPlan(  # the constructor: dataclasses.replace costs twice it
+                decided.op, decided.name, decided.decision, decided.category,
+                decided.reasons + reasons, mode or decided.mode, accumulation, decided.mixed,
+                decided.source, decided.float_output, decided.constant_inputs)
         return FunctionPlan(
             scope, MappingProxyType(plans), demand.demand, demand.item_demand, kernels,
             decisions.can_low, decisions.f32_ready, decisions.result_type, kept,

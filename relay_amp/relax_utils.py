@@ -22,8 +22,15 @@ def tensor_dtype(expr_or_type) -> str | None:
     ty = expr_or_type if isinstance(expr_or_type, tvm.ir.Type) else expr_or_type.ty
     if type(ty) is not TensorType:  # noqa: E721 (exact type checks skip the ABC machinery)
         return None
-    dtype = ty.dtype  # a PrimType; its .dtype is the plain name (str() would run the printer)
-    return str(getattr(dtype, "dtype", dtype))
+    dtype = ty.dtype  # a PrimType, which TVM interns: its name is read once
+    entry = _DTYPE_NAMES.get(dtype.__chandle__())
+    if entry is None:  # .dtype is the plain name (str() would run the printer)
+        entry = _DTYPE_NAMES[dtype.__chandle__()] = (dtype, str(getattr(dtype, "dtype", dtype)))
+    return entry[1]
+
+
+#: PrimType handle -> (the PrimType, kept alive so that its handle is never reused; its name)
+_DTYPE_NAMES: dict = {}
 
 
 class DtypeCache:

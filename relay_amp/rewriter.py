@@ -223,26 +223,27 @@ class MixedPrecisionRewriter(PyExprMutator):
         self.remap(binding.var, new_var)
 
     def _eager_casts(self, var, new_var, output: bool):
-        demand = self.plan.demand.get(var, ())
-        for dtype in sorted(d for d in demand if d in ("float32", self.low)):
-            self.casts.cast(new_var, dtype, output)
+        demand = self.plan.demand.get(var)
+        if demand:
+            for dtype in sorted(d for d in demand if d in ("float32", self.low)):
+                self.casts.cast(new_var, dtype, output)
 
     def _rewrite_call(self, var, call: Call, plan: BindingPlan, output: bool, binding=None):
-        low = self.low
+        low, call_args = self.low, self.plan.call_args[var]
         hooks = op_info(plan.op)
         if hooks.float32_parameters:
             self.report.float32_parameters([
-                arg for arg, _ in self.plan.call_args[var][1:]
+                arg for arg, _ in call_args[1:]
                 if type(arg) is GenericConst and self.dtype_of(arg) == "float32"])
         if plan.mode == Mode.IDENTITY:
             source = self._functions[-1].signature.int_params.get(plan.source)
             if source is None:
                 source = self.visit_leaf(plan.source)
             new_var = self.casts.emit_named(source, var.name, output)
-            self._record(var, call, new_var, [a for a, _ in self.plan.call_args[var]], plan)
+            self._record(var, call, new_var, [a for a, _ in call_args], plan)
             return new_var
         new_args, narrowed = [], []
-        for index, (arg, _) in enumerate(self.plan.call_args[var]):
+        for index, (arg, _) in enumerate(call_args):
             lowered = plan.mode == Mode.LOW and (
                 hooks.low_operands is None or index in hooks.low_operands)
             operand, narrow = self._operand(arg, self.visit_leaf(arg), var, plan, lowered)
@@ -254,7 +255,7 @@ class MixedPrecisionRewriter(PyExprMutator):
                 and not hooks.keeps_out_dtype):
             attrs = replace_attrs(attrs, out_dtype=plan.accumulation or low)
         elif binding is not None and all(
-                new is old for new, (old, _) in zip(new_args, self.plan.call_args[var])):
+                new is old for new, (old, _) in zip(new_args, call_args)):
             # nothing changed: the original binding (and its var) carries over as it is
             self.builder_.emit_normalized(binding)
             if hooks.is_cast:
@@ -273,8 +274,8 @@ class MixedPrecisionRewriter(PyExprMutator):
             plan = plan.adding(self.emitter.not_emitted)
             new_args = [self.casts.cast(a, low) if i in narrowed else a
                         for i, a in enumerate(new_args)]
-        if plan.mixed and self.plan.call_args[var][0][0] in self._absorbed:
-            absorbed = self.plan.call_args[var][0][0]
+        if plan.mixed and call_args[0][0] in self._absorbed:
+            absorbed = call_args[0][0]
             add_call, add_plan, operands = self._absorbed.pop(absorbed)
             out_dtype = self._mixed_out_dtype(var, output)
             kernel = self.emitter.emit_absorbing(plan.op, call, new_args, operands, out_dtype,
@@ -301,7 +302,7 @@ class MixedPrecisionRewriter(PyExprMutator):
                 return mixed
             plan = dataclasses.replace(plan.adding(self.emitter.not_emitted), mixed=False)
             new_args = [self.casts.cast(a, self.dtype_of(old)) if self.dtype_of(old) else a
-                        for a, (old, _) in zip(new_args, self.plan.call_args[var])]
+                        for a, (old, _) in zip(new_args, call_args)]
         new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
         try:
             normalized = self.builder_.normalize(new_call)
