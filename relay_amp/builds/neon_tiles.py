@@ -154,30 +154,40 @@ def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str
     width = 8 if half else 4  # operands one 128-bit load of the lanes holds
     whole, fours = divmod(lanes, width)
     fours //= 4
+    vector = f"{dtype}x{depth}"
 
     def widened(value):
         return T.Cast("float32", value) if half else value
 
-    def lane(A, r, k):
-        """Lane ``k`` of row ``r``'s scalars, in every lane: as the intrinsic's last operand
-        LLVM selects the by-element form (no ``dup``)."""
-        row = A.vload([r, 0], f"{dtype}x{depth}")
-        return tvm.tirx.Shuffle([row] * max(1, width // depth), [k] * width)
+    def lane(scalars, count, index):
+        """Lane ``index`` of the ``count`` ``scalars`` in every lane: as the intrinsic's last
+        operand LLVM selects the by-element form (no ``dup``)."""
+        return tvm.tirx.Shuffle([scalars] * max(1, width // count), [index] * width)
+
+    def row_lane(scalars, r, k):
+        """Lane ``k`` of row ``r`` of :func:`all_rows`, in every lane."""
+        return lane(scalars, rows * depth, r * depth + k)
+
+    def all_rows(A):
+        """Every row's ``depth`` scalars, one vector load a row, in one value."""
+        return tvm.tirx.Shuffle([A.vload([r, 0], vector) for r in range(rows)],
+                                list(range(rows * depth)))
 
     def weights(B, k, offset, count):
         loaded = B.vload([k, offset], f"{dtype}x{count}")
         return loaded if count == width else _low_half(loaded)
 
-    def update(C, A, B, r, k, offset, count, high=False):
-        """``count`` sums of row ``r`` from ``offset`` on, plus lane ``k``'s products."""
+    def update(C, scalar, B, r, k, offset, count, high=False):
+        """``count`` sums of row ``r`` from ``offset`` on, plus ``scalar`` times row ``k`` of
+        the weights."""
         sums = C[r, tvm.tirx.Ramp(offset, 1, 4)]
         if not half:
             return T.call_llvm_pure_intrin("float32x4", "llvm.fma.v4f32",
-                                           weights(B, k, offset, 4), lane(A, r, k), sums)
+                                           weights(B, k, offset, 4), scalar, sums)
         intrinsic = "llvm.aarch64.neon.fmlal2" if high else "llvm.aarch64.neon.fmlal"
         start = offset - 4 if high else offset
         return T.call_llvm_pure_intrin("float32x4", intrinsic, sums,
-                                       weights(B, k, start, count), lane(A, r, k))
+                                       weights(B, k, start, count), scalar)
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -204,16 +214,28 @@ def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str
         with T.sblock("root"):
             T.reads(C[0:rows, 0:lanes], A[0:rows, 0:depth], B[0:depth, 0:lanes])
             T.writes(C[0:rows, 0:lanes])
-            for k in T.unroll(depth):
-                for r in T.unroll(rows):
-                    for g in T.unroll(whole):
-                        C[r, T.ramp(g * width, 1, 4)] = update(C, A, B, r, k, g * width, width)
-                        if half:
-                            C[r, T.ramp(g * 8 + 4, 1, 4)] = update(C, A, B, r, k, g * 8 + 4, 8,
-                                                                   high=True)
-                    for g in T.unroll(fours):  # 4 lanes after the eights: fmlal reads 4 of 8
-                        C[r, T.ramp(whole * 8 + g, 1, 4)] = update(C, A, B, r, k,
-                                                                   whole * 8 + g, 4)
+            if half:
+                # every row's scalars one value that all products read: a row loaded for each
+                # k, of which one lane is read, LLVM narrowed into loads per lane (BERT-base's
+                # matmuls: ld1r, ldr d, ld1 {v.s}[2] beside each row's ldr)
+                scalars = T.bind(all_rows(A))
+                for k in T.unroll(depth):
+                    for r in T.unroll(rows):
+                        for g in T.unroll(whole):
+                            C[r, T.ramp(g * 8, 1, 4)] = update(
+                                C, row_lane(scalars, r, k), B, r, k, g * 8, 8)
+                            C[r, T.ramp(g * 8 + 4, 1, 4)] = update(
+                                C, row_lane(scalars, r, k), B, r, k, g * 8 + 4, 8,
+                                high=True)
+                        for g in T.unroll(fours):  # 4 lanes after the eights: fmlal reads 4
+                            C[r, T.ramp(whole * 8 + g, 1, 4)] = update(
+                                C, row_lane(scalars, r, k), B, r, k, whole * 8 + g, 4)
+            else:  # float32: LLVM keeps one ldr q a row, merging each k's load
+                for k in T.unroll(depth):
+                    for r in T.unroll(rows):
+                        for g in T.unroll(whole):
+                            C[r, T.ramp(g * 4, 1, 4)] = update(
+                                C, lane(A.vload([r, 0], vector), depth, k), B, r, k, g * 4, 4)
 
     name = f"relay_amp_tile_{dtype}_{rows}x{lanes}_k{depth}_{scope}"
     TensorIntrin.register(name, desc, impl, override=True)
