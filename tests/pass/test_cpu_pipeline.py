@@ -237,6 +237,29 @@ def test_aarch64_matmuls_and_pointwise_convolutions_run_on_a_register_tile(dtype
 
 
 
+def _sequence_matmul():
+    """A transformer's projection: rows over a symbolic sequence length, a constant weight."""
+    weight = np.random.default_rng(0).standard_normal((256, 256)).astype("float32")
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, tvm.tirx.Var("n", "int64"), 256), "float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.matmul(x, relax.const(weight)))
+            gv = builder.emit_output(relax.op.add(y, x))
+        builder.emit_func_output(gv)
+    return builder.get()
+
+
+def test_the_float16_tile_loads_a_row_of_scalars_once_per_step():
+    """Each ``fmlal`` reads one lane of a row's float16 scalars: the tile loads every row once
+    per step (LLVM had narrowed a load per lane read into ``ld1r``, 80 in this kernel)."""
+    asm = _assembly(_convert(_sequence_matmul(), "float16", FP16FML), FP16FML)
+    kernel = re.search(r"^__tvm_ffi_fused_matmul\w*:\n(.*?)\.Lfunc_end", asm, re.M | re.S)[1]
+    assert len(re.findall(A64_FMLAL_BY_ELEMENT, kernel)) >= 64
+    assert not re.findall(r"\bld1r\s", kernel) and not re.findall(r"\bld1\s+\{ v\d+\.[hs] \}\[",
+                                                                  kernel)
+
+
 @pytest.mark.parametrize("target", [NEON, AVX2], ids=["aarch64", "x86"])
 def test_a_convolution_reads_its_input_in_place_and_pads_with_vectors(target):
     """TVM's convolution copies its input into ``pad_temp`` in a scalar loop, padding or not:
