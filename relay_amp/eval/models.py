@@ -279,8 +279,8 @@ def _gluon_net(model_zoo, name: str, **options):
     ``options`` go to the model (a segmentation model's ``crop_size``)."""
     try:
         return model_zoo.get_model(name, pretrained=False, pretrained_base=False, **options)
-    except TypeError:  # classification models take no pretrained_base
-        return model_zoo.get_model(name, pretrained=False)
+    except (TypeError, Warning):  # classification models take no pretrained_base; GluonCV's
+        return model_zoo.get_model(name, pretrained=False)  # darknet53 raises Warning for it
 
 
 def _xavier_or_constant(mx):

@@ -56,3 +56,20 @@ def test_sample_images_are_real_photos():
     assert normalized.shape == (3, 3, 64, 64) and normalized.dtype == np.float32
     with pytest.raises(ValueError, match="expected an"):
         data.normalize(batch[..., :2])
+
+
+def test_every_gluoncv_model_of_the_registry_builds_without_pretrained_weights():
+    """Each GluonCV net is made with ``pretrained_base=False`` where it takes the keyword (no
+    backbone download) and without it where it refuses it: a ``TypeError`` from the
+    classifiers, a ``Warning`` raised by darknet53."""
+    model_zoo = models.import_gluoncv().model_zoo
+    failed = {}
+    for spec in models.REGISTRY.values():
+        if spec.family != "gluoncv":
+            continue
+        options = {"crop_size": spec.input_size[0]} if spec.task == "segmentation" else {}
+        try:
+            models._gluon_net(model_zoo, spec.name, **options)
+        except Exception as err:  # noqa: BLE001 - the assertion names each
+            failed[spec.name] = f"{type(err).__name__}: {err}"
+    assert failed == {}
