@@ -69,7 +69,8 @@ def build_outcome(mod, target=None) -> dict:
     dict
         ``outcome`` ``"pass"`` (with ``kernels``: the ``__global__`` functions its CUDA
         source defines) or ``"fail"`` (with ``cause`` ``"TVM"``, ``reason``: TVM's error's
-        line, and ``error``: its tail); ``rule_errors``: the schedule rules that raised on a kernel
+        line, ``error``: its tail, and ``kernels_failing``: :func:`failing_kernels`);
+        ``rule_errors``: the schedule rules that raised on a kernel
         (:class:`relay_amp.builds.schedule_rules.RuleError` as dicts), ``seconds``.
     """
     from ..builds.pipeline import build
@@ -84,11 +85,41 @@ def build_outcome(mod, target=None) -> dict:
         reason, error = _error_text(err)
         return {"outcome": "fail", "cause": "TVM", "reason": f"build: {reason}",
                 "error": error, "rule_errors": [asdict(e) for e in log.errors],
+                "kernels_failing": failing_kernels(mod, target or TARGET),
                 "seconds": time.perf_counter() - start}
     kernels = 0 if source is None else len(re.findall(r"__global__[^;{]*\{", source))
     return {"outcome": "pass", "kernels": kernels,
             "rule_errors": [asdict(e) for e in log.errors],
             "seconds": time.perf_counter() - start}
+
+
+def failing_kernels(mod, target=None) -> dict:
+    """The kernels of ``mod``, scheduled as :func:`relay_amp.builds.pipeline.build` schedules
+    them, that TVM cannot compile alone: ``{kernel: {"rule": the rule that scheduled it,
+    "error": TVM's error's line}}`` (what a failed build names; TVM's error does not)."""
+    import tvm
+
+    from ..builds.pipeline import cuda_pipeline
+    from ..builds.schedule_rules import RuleLog
+
+    target = tvm.target.Target(target or TARGET)
+    log = RuleLog()
+    try:
+        scheduled = cuda_pipeline(target, rule_log=log)(mod)
+    except Exception as err:  # noqa: BLE001 - the failure is before the kernels
+        return {"<pipeline>": {"rule": None, "error": _error_text(err)[0]}}
+    failing = {}
+    for gvar, func in scheduled.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        try:
+            tvm.compile(tvm.IRModule({gvar.name_hint: func.with_attr("global_symbol",
+                                                                      gvar.name_hint)}),
+                        target=target)
+        except Exception as err:  # noqa: BLE001 - the row records it
+            failing[gvar.name_hint] = {"rule": log.rules.get(gvar.name_hint),
+                                       "error": _error_text(err)[0]}
+    return failing
 
 
 def build_model(mod, dtype: str, target=None) -> dict:
@@ -222,6 +253,12 @@ def _rule_text(result: dict) -> str:
                      for e in errors[:3]) or "none raised"
 
 
+def _kernel_text(result: dict) -> str:
+    failing = result.get("kernels_failing") or {}
+    return "; ".join(f"{name} (scheduled by {f['rule'] or 'no rule'})"
+                     for name, f in list(failing.items())[:3]) or "not found alone"
+
+
 def summary_markdown(cases: dict | None, models: dict | None, dtypes=DTYPES,
                      header: str = "") -> str:
     """The tables of :func:`case_builds` and :func:`model_builds` (either may be None): builds
@@ -245,10 +282,11 @@ def summary_markdown(cases: dict | None, models: dict | None, dtypes=DTYPES,
         lines.append("")
         failed = [(d, name, r) for d in dtypes for name, r in summary["failures"][d]]
         if failed:
-            lines += [f"| {what} | dtype | error | schedule rules that raised |",
-                      "|---|---|---|---|"]
+            lines += [f"| {what} | dtype | error | kernels that fail alone | "
+                      "schedule rules that raised |", "|---|---|---|---|---|"]
             lines += [f"| {_cell(name)} | {d} | {_cell(r.get('reason', ''))} | "
-                      f"{_cell(_rule_text(r))} |" for d, name, r in failed]
+                      f"{_cell(_kernel_text(r))} | {_cell(_rule_text(r))} |"
+                      for d, name, r in failed]
             lines.append("")
         if what == "model" and summary["not_loaded"]:
             lines += ["Not loaded: " + "; ".join(f"{n} ({_cell(r)[:120]})"
@@ -257,5 +295,5 @@ def summary_markdown(cases: dict | None, models: dict | None, dtypes=DTYPES,
 
 
 __all__ = ["TARGET", "DTYPES", "CASE_MODE", "device_source", "build_outcome", "build_model",
-           "measure_model", "run_models", "run_cases", "case_builds", "model_builds",
-           "summary_markdown"]
+           "failing_kernels", "measure_model", "run_models", "run_cases", "case_builds",
+           "model_builds", "summary_markdown"]

@@ -81,8 +81,33 @@ def test_a_failed_build_keeps_tvms_error(monkeypatch):
     assert result["rule_errors"] == []
 
 
+def test_a_failed_build_names_the_kernel_that_fails():
+    """TVM 0.27 legalizes ONNX's NonMaxSuppression into a CPU kernel (it calls
+    ``tvm.contrib.sort.argsort``) that no GPU rule can schedule: dlight's ``Fallback`` binds it
+    and lowering fails in TVM's own pipeline too (YOLOv3's builds). The row names that kernel
+    and the rule; TVM's error does not."""
+    from tvm import relax
+
+    builder = relax.BlockBuilder()
+    boxes = relax.Var("boxes", relax.TensorType((1, 64, 4), "float32"))
+    scores = relax.Var("scores", relax.TensorType((1, 1, 64), "float32"))
+    with builder.function("main", [boxes, scores]):
+        with builder.dataflow():
+            kept = builder.emit_output(relax.op.vision.all_class_non_max_suppression(
+                boxes, scores, relax.const(10, "int64"), relax.const(0.5, "float32"),
+                relax.const(0.1, "float32"), "onnx"))
+        builder.emit_func_output(kept)
+    result = cuda_builds.build_outcome(builder.get())
+    assert result["outcome"] == "fail"
+    failing = result["kernels_failing"]
+    assert list(failing) == ["all_class_non_max_suppression"]
+    assert failing["all_class_non_max_suppression"]["rule"] == "Fallback"
+    assert "used before its definition" in failing["all_class_non_max_suppression"]["error"]
+
+
 def test_the_tables_count_builds_and_name_each_failure():
     failure = {"outcome": "fail", "cause": "TVM", "reason": "build: InternalError: no | way",
+               "kernels_failing": {"nms": {"rule": "Fallback", "error": "x"}},
                "rule_errors": [{"kernel": "fused_k", "rule": "GEMV", "error": "boom",
                                 "scheduled_by": None}]}
     passed = {"outcome": "pass", "kernels": 2, "rule_errors": []}
@@ -98,7 +123,8 @@ def test_the_tables_count_builds_and_name_each_failure():
                                       ("float32", "float16"))
     assert models["counts"]["float16"]["pass"] == 1 and models["not_loaded"][0][0] == "n"
     text = cuda_builds.summary_markdown(summary, models, ("float32", "float16"))
-    assert "| node/a | float16 | build: InternalError: no \\| way |" in text
+    assert ("| node/a | float16 | build: InternalError: no \\| way | nms (scheduled by "
+            "Fallback) |") in text
     assert "fused_k: GEMV raised (boom), no later rule scheduled it" in text
     assert "Not loaded: n (no gluoncv)" in text
 
