@@ -254,9 +254,11 @@ def _rule_text(result: dict) -> str:
 
 
 def _kernel_text(result: dict) -> str:
-    failing = result.get("kernels_failing") or {}
+    failing = result.get("kernels_failing")
+    if failing is None:  # a row from before the sweep located them
+        return "not located"
     return "; ".join(f"{name} (scheduled by {f['rule'] or 'no rule'})"
-                     for name, f in list(failing.items())[:3]) or "not found alone"
+                     for name, f in list(failing.items())[:3]) or "none fails alone"
 
 
 def summary_markdown(cases: dict | None, models: dict | None, dtypes=DTYPES,
