@@ -104,8 +104,9 @@ class Scope:
             op = op_name(value) if type(value) is Call else None
             if op is not None:
                 self.ops[var] = op
+                # a slice reads the array without __iter__'s per-item index checks
                 self.call_args[var] = [(self.canonical(arg), self.leaves(arg))
-                                       for arg in value.args]
+                                       for arg in value.args[:]]
             elif type(value) is If:
                 self.read(value.true_branch)
                 self.read(value.false_branch)
@@ -138,7 +139,7 @@ class Scope:
         entry = self._blocks.get(block.__chandle__())
         if entry is None:
             items = [(binding, self.canonical(binding.var), binding.value)
-                     for binding in block.bindings]
+                     for binding in block.bindings[:]]
             entry = self._blocks[block.__chandle__()] = (block, items)
         return entry[1]
 

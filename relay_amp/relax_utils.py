@@ -1,6 +1,7 @@
 """Relax plumbing shared by the planner and the rewriter: dtype and type helpers, the
 memoized FFI lookups that keep a conversion fast (every field access of a TVM object
-crosses the FFI), and the one wrapper of TVM's private BlockBuilder calls."""
+crosses the FFI), the Call constructor without ``Call.__init__``'s imports, and the one wrapper
+of TVM's private BlockBuilder calls."""
 
 from __future__ import annotations
 
@@ -107,6 +108,21 @@ def _evaluate(expr, sizes: dict, unknown: int | None) -> int | None:
         return None
     a, b = _evaluate(expr.a, sizes, unknown), _evaluate(expr.b, sizes, unknown)
     return None if a is None or b is None else operation(a, b)
+
+
+_MISSING_TYPE = tvm.ir.Type.missing()
+
+
+def new_call(op, args, attrs=None, ty_args=(), span=None) -> Call:
+    """``tvm.ir.Call(op, args, attrs, ty_args, span)``, through the constructor's FFI function.
+
+    ``Call.__init__`` runs three function-level imports on every call, which made it a tenth of
+    the rewrite's time on long graphs (scripts/bench_convert_time.py); the node is the same
+    (``tests/pass/test_relax_utils.py`` checks it)."""
+    return _CALL_CONSTRUCTOR(_MISSING_TYPE, op, args, attrs, ty_args, span)
+
+
+_CALL_CONSTRUCTOR = tvm.ir._ffi_api.Call  # noqa: SLF001 - see new_call
 
 
 def op_name(call: Call) -> str | None:

@@ -50,6 +50,7 @@ from .relax_utils import (
     is_var,
     leaves_of,
     lowered_type,
+    new_call,
     replace_attrs,
 )
 from .report import BindingRecord, ReportBuilder
@@ -179,9 +180,9 @@ class MixedPrecisionRewriter(PyExprMutator):
             new_var = self._rewrite_call(var, value, plan, output, binding)
         elif value_type is Call:
             args = [self.casts.cast_to_type(self.visit_expr(a), a.ty) for a in value.args]
-            new_call = Call(self.visit_expr(value.op), args, value.attrs, value.ty_args,
-                            value.span)
-            new_var = self.casts.emit_named(new_call, var.name, output)
+            rebuilt = new_call(self.visit_expr(value.op), args, value.attrs, value.ty_args,
+                               value.span)
+            new_var = self.casts.emit_named(rebuilt, var.name, output)
         elif value_type is If:
             new_if = If(self.visit_expr(value.cond),
                         self.rewrite_seq(value.true_branch, value.true_branch.body.ty),
@@ -303,15 +304,15 @@ class MixedPrecisionRewriter(PyExprMutator):
             plan = dataclasses.replace(plan.adding(self.emitter.not_emitted), mixed=False)
             new_args = [self.casts.cast(a, self.dtype_of(old)) if self.dtype_of(old) else a
                         for a, (old, _) in zip(new_args, call_args)]
-        new_call = Call(call.op, new_args, attrs, call.ty_args, call.span)
         try:
-            normalized = self.builder_.normalize(new_call)
+            normalized = self.builder_.normalize(
+                new_call(call.op, new_args, attrs, call.ty_args, call.span))
         except TVM_ERRORS as err:  # TVM rejects the op in this dtype: keep it as it was
             message = str(err).strip().splitlines()[-1][:160]
             plan = dataclasses.replace(plan, mode=Mode.ORIGINAL, category=Category.FP32, reasons=(
                 Reason.of("rejected_by_tvm", op=plan.op, dtype=low, message=message),))
             new_args = [self.casts.cast_to_type(self.visit_expr(a), a.ty) for a in call.args]
-            normalized = Call(call.op, new_args, call.attrs, call.ty_args, call.span)
+            normalized = new_call(call.op, new_args, call.attrs, call.ty_args, call.span)
         new_var = self.casts.emit_named(normalized, var.name, output)
         if hooks.is_cast:
             self.casts.adopt_cast(normalized.args[0], new_var)
@@ -405,8 +406,8 @@ class MixedPrecisionRewriter(PyExprMutator):
         """The absorbed residual ``add`` as a float32 kernel of its own, when the kernel that
         was to form it is refused; its report row says so instead of naming that kernel."""
         widened = [self.casts.cast(o, "float32") for o in operands]
-        total = self.casts.emit_named(Call(call.op, widened, call.attrs, call.ty_args, call.span),
-                                      add.name, False)
+        total = self.casts.emit_named(
+            new_call(call.op, widened, call.attrs, call.ty_args, call.span), add.name, False)
         kept = tuple(r for r in plan.reasons if r.code != "absorbed_add")
         plan = dataclasses.replace(plan, reasons=(*kept, Reason.of("add_not_absorbed", why=why)))
         self._record(add, call, total, operands, plan)

@@ -1,11 +1,12 @@
 """relay_amp catches TVM_ERRORS where it asks TVM whether it accepts something: these tests pin
-that TVM reports each kind of rejection relay_amp relies on as one of them."""
+that TVM reports each kind of rejection relay_amp relies on as one of them, and that the fast Call
+constructor makes the node TVM's own makes."""
 
 import pytest
 import tvm
 from tvm import relax
 
-from relay_amp.relax_utils import TVM_ERRORS
+from relay_amp.relax_utils import TVM_ERRORS, new_call
 from relay_amp.targets import as_target
 
 
@@ -30,3 +31,14 @@ def test_an_ill_formed_module_raises_one_of_them():
                           relax.TensorType((2,), "float32"))
     with pytest.raises(TVM_ERRORS):
         relax.analysis.well_formed(tvm.IRModule({"main": func}))
+
+
+def test_new_call_makes_the_node_tvm_ir_call_makes():
+    x = relax.Var("x", relax.TensorType((2, 3), "float32"))
+    w = relax.Var("w", relax.TensorType((3, 4), "float32"))
+    model = relax.op.matmul(x, w, out_dtype="float16")
+    made = new_call(model.op, [x, w], model.attrs, model.ty_args, model.span)
+    assert type(made) is tvm.ir.Call
+    tvm.ir.assert_structural_equal(made, tvm.ir.Call(model.op, [x, w], model.attrs))
+    normalized = relax.BlockBuilder().normalize(made)
+    assert normalized.ty.dtype == "float16" and list(normalized.ty.shape) == [2, 4]
