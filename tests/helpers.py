@@ -1,9 +1,10 @@
-"""Shared test helpers: the invariants of every conversion, numeric runs, nvcc, and modules
-several test files use."""
+"""Shared test helpers: the invariants of every conversion, numeric runs, nvcc, assembly, and
+modules several test files use."""
 
 import glob
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 
@@ -79,16 +80,17 @@ def nvcc_compile(code: str, tmp_path, archs=("sm_80", "sm_90")):
 
 
 def _cuda_toolkit():
-    """A CUDA toolkit root whose headers NVRTC can include, or None."""
+    """(a CUDA toolkit root whose headers NVRTC can include, its include folder), or Nones."""
     roots = [os.environ.get("CUDA_PATH", "")] + sorted(glob.glob("/usr/local/cuda*"))
     for root in filter(None, roots):
-        if glob.glob(os.path.join(root, "targets", "*", "include", "cuda_runtime.h")) \
-                or os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")):
-            return root
-    return None
+        for header in sorted(glob.glob(os.path.join(root, "targets", "*", "include",
+                                                    "cuda_runtime.h"))
+                             + glob.glob(os.path.join(root, "include", "cuda_runtime.h"))):
+            return root, os.path.dirname(header)
+    return None, None
 
 
-CUDA_TOOLKIT = _cuda_toolkit()
+CUDA_TOOLKIT, CUDA_INCLUDE = _cuda_toolkit()
 NVRTC = CUDA_TOOLKIT if importlib.util.find_spec("cuda.bindings") else None
 
 
@@ -107,3 +109,28 @@ def nvrtc_compile(code: str, arch: str = "sm_90") -> bytes:
             del os.environ["CUDA_PATH"]
         else:
             os.environ["CUDA_PATH"] = saved
+
+
+def asm_functions(asm: str) -> dict:
+    """Assembly split at its global labels: {function or kernel name: its lines, joined}."""
+    functions, name = {}, None
+    for line in asm.splitlines():
+        label = re.match(r"([A-Za-z_][\w.$]*):", line)
+        if label and not label.group(1).startswith((".L", "L", "$")):
+            name = label.group(1)
+            functions[name] = []
+        elif name is not None:
+            functions[name].append(line)
+    return {name: "\n".join(lines) for name, lines in functions.items()}
+
+
+def asm_kernel(asm: str, name: str) -> str:
+    """The assembly of the one kernel named like ``name``: its compute function, or, where TVM
+    made none, its ``__tvm_ffi_`` function."""
+    functions = asm_functions(asm)
+    for wanted in (lambda f: f.endswith("_compute_"), lambda f: f.startswith("__tvm_ffi_")):
+        found = [body for f, body in functions.items() if name in f and wanted(f)]
+        if found:
+            assert len(found) == 1, f"{len(found)} kernels named like {name}"
+            return found[0]
+    raise AssertionError(f"no {name} in the assembly")

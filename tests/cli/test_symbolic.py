@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from helpers import NVCC, NVRTC, nvcc_compile, nvrtc_compile
+from helpers import NVCC, NVRTC, asm_functions, nvcc_compile, nvrtc_compile
 
 import relay_amp
 from relay_amp.cli import arguments, main
@@ -338,11 +338,10 @@ AARCH64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu",
 def _dot_instructions(asm: str) -> dict:
     """{kernel: the multiply-add instructions its compute function executes}."""
     found = {}
-    for match in re.finditer(r"^(\w+_compute_):\n(.*?)\.Lfunc_end", asm, re.M | re.S):
-        kinds = {k for k in ("fmlal", "bfdot", "bfmlal", "fmla\tv", "fmadd")
-                 if k in match.group(2)}
-        if kinds:  # a symbolic library's shape functions have none
-            found[match.group(1)] = kinds
+    for name, body in asm_functions(asm).items():
+        kinds = {k for k in ("fmlal", "bfdot", "bfmlal", "fmla\tv", "fmadd") if k in body}
+        if kinds and name.endswith("_compute_"):  # a symbolic library's shape functions have none
+            found[name] = kinds
     return found
 
 

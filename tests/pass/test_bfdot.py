@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 import tvm
+from helpers import asm_kernel
 from tvm import relax
 
 import relay_amp
@@ -145,19 +146,10 @@ def test_every_product_runs_in_bfdot_by_element(padding, strides, channels):
     lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
     asm = lib.inspect_source("asm")
     for kernel in ("conv2d_nhwc_bfdot", "matmul_bfdot"):
-        body = _function(asm, kernel)
+        body = asm_kernel(asm, kernel)
         assert re.search(A64_BFDOT_BY_ELEMENT, body), kernel
         assert not re.search(A64_WIDEN, body), kernel
         assert not re.search(r"\bdup\s+v\d+\.4s", body), kernel
-
-
-def _function(asm: str, name: str) -> str:
-    """The assembly of the kernel named like ``name``: its compute function, or, where TVM
-    made none, its ``__tvm_ffi_`` function."""
-    match = re.search(rf"^(\S*{name}\S*_compute_):\n(.*?)\.Lfunc_end", asm, re.M | re.S) \
-        or re.search(rf"^(__tvm_ffi_\S*{name}\S*):\n(.*?)\.Lfunc_end", asm, re.M | re.S)
-    assert match, f"no {name} in the assembly"
-    return match.group(2)
 
 
 def test_a_symbolic_row_count_runs_one_row_at_a_time_on_bfdot():
@@ -177,7 +169,7 @@ def test_a_symbolic_row_count_runs_one_row_at_a_time_on_bfdot():
     executable = tvm.compile(mod, target=tvm.target.Target(BF16),
                              relax_pipeline=relay_amp.cpu_pipeline(BF16))
     lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
-    assert re.search(A64_BFDOT_BY_ELEMENT, _function(lib.inspect_source("asm"), "matmul_bfdot"))
+    assert re.search(A64_BFDOT_BY_ELEMENT, asm_kernel(lib.inspect_source("asm"), "matmul_bfdot"))
     inputs = [rng.standard_normal((5, 32)).astype("float32")]
     plain = run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), inputs)
     packed = run(relax.VirtualMachine(tvm.compile(_packed(mod), target="llvm"), tvm.cpu()),

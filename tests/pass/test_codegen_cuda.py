@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tvm
 from cuda_checks import CUDA_TYPES, compiles_to_cubin, needs_nvcc
-from helpers import nvcc_compile
+from helpers import CUDA_INCLUDE, nvcc_compile
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -118,10 +118,8 @@ def test_patched_source_also_compiles_under_nvrtc(dtype, idiom):
     program = ctypes.c_void_p()
     assert nvrtc.nvrtcCreateProgram(ctypes.byref(program), code.encode(), b"k.cu", 0, None,
                                     None) == 0
-    headers = sorted(glob.glob("/usr/local/cuda*/targets/*/include/cuda_fp16.h")
-                     + glob.glob("/usr/local/cuda*/include/cuda_fp16.h"))
-    assert headers, "the CUDA headers that nvcc uses"
-    options = [b"--gpu-architecture=sm_90", f"-I{os.path.dirname(headers[0])}".encode()]
+    assert CUDA_INCLUDE, "the CUDA headers that nvcc uses"
+    options = [b"--gpu-architecture=sm_90", f"-I{CUDA_INCLUDE}".encode()]
     array = (ctypes.c_char_p * len(options))(*options)
     status = nvrtc.nvrtcCompileProgram(program, len(options), array)
     size = ctypes.c_size_t()

@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 import tvm
+from helpers import asm_kernel
 from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 from tvm.s_tir import dlight as dl
@@ -254,7 +255,7 @@ def test_the_float16_tile_loads_a_row_of_scalars_once_per_step():
     """Each ``fmlal`` reads one lane of a row's float16 scalars: the tile loads every row once
     per step (LLVM had narrowed a load per lane read into ``ld1r``, 80 in this kernel)."""
     asm = _assembly(_convert(_sequence_matmul(), "float16", FP16FML), FP16FML)
-    kernel = re.search(r"^__tvm_ffi_fused_matmul\w*:\n(.*?)\.Lfunc_end", asm, re.M | re.S)[1]
+    kernel = asm_kernel(asm, "fused_matmul")
     assert len(re.findall(A64_FMLAL_BY_ELEMENT, kernel)) >= 64
     assert not re.findall(r"\bld1r\s", kernel) and not re.findall(r"\bld1\s+\{ v\d+\.[hs] \}\[",
                                                                   kernel)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from helpers import asm_functions
 from tvm import relax, tirx
 
 import relay_amp
@@ -150,19 +151,6 @@ def _policy(dtype, variant):
 
 
 # ------------------------------------------------------------------- reading generated code
-def _functions(asm: str) -> dict:
-    """Assembly split at its global labels: {function or kernel name: its instructions}."""
-    functions, name = {}, None
-    for line in asm.splitlines():
-        label = re.match(r"([A-Za-z_][\w.$]*):", line)
-        if label and not label.group(1).startswith((".L", "L", "$")):
-            name = label.group(1)
-            functions[name] = []
-        elif name is not None:
-            functions[name].append(line)
-    return {name: "\n".join(lines) for name, lines in functions.items()}
-
-
 def _role(kernel: str) -> str | None:
     """``attention`` (TVM's legalized ``nn.attention``), ``dot`` (a matmul or convolution
     kernel, epilogues fused or not) or None (other kernels, TVM's ``__tvm_ffi_`` wrappers)."""
@@ -291,12 +279,12 @@ def build(target_name: str, layer_name: str, dtype: str, variant: str = "",
             target, relay_amp_schedules=pipeline == "relay_amp"))
         asm = "\n".join(m.inspect_source("asm") for m in [executable.mod, *executable.mod.imports]
                         if m.kind == "llvm")
-        return Built(report, _functions(asm))
+        return Built(report, asm_functions(asm))
     if kind == "rocm":
         with _rocm_unlinked():
             executable = tvm.compile(converted, target=target)
         (device,) = executable.mod.imports[0].imports
-        return Built(report, _functions(device.inspect_source("asm")))
+        return Built(report, asm_functions(device.inspect_source("asm")))
     extra = {}
     if kind == "cuda" and pipeline == "relay_amp":
         extra["relax_pipeline"] = relay_amp.cuda_pipeline(target)
