@@ -11,12 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import tvm
 import tvm_ffi
+from tvm import relax
 from tvm.ir import Call
 
 from .kinds import Mode
 from .reasons import Reason
-from .relax_utils import op_name, tensor_dtype
+from .relax_utils import new_call, op_name, replace_attrs, tensor_dtype
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,10 @@ class OpSite:
         ``expr -> Call | None``: the call bound to a var of the function.
     integer_input : callable
         ``expr -> str | None``: the integer dtype a parameter is fed in (``input_dtypes``).
+    block : int
+        Step 3, for :attr:`~relay_amp.op_registry.OpInfo.blocked_sum`: the products per block
+        asked (``Policy.set_accumulation_block``); ``call`` is then the call as the rewrite
+        makes it, operands in the low dtype and typed.
     """
 
     call: Call
@@ -51,6 +57,7 @@ class OpSite:
     f32_ready: bool = False
     producer: Callable = lambda expr: None
     integer_input: Callable = lambda expr: None
+    block: int = 0
 
 
 # ------------------------------------------------------------------ quantize, dequantize
@@ -110,3 +117,106 @@ def attention_pin(site: OpSite):
 def inference_batch_norm(site: OpSite) -> bool:
     """Is this batch_norm an inference one (``decompose_batch_norm`` decomposes it)?"""
     return not bool(site.call.attrs.training)
+
+
+# ------------------------------------------------------------------ accumulation in blocks
+def matmul_blocks(site: OpSite):
+    """matmul(a, b) summed in blocks (``site.block`` products in the low dtype, the blocks in
+    float32): ``a`` (..., M, K) as (..., K/B, M, B), ``b`` (..., K, N) as (..., K/B, B, N), one
+    batched matmul into the low dtype, its K/B partial products summed in float32. ``(expr,
+    reason)``; ``expr`` None where the call does not split."""
+    a, b = site.call.args
+    a_shape, b_shape = _shape(a), _shape(b)
+    if a_shape is None or b_shape is None or len(a_shape) < 2 or len(b_shape) < 2:
+        return _refused(site, "an operand is not a matrix (or a stack of them) of known shape")
+    extent = a_shape[-1]
+    if not isinstance(extent, int):
+        return _refused(site, "its reduction extent is symbolic")
+    if extent <= site.block:
+        return _one_block(site, extent)
+    if extent % site.block:
+        return _refused(site, f"its reduction of {extent} is no multiple of the block")
+    blocks, rank = extent // site.block, len(a_shape)
+    rows = relax.op.permute_dims(
+        relax.op.reshape(a, [*a_shape[:-1], blocks, site.block]),
+        [*range(rank - 2), rank - 1, rank - 2, rank])
+    columns = relax.op.reshape(b, [*b_shape[:-2], blocks, site.block, b_shape[-1]])
+    partial = relax.op.matmul(rows, columns, out_dtype=site.low)
+    return (relax.op.sum(relax.op.astype(partial, "float32"), axis=[-3]),
+            _made(site, site.block, blocks))
+
+
+def conv_blocks(site: OpSite):
+    """A convolution (``NC...``/``OI...`` layouts) summed in blocks: each group's input
+    channels split into runs of ``c`` (the most that keep ``c`` times the window within
+    ``site.block`` and divide the group's channels), one grouped convolution into the low dtype
+    with a group per run, its runs' partial outputs summed in float32. ``(expr, reason)``."""
+    call = site.call
+    attrs, (data, weight) = call.attrs, call.args[:2]
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    spatial = len(layouts[0]) - 2
+    if (layouts[0][:2] != "NC" or layouts[1][:2] != "OI"
+            or layouts[2] not in ("", layouts[0]) or not layouts[0].isupper()):
+        return _refused(site, f"its layouts are {'/'.join(layouts[:2])}; blocks are made for "
+                              "NC.../OI...")
+    kernel, out = _shape(weight), _shape(call)
+    if kernel is None or out is None or not all(isinstance(d, int) for d in kernel):
+        return _refused(site, "its weight shape is not known")
+    channels, window, groups = kernel[1], _product(kernel[2:]), int(attrs.groups)
+    if channels * window <= site.block:
+        return _one_block(site, channels * window)
+    if window > site.block:
+        return _refused(site, f"its window of {window} products is larger than the block")
+    run = max(c for c in range(1, site.block // window + 1) if channels % c == 0)
+    runs, per_group = channels // run, kernel[0] // groups
+    weight = relax.op.reshape(weight, [groups, per_group, runs, run, *kernel[2:]])
+    weight = relax.op.permute_dims(weight, [0, 2, 1, *range(3, 4 + spatial)])
+    weight = relax.op.reshape(weight, [groups * runs * per_group, run, *kernel[2:]])
+    partial = _conv_like(call, data, weight, groups * runs, site.low)
+    partial = relax.op.reshape(partial, [out[0], groups, runs, per_group, *out[2:]])
+    total = relax.op.sum(relax.op.astype(partial, "float32"), axis=[2])
+    return relax.op.reshape(total, out), _made(site, run * window, runs)
+
+
+_CONVOLUTIONS = {"nn.conv1d": relax.op.nn.conv1d, "nn.conv2d": relax.op.nn.conv2d,
+                 "nn.conv3d": relax.op.nn.conv3d}
+
+
+def _conv_like(call, data, weight, groups: int, out_dtype: str):
+    attrs = call.attrs
+    return _CONVOLUTIONS[op_name(call)](
+        data, weight, strides=list(attrs.strides), padding=list(attrs.padding),
+        dilation=list(attrs.dilation), groups=groups, data_layout=str(attrs.data_layout),
+        kernel_layout=str(attrs.kernel_layout), out_layout=str(attrs.out_layout) or None,
+        out_dtype=out_dtype)
+
+
+def _one_block(site: OpSite, products: int):
+    """A reduction no longer than the block: the whole sum in the low dtype, widened."""
+    call = site.call
+    low = new_call(call.op, call.args, replace_attrs(call.attrs, out_dtype=site.low),
+                   call.ty_args)
+    return relax.op.astype(low, "float32"), _made(site, products, 1)
+
+
+def _made(site: OpSite, products: int, blocks: int) -> Reason:
+    return Reason.of("blocked_accumulation", dtype=site.low, block=products, blocks=blocks)
+
+
+def _refused(site: OpSite, why: str):
+    return None, Reason.of("blocked_accumulation_refused", block=site.block, why=why)
+
+
+def _shape(expr) -> list | None:
+    """The extents of a tensor expression (ints where known), or None."""
+    shape = getattr(expr.ty, "shape", None)
+    if not isinstance(shape, relax.ShapeExpr):
+        return None
+    return [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in shape.values]
+
+
+def _product(values) -> int:
+    out = 1
+    for value in values:
+        out *= value
+    return out

@@ -24,8 +24,10 @@ from .kinds import LOW_CATEGORIES, Category, FusionKind
 from .op_hooks import (
     OpSite,
     attention_pin,
+    conv_blocks,
     dequantize_mode,
     inference_batch_norm,
+    matmul_blocks,
     quantize_identity,
     quantize_mode,
 )
@@ -105,11 +107,13 @@ class OpInfo:
     float32_parameters : bool
         It computes in float32 with constant parameters the report counts (with the advice to
         fold them into the convolution before).
-    identity, choose_mode, pin_result, decomposes : callable, optional
+    identity, choose_mode, pin_result, decomposes, blocked_sum : callable, optional
         Hooks, each ``(OpSite) -> value`` (:mod:`relay_amp.op_hooks`): step 1, ``(reason,
         source)`` when the call returns its source's values unchanged; step 2, ``(mode,
         reason)`` of a follow decision; step 3, the reason to cast the emitted result back to
-        the low dtype; step 0, whether ``decompose_batch_norm`` decomposes the call.
+        the low dtype; step 0, whether ``decompose_batch_norm`` decomposes the call; step 3,
+        ``(expr or None, reason)``: the call with its products summed in blocks
+        (``Policy.set_accumulation_block``), None where its shapes do not split.
     """
 
     name: str
@@ -136,6 +140,7 @@ class OpInfo:
     choose_mode: Callable | None = None
     pin_result: Callable | None = None
     decomposes: Callable | None = None
+    blocked_sum: Callable | None = None
 
     def __hash__(self):
         return hash(self.name)
@@ -222,13 +227,13 @@ def _op(name: str, group: OpGroup | None = None, **facts) -> OpInfo:
 #: Every op relay_amp knows, one record each.
 RECORDS: tuple[OpInfo, ...] = (
     # DOT_PRODUCTS
-    _op("nn.conv1d", DOT_PRODUCTS, fusion=ANCHOR, macs=_conv_macs),
-    _op("nn.conv2d", DOT_PRODUCTS, fusion=ANCHOR, macs=_conv_macs),
-    _op("nn.conv3d", DOT_PRODUCTS, fusion=ANCHOR, macs=_conv_macs),
+    _op("nn.conv1d", DOT_PRODUCTS, fusion=ANCHOR, macs=_conv_macs, blocked_sum=conv_blocks),
+    _op("nn.conv2d", DOT_PRODUCTS, fusion=ANCHOR, macs=_conv_macs, blocked_sum=conv_blocks),
+    _op("nn.conv3d", DOT_PRODUCTS, fusion=ANCHOR, macs=_conv_macs, blocked_sum=conv_blocks),
     _op("nn.conv1d_transpose", DOT_PRODUCTS, fusion=ANCHOR, macs=_conv_transpose_macs),
     _op("nn.conv2d_transpose", DOT_PRODUCTS, fusion=ANCHOR, macs=_conv_transpose_macs),
     _op("nn.conv3d_transpose", DOT_PRODUCTS, fusion=ANCHOR, macs=_conv_transpose_macs),
-    _op("matmul", DOT_PRODUCTS, fusion=ANCHOR, macs=_matmul_macs),
+    _op("matmul", DOT_PRODUCTS, fusion=ANCHOR, macs=_matmul_macs, blocked_sum=matmul_blocks),
     # ATTENTION
     _op("nn.attention", ATTENTION, fusion=ANCHOR, macs=_attention_macs, pin_result=attention_pin),
     _op("nn.attention_bias", ATTENTION, fusion=ANCHOR, macs=_attention_macs,

@@ -10,6 +10,10 @@ Precedence, lowest to highest (a higher layer overrides a lower one for the bind
 5. per-binding rules: :meth:`Policy.include` / :meth:`Policy.exclude` by name or regex
    (an exclusion beats an inclusion).
 
+How a dot product accumulates (:meth:`Policy.set_accumulation_dtype`, or in blocks:
+:meth:`Policy.set_accumulation_block`; for one op the later call wins) goes with its op's
+decision at every layer.
+
 Numeric safety sits above every layer: a constant or scalar argument that the low-precision dtype
 cannot hold keeps its binding in float32, whatever the policy says.
 """
@@ -142,6 +146,9 @@ class Decision:
     reasons: tuple  # of relay_amp.reasons.Reason, the deciding layer's first
     accumulation_dtype: str = "float32"
     accumulation_from_user: bool = False  # set by set_accumulation_dtype: targets keep it
+    #: Products summed in the low dtype per block before each block is added in float32
+    #: (``Policy.set_accumulation_block``); None: one float32 sum.
+    accumulation_block: int | None = None
 
     @property
     def rule(self) -> str:
@@ -252,6 +259,7 @@ class Policy:
         self._categories: dict[str, Category] = {}
         self._list_of: dict[str, str] = {}
         self._accumulation: dict[str, str] = {}
+        self._blocks: dict[str, int] = {}
         self._conditions: list[Condition] = []
         self._exclude_names: list[str] = []
         self._exclude_patterns: list[str] = []
@@ -341,6 +349,25 @@ class Policy:
                 f"accumulation dtype for {op!r} must be float32, float16 or bfloat16; got {dtype!r}"
             )
         self._accumulation[op] = dtype
+        self._blocks.pop(op, None)
+        return self
+
+    def set_accumulation_block(self, op: str, block: int) -> "Policy":
+        """Sum ``op``'s products in the low dtype ``block`` at a time, each block's sum added
+        into a float32 one: the rounding error grows with ``block``, not with the whole
+        reduction, while most of the work runs on the low dtype's FMA (``fmla v.8h``).
+
+        The rewrite says it in Relax (the reduction split into blocks, each block a dot product
+        with ``out_dtype`` the low dtype, the blocks summed in float32), so every build honours
+        it. Ops without a blocked form, and calls whose shapes do not split (a reduction that is
+        no multiple of the block, a convolution window larger than it), keep float32
+        accumulation, with the reason in the report."""
+        op = _normalize_op_name(op, "set_accumulation_block")
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"accumulation block for {op!r} must be a positive int; got "
+                             f"{block!r}")
+        self._accumulation[op] = "float32"
+        self._blocks[op] = block
         return self
 
     def add_condition(self, op: str, attribute: str, values) -> "Policy":
@@ -382,6 +409,7 @@ class Policy:
             "dtype": self.dtype,
             "op_categories": {op: c.value for op, c in sorted(self._categories.items())},
             "accumulation_dtypes": dict(sorted(self._accumulation.items())),
+            "accumulation_blocks": dict(sorted(self._blocks.items())),
             "conditional_fp32_ops": [[c.op, c.attribute, list(c.values)] for c in self._conditions],
             "exclude_names": list(self._exclude_names),
             "exclude_patterns": list(self._exclude_patterns),
@@ -424,6 +452,8 @@ class Policy:
             policy.set_category(op, category)
         for op, dtype in data.get("accumulation_dtypes", {}).items():
             policy.set_accumulation_dtype(op, dtype)
+        for op, block in data.get("accumulation_blocks", {}).items():
+            policy.set_accumulation_block(op, block)
         policy.exclude(*data.get("exclude_names", ()))
         policy.exclude(*data.get("exclude_patterns", ()), regex=True)
         policy.include(*data.get("include_names", ()))
@@ -468,17 +498,18 @@ class Policy:
             if re.fullmatch(pattern, name):
                 return Decision(Category.FP32,
                                 (Reason.of("excluded_by_pattern", pattern=pattern),))
-        accumulation = self._accumulation.get(op, "float32")
+        accumulation, block = self._accumulation.get(op, "float32"), self._blocks.get(op)
         for pattern in self._include_names:
             if name == pattern:
                 return Decision(Category.LOW_PRECISION_FP32_ACCUMULATE,
                                 (Reason.of("included_by_name", dtype=self.dtype, name=name),),
-                                accumulation)
+                                accumulation, op in self._accumulation, block)
         for pattern in self._include_patterns:
             if re.fullmatch(pattern, name):
                 return Decision(Category.LOW_PRECISION_FP32_ACCUMULATE,
                                 (Reason.of("included_by_pattern", dtype=self.dtype,
-                                           pattern=pattern),), accumulation)
+                                           pattern=pattern),), accumulation,
+                                op in self._accumulation, block)
         for condition in self._conditions:
             if condition.op == op and condition.matches(attrs):
                 return Decision(Category.FP32, (Reason.of("user_condition",
@@ -486,7 +517,8 @@ class Policy:
         if op in self._categories:
             category = self._categories[op]
             return Decision(category, (Reason.of("user_category", category=category.value, op=op,
-                                                 table=self._list_of[op]),), accumulation)
+                                                 table=self._list_of[op]),), accumulation,
+                            op in self._accumulation, block)
         for op_name, attribute, values, reason in BUILTIN_CONDITIONS:
             condition = Condition(op_name, attribute, values)
             if op == op_name and condition.matches(attrs):
@@ -499,7 +531,7 @@ class Policy:
             return Decision(None, (Reason.of("unknown_op", op=op),))
         decision = Decision(group.category, (Reason.of(
             "builtin_category", category=group.category.value, op=op, why=group.reason),),
-                            accumulation, op in self._accumulation)
+                            accumulation, op in self._accumulation, block)
         if target_rule is not None:
             decision = target_rule(op, decision)
         return decision
@@ -522,8 +554,11 @@ class Policy:
         rows = {}
         for op in sorted(set(_BUILTIN) | set(self._categories)):
             decision = self.decide(op, "", None)
+            accumulation = decision.accumulation_dtype
+            if decision.accumulation_block:
+                accumulation += f", blocks of {decision.accumulation_block} in {self.dtype}"
             rows[op] = (decision.category.value if decision.category else "kept",
-                        decision.accumulation_dtype, decision.reasons[0].detail())
+                        accumulation, decision.reasons[0].detail())
         width = max(len(op) for op in rows)
         for category in list(Category) + ["kept"]:
             name = getattr(category, "value", category)

@@ -124,6 +124,10 @@ TEXT = {
     "rejected_by_tvm": ("kept", "{op} rejects {dtype} operands ({message})"),
     "kernel_not_emitted": (None, "no {kernel} kernel: {why}, so {op} computes as TVM "
                                  "legalizes it, its operands cast"),
+    "blocked_accumulation": (None, "sums its products in {dtype} {block} at a time and adds the "
+                                   "{blocks} blocks in float32 (Policy.set_accumulation_block)"),
+    "blocked_accumulation_refused": (None, "blocks of {block} asked, not made: {why}; it "
+                                           "accumulates in float32"),
     "attention_pinned": (None, "result pinned to {dtype} (TVM's legalization of a scaled "
                                "attention returns float32)"),
     # the accuracy-driven search (relay_amp.fallback)

@@ -258,7 +258,7 @@ def target_rule(target, dtype: str, fallback: str | None):
                 reasons += (Reason.of("target_float32_accumulation",
                                       instruction=caps.half_fma, op=op),)
             return Decision(decision.category, reasons, decision.accumulation_dtype,
-                            decision.accumulation_from_user)
+                            decision.accumulation_from_user, decision.accumulation_block)
         return fast
 
     def storage_only(op: str, decision: Decision) -> Decision:
