@@ -52,11 +52,19 @@ def _sweep(args) -> int:
         print(f"relay-amp sweep: --batches must be at least 1; got {args.batches}",
               file=sys.stderr)
         return 2
+    policy = None
+    if args.policy:
+        try:
+            policy = _read_policy(args.policy)
+        except (OSError, ValueError, TypeError) as err:
+            print(f"relay-amp sweep: --policy {args.policy}: {err}", file=sys.stderr)
+            return 2
     try:
         results = sweep.run_sweep(names, dtypes, args.out, args.timeout, args.force,
                                   progress=not args.quiet, calibrated=not args.no_calibration,
                                   target=target, batches=args.batches, jobs=jobs,
-                                  shard=args.shard, gpu_cost=not args.no_gpu_cost)
+                                  shard=args.shard, gpu_cost=not args.no_gpu_cost,
+                                  policy=policy)
     except KeyError as err:
         print(f"relay-amp sweep: {err.args[0]}", file=sys.stderr)
         return 2
@@ -65,6 +73,14 @@ def _sweep(args) -> int:
     print(sweep.markdown_table(results, names))
     print(f"\nwrote {args.out}/results.json, results.csv, results.md and error.png")
     return 0
+
+
+def _read_policy(path: str) -> dict:
+    """The policy file as :meth:`relay_amp.Policy.to_dict` writes it (checked by reading it)."""
+    from relay_amp import Policy
+
+    with open(path, encoding="utf-8") as handle:
+        return Policy.from_json(handle.read()).to_dict()
 
 
 def _shard(names, args) -> list[str]:
@@ -154,6 +170,11 @@ def main(argv=None) -> int:
                        help="the target whose defaults relay_amp converts for, as relay-amp "
                             "convert takes it ('cuda -arch=sm_90', a tag, a JSON dict) or 'none' "
                             "(default: %(default)s; the models run on this CPU)")
+    sweep.add_argument("--policy", default=None, metavar="POLICY_JSON",
+                       help="convert with this policy (Policy.to_json, or a relay-amp convert "
+                            "OUT/policy.json; its dtype is replaced by each of --dtypes); "
+                            "finished rows converted with another policy are measured again "
+                            "(default: the defaults)")
     sweep.add_argument("--batches", type=int, default=None, metavar="N",
                        help="measure each model on at least N input batches where its loader "
                             "can give them (GluonCV: N batches of its batch size from more "
@@ -177,7 +198,7 @@ def main(argv=None) -> int:
                             "rows measured with other settings are refused")
     sweep.add_argument("--allow-mixed", action="store_true",
                        help="with --merge: merge rows measured with different settings "
-                            "(target, dtypes, batches, calibration, code version)")
+                            "(target, dtypes, batches, calibration, code version, policy)")
     sweep.add_argument("--list", action="store_true", help="list the models and exit")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.set_defaults(run=_sweep)

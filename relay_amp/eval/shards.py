@@ -19,7 +19,7 @@ from .models import REGISTRY
 
 #: What a merged row must share with every other: the settings a sweep measures under.
 SETTINGS = ("relay_amp_target", "dtypes", "batches_requested", "calibrated_requested",
-            "code_version")
+            "code_version", "policy")
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -88,7 +88,7 @@ def merge_results(folders, allow_mixed: bool = False) -> dict:
         A folder has no ``results.json``.
     MixedSettingsError
         Without ``allow_mixed``: a model is in two folders, or two rows differ in a setting of
-        :data:`SETTINGS` (target, dtypes, batches, calibration, code version). With it, a
+        :data:`SETTINGS` (target, dtypes, batches, calibration, code version, policy). With it, a
         later folder's row replaces an earlier one's and the differences are kept in the
         merged ``meta["mixed_settings"]``.
     """

@@ -211,7 +211,8 @@ DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
 
 def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None = None,
                   on_row=None, calibrated: bool = True, target=DEFAULT_TARGET,
-                  batches: int | None = None, gpu_cost: bool = True) -> dict:
+                  batches: int | None = None, gpu_cost: bool = True,
+                  policy: dict | None = None) -> dict:
     """Measure one model: the float32 baseline and every variant. Never raises.
 
     With ``calibrated``, relay_amp converts with ranges from :func:`relay_amp.calibrate` run on
@@ -221,7 +222,9 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
     result's ``batches`` is how many were measured, ``batches_requested`` what was asked.
     ``gpu_cost`` adds the GPU cost rows (:func:`gpu_cost_rows`; without it the row has no
     ``gpu_cost`` entry: they took 4-62 % of a model's time in the 2026-11-25 sweeps, and an
-    accuracy sweep or one for a CPU target does not read them)."""
+    accuracy sweep or one for a CPU target does not read them). ``policy`` (a
+    :meth:`relay_amp.Policy.to_dict`) is what relay_amp converts with (None: the defaults); the
+    GPU cost rows keep the defaults."""
     import relay_amp
 
     from ..builds.pipeline import compile_module
@@ -305,6 +308,8 @@ def measure_model(name: str, dtypes=("float16", "bfloat16"), workdir: str | None
                     batches = integer["batches"]
                     row["input"] = ("uint8 (relay_amp.eval.data.ImageBatches, normalization "
                                     "folded in)")
+                if policy is not None:
+                    options = {"policy": relay_amp.Policy.from_dict({**policy, **options})}
                 converted, conversion = relay_amp.convert(loaded.mod, dtype, target=target,
                                                           calibration=calibration, **options)
                 row["summary"] = conversion.summary()
@@ -452,7 +457,7 @@ def gpu_cost_markdown(results: dict, order=None) -> str:
 
 
 def _worker(name, dtypes, path, workdir, calibrated, target, batches=None,
-            gpu_cost=True):  # a child process
+            gpu_cost=True, policy=None):  # a child process
     def save(result):
         result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         with open(path + ".tmp", "w", encoding="utf-8") as handle:
@@ -461,7 +466,7 @@ def _worker(name, dtypes, path, workdir, calibrated, target, batches=None,
 
     try:
         measure_model(name, dtypes, workdir, on_row=save, calibrated=calibrated, target=target,
-                      batches=batches, gpu_cost=gpu_cost)
+                      batches=batches, gpu_cost=gpu_cost, policy=policy)
     except BaseException:  # pragma: no cover - measure_model catches; this is a last resort
         traceback.print_exc()
         raise
@@ -519,14 +524,14 @@ class _Isolated:
     """One model measured in a child process: started, then :meth:`result` once it ended."""
 
     def __init__(self, name, dtypes, timeout_s, calibrated, target, batches, threads=None,
-                 gpu_cost=True):
+                 gpu_cost=True, policy=None):
         self.name, self.dtypes = name, tuple(dtypes)
         self.workdir = tempfile.TemporaryDirectory(prefix="relay_amp_sweep_")
         self.path = os.path.join(self.workdir.name, "result.json")
         context = multiprocessing.get_context("spawn")
         self.process = context.Process(target=_worker,
                                        args=(name, self.dtypes, self.path, self.workdir.name,
-                                             calibrated, target, batches, gpu_cost))
+                                             calibrated, target, batches, gpu_cost, policy))
         self.timeout_s = timeout_s
         self.started = time.monotonic()
         with _thread_environment(threads):
@@ -569,15 +574,17 @@ class _Isolated:
 
 def measure_isolated(name: str, dtypes, timeout_s: float, calibrated: bool = True,
                      target=DEFAULT_TARGET, batches: int | None = None,
-                     gpu_cost: bool = True) -> dict:
+                     gpu_cost: bool = True, policy: dict | None = None) -> dict:
     """:func:`measure_model` in a child process; a timeout or crash marks the missing rows."""
-    child = _Isolated(name, dtypes, timeout_s, calibrated, target, batches, gpu_cost=gpu_cost)
+    child = _Isolated(name, dtypes, timeout_s, calibrated, target, batches, gpu_cost=gpu_cost,
+                      policy=policy)
     child.process.join(timeout_s)
     return child.result()
 
 
 def measure_parallel(names, dtypes, timeout_s: float, jobs: int, calibrated: bool = True,
-                     target=DEFAULT_TARGET, batches: int | None = None, gpu_cost: bool = True):
+                     target=DEFAULT_TARGET, batches: int | None = None, gpu_cost: bool = True,
+                     policy: dict | None = None):
     """Measure ``names``, ``jobs`` child processes at a time; yields each model's row as its
     child ends, in the order they end.
 
@@ -594,7 +601,7 @@ def measure_parallel(names, dtypes, timeout_s: float, jobs: int, calibrated: boo
     while waiting or running:
         while waiting and len(running) < jobs:
             running.append(_Isolated(waiting.pop(0), dtypes, timeout_s, calibrated, target,
-                                     batches, threads, gpu_cost))
+                                     batches, threads, gpu_cost, policy))
         for child in running:
             child.concurrency = max(child.concurrency, len(running))
         now = time.monotonic()
@@ -630,7 +637,8 @@ def code_version() -> str:
 def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_s=900.0,
               force=False, progress=True, calibrated: bool = True,
               target=DEFAULT_TARGET, batches: int | None = None, jobs: int = 1,
-              shard: str | None = None, gpu_cost: bool = True) -> dict:
+              shard: str | None = None, gpu_cost: bool = True,
+              policy: dict | None = None) -> dict:
     """Measure ``names`` and write results.json/.csv/.md and error.png into ``out_dir``.
 
     ``batches`` asks every loader for at least that many input batches (None: each loader's
@@ -643,7 +651,9 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
     ``jobs`` models are measured at once, each in its own process (:func:`measure_parallel`);
     the outputs are written as each model ends. ``shard`` (``"I/N"``) only labels the results:
     :func:`relay_amp.eval.shards.shard_names` picks the names. ``gpu_cost`` False leaves out the
-    GPU cost rows (the accuracy columns are the same)."""
+    GPU cost rows (the accuracy columns are the same). ``policy`` (a
+    :meth:`relay_amp.Policy.to_dict`) is what relay_amp converts with; a finished row measured
+    with another policy is measured again."""
     if batches is not None and batches < 1:
         raise ValueError(f"batches must be at least 1; got {batches}")
     for name in names:
@@ -664,22 +674,22 @@ def run_sweep(names, dtypes=("float16", "bfloat16"), out_dir="results", timeout_
                        "calibrated": calibrated,
                        "relay_amp_target": target, "batches_requested": batches,
                        "jobs": jobs, "shard": shard, "code_version": version,
-                       "gpu_cost": gpu_cost}
+                       "gpu_cost": gpu_cost, "policy": policy}
     todo = [n for n in names
             if force or not _finished(results["models"].get(n), dtypes, target, batches,
-                                      gpu_cost)]
+                                      gpu_cost, policy)]
     bar = progress_bar(total=len(todo), desc="sweep", unit="model", disable=not progress)
     children = (measure_parallel(todo, dtypes, timeout_s, jobs, calibrated, target, batches,
-                                 gpu_cost)
+                                 gpu_cost, policy)
                 if jobs > 1 else
                 ((n, measure_isolated(n, dtypes, timeout_s, calibrated, target, batches=batches,
-                                      gpu_cost=gpu_cost))
+                                      gpu_cost=gpu_cost, policy=policy))
                  for n in todo))
     with bar:
         for name, result in children:
             result.update({"relay_amp_target": target, "batches_requested": batches,
                            "calibrated_requested": calibrated, "dtypes": list(dtypes),
-                           "code_version": version})
+                           "code_version": version, "policy": policy})
             results["models"][name] = result
             write_outputs(results, out_dir, order=names)
             bar.update(1)
@@ -714,9 +724,12 @@ def same_batches(result: dict, batches: int | None) -> bool:
     return (result.get("batches") or 0) >= batches
 
 
-def _finished(result, dtypes, target=DEFAULT_TARGET, batches=None, gpu_cost=False) -> bool:
+def _finished(result, dtypes, target=DEFAULT_TARGET, batches=None, gpu_cost=False,
+              policy=None) -> bool:
     if result and result.get("relay_amp_target", None) != target:
         return False  # measured for another target's defaults
+    if result and result.get("policy") != policy:
+        return False  # converted with another policy
     if result and not same_batches(result, batches):
         return False  # measured on another number of input batches
     if not result or result.get("fp32", {}).get("status") not in ("ok", "import error"):

@@ -162,7 +162,8 @@ def test_one_model_sweep_end_to_end(tmp_path):
 def test_force_measures_the_named_models_again_and_keeps_every_other_row(tmp_path, monkeypatch):
     measured = []
 
-    def fake_measure(name, dtypes, timeout_s, calibrated, target, batches=None, gpu_cost=True):
+    def fake_measure(name, dtypes, timeout_s, calibrated, target, batches=None, gpu_cost=True,
+                     policy=None):
         measured.append(name)
         return {"model": name,
                 "fp32": {"status": "import error", "message": f"run {len(measured)}"},
@@ -181,7 +182,8 @@ def test_force_measures_the_named_models_again_and_keeps_every_other_row(tmp_pat
 def test_rows_measured_for_another_target_are_measured_again(tmp_path, monkeypatch):
     measured = []
 
-    def fake_measure(name, dtypes, timeout_s, calibrated, target, batches=None, gpu_cost=True):
+    def fake_measure(name, dtypes, timeout_s, calibrated, target, batches=None, gpu_cost=True,
+                     policy=None):
         measured.append((name, None if target is None else target["kind"]))
         return {"model": name, "fp32": {"status": "import error", "message": "x"},
                 "variants": {}}
@@ -393,6 +395,10 @@ def test_measure_model_asks_the_loader_for_batches_and_records_the_count(monkeyp
     for variant in ("relay_amp:float16", "tvm:float16"):
         assert result["variants"][variant]["status"] == "ok", result["variants"][variant]
     default = sweep.measure_model("resnet18_v1", ("float16",), target=None)
+    kept = sweep.measure_model("resnet18_v1", ("float16",), target=None, gpu_cost=False,
+                               policy=relay_amp.Policy().fp32("matmul").to_dict())
+    assert kept["variants"]["relay_amp:float16"]["summary"].startswith("converted 1/4 ops")
+    assert default["variants"]["relay_amp:float16"]["summary"].startswith("converted 4/4 ops")
     assert asked[-1] == ("resnet18_v1", None)
     assert default["batches"] == 1 and default["batches_requested"] is None
     assert "fp32" in default["gpu_cost"] and "fp32" in result["gpu_cost"]
@@ -412,8 +418,8 @@ def test_batches_reach_the_child_and_other_counts_are_measured_again(tmp_path, m
     measured, costs = [], []
 
     def fake_measure_model(name, dtypes, workdir, on_row=None, calibrated=True, target=None,
-                           batches=None, gpu_cost=True):
-        measured.append((name, batches))
+                           batches=None, gpu_cost=True, policy=None):
+        measured.append((name, batches) if policy is None else (name, batches, policy))
         costs.append(gpu_cost)
         given = max(batches or 0, 24) if name == "ppocrv4_rec" else batches or 1
         result = {"model": name, "task": get_spec(name).task, "notes": [],
@@ -459,6 +465,14 @@ def test_batches_reach_the_child_and_other_counts_are_measured_again(tmp_path, m
     assert rows[("alexnet", "tvm:float16")] == "8" and rows[("ppocrv4_rec", "fp32")] == "24"
     with pytest.raises(ValueError, match="at least 1"):
         sweep.run_sweep(names, ("float16",), out, progress=False, batches=0)
+    blocks = relay_amp.Policy().set_accumulation_block("matmul", 16).to_dict()
+    count = len(measured)
+    results = sweep.run_sweep(["alexnet"], ("float16",), out, progress=False, batches=8,
+                              policy=blocks)
+    assert measured[count:] == [("alexnet", 8, blocks)]  # another policy: measured again
+    assert results["meta"]["policy"] == results["models"]["alexnet"]["policy"] == blocks
+    sweep.run_sweep(["alexnet"], ("float16",), out, progress=False, batches=8, policy=blocks)
+    assert len(measured) == count + 1
 
 
 def test_rows_without_a_recorded_count_are_measured_again_for_batches():
@@ -491,6 +505,24 @@ def test_sweep_command_threads_batches(monkeypatch, capsys):
     assert "--batches must be at least 1" in capsys.readouterr().err
     assert commands.main([*argv, "--no-gpu-cost"]) == 0
     assert costs == [True, True, False]
+
+
+def test_sweep_command_reads_a_policy_file(monkeypatch, capsys, tmp_path):
+    from relay_amp.eval import commands
+
+    policies = []
+    monkeypatch.setattr(sweep, "run_sweep", lambda *args, **options: policies.append(
+        options["policy"]) or {"models": {}})
+    path = tmp_path / "policy.json"
+    path.write_text(relay_amp.Policy().set_accumulation_block("nn.conv2d", 8).to_json())
+    argv = ["sweep", "--models", "alexnet", "--dtypes", "float16", "--quiet"]
+    assert commands.main([*argv, "--policy", str(path)]) == 0
+    assert policies[-1]["accumulation_blocks"] == {"nn.conv2d": 8}
+    path.write_text('{"colour": "red"}')
+    assert commands.main([*argv, "--policy", str(path)]) == 2
+    assert "unknown policy keys ['colour']" in capsys.readouterr().err
+    assert commands.main([*argv, "--policy", str(tmp_path / "missing.json")]) == 2
+    assert "No such file" in capsys.readouterr().err
 
 
 @pytest.mark.zoo

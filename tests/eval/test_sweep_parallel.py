@@ -14,7 +14,8 @@ from relay_amp.eval.models import REGISTRY
 NAMES = ["resnet18_v1", "alexnet", "vgg11", "squeezenet1.1"]
 
 
-def fake_worker(name, dtypes, path, workdir, calibrated, target, batches=None, gpu_cost=True):
+def fake_worker(name, dtypes, path, workdir, calibrated, target, batches=None, gpu_cost=True,
+                policy=None):
     """A child process's work, without a model: a row made from the name alone (with the
     times its work began and ended) after a short sleep; ``CRASH`` in the environment names a
     model whose child dies, ``HANG`` one that never ends."""
