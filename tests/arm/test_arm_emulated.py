@@ -31,6 +31,9 @@ FLOAT32_TOLERANCE = 1e-5
 #: Low precision against the float32 host run (relative L2 over all outputs): the project's
 #: tolerances for float32 accumulation, the aarch64 default (tests/pass/test_numeric.py).
 TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2}
+#: relay_amp's float16 summed in blocks on the emulated CPU against the same module on this host
+#: (relative L2; identical on both test models when measured, 2026-11-28).
+BLOCKS_HOST_TOLERANCE = 1e-4
 TARGETS = {"float32": TARGET_FP32, "float16": TARGET_FP16, "bfloat16": TARGET_BF16}
 
 _op = relax.op
@@ -256,3 +259,29 @@ def test_relay_amps_bfloat16_build_runs_on_bfdot_near_float32(counter, name, tmp
     plain, _ = _build_for_arm(name, "bfloat16", tmp_path)
     tvms = relay_amp.agreement(reference, counter.run(plain, inputs))
     assert agreement.relative_l2 <= 1.1 * tvms.relative_l2 + 1e-6, (agreement, tvms)
+
+
+@pytest.mark.parametrize("name", ["convnet", "bert"])
+def test_float16_summed_in_blocks_runs_on_half_fmas_as_it_does_on_the_host(counter, name,
+                                                                           tmp_path):
+    """``Policy.set_accumulation_block`` (blocks of 16) for ``+fullfp16``: the blocked dot
+    products run on ``fmla v.8h`` (8 multiply-accumulates each) with no scalar half FMA, and the
+    emulated CPU computes what the same module computes on this host (x86 rounds each half
+    operation where aarch64 may contract a multiply and an add: the only difference)."""
+    inputs, reference = _host_float32(name)
+    policy = relay_amp.Policy("float16")
+    for op in ("matmul", "nn.conv2d"):
+        policy.set_accumulation_block(op, 16)
+    mod, report = relay_amp.convert(MODELS[name](), policy=policy, target=TARGET_FP16)
+    dots = [row for row in report.rows if row.op in ("matmul", "nn.conv2d")]
+    assert dots and all(row.reasons[-1].code == "blocked_accumulation" for row in dots)
+    host = relay_amp.run(relay_amp.compile_module(mod), inputs)
+    executable = relay_amp.builds.pipeline.build(mod, TARGET_FP16)
+    count = counter.count(remote.export_for(executable, tmp_path / f"{name}.so", TARGET_FP16),
+                          inputs)
+    mix = count.mix()
+    assert mix["fma h"] == 0 and 8 * mix["fma .8h"] >= 0.5 * sum(r.macs for r in dots), mix
+    emulated = relay_amp.agreement(host, count.outputs)
+    assert emulated.nonfinite == 0 and emulated.relative_l2 <= BLOCKS_HOST_TOLERANCE, emulated
+    blocked = relay_amp.agreement(reference, count.outputs)
+    assert blocked.relative_l2 <= TOLERANCE["float16"], blocked
