@@ -12,8 +12,10 @@ Variants: ``float32-tvm`` and ``float16-tvm`` are built by TVM's CPU pipeline (w
 (dot products vectorized): ``float32`` (``+neon``), ``float16`` (relay_amp's aarch64 defaults,
 ``+neon,+fullfp16``: float32 accumulation), ``float16-fmlal`` (the same with ``+fp16fml``:
 float16 dot products on FMLAL), ``float16-acc16`` (the same with float16
-accumulation of convolutions and matmuls asked, the fast and less accurate choice) and
-``bfloat16`` (``+neon,+bf16``). Batch 1, the model's first input batch, conversions
+accumulation of convolutions and matmuls asked, the fast and less accurate choice),
+``float16-blocksB`` (the same target with B products summed in float16 per block, the blocks
+in float32: ``Policy.set_accumulation_block``, B in 4, 8, 16, 32) and ``bfloat16``
+(``+neon,+bf16``). Batch 1, the model's first input batch, conversions
 uncalibrated. Rows already in ``--out`` are kept; each model runs in its own process. Counts are
 not times: QEMU runs each instruction at its own cost, a board does not.
 """
@@ -27,8 +29,8 @@ import tempfile
 import time
 
 MODELS = ("resnet50_v1", "mobilenetv2_1.0", "yolov8n_320", "bert_base", "llama_smollm_135m")
-#: name -> (dtype, accumulation asked for convolutions and matmuls, relay_amp.cpu_pipeline,
-#: the target: a name in relay_amp.eval.arm_emulator)
+#: name -> (dtype, accumulation asked for convolutions and matmuls (a dtype, or the products
+#: per float16 block), relay_amp.cpu_pipeline, the target: a name in relay_amp.eval.arm_emulator)
 VARIANTS = {
     "float32-tvm": ("float32", None, False, "TARGET_FP32"),
     "float16-tvm": ("float16", None, False, "TARGET_FP16"),
@@ -36,6 +38,7 @@ VARIANTS = {
     "float16": ("float16", None, True, "TARGET_FP16"),
     "float16-fmlal": ("float16", None, True, "TARGET_FP16FML"),
     "float16-acc16": ("float16", "float16", True, "TARGET_FP16"),
+    **{f"float16-blocks{b}": ("float16", b, True, "TARGET_FP16") for b in (4, 8, 16, 32)},
     "bfloat16": ("bfloat16", None, True, "TARGET_BF16"),
 }
 MIX_COLUMNS = ("fma .4s", "fma s", "fma .8h", "fma h", "fmlal", "bfdot", "bfmmla", "bfmlal",
@@ -55,9 +58,11 @@ def build(loaded, variant: str, workdir: str) -> str:
     mod = loaded.mod
     if dtype != "float32":
         policy = relay_amp.Policy(dtype)
-        if accumulation:
-            policy = policy.set_accumulation_dtype("nn.conv2d", accumulation) \
-                .set_accumulation_dtype("matmul", accumulation)
+        for op in ("nn.conv2d", "matmul"):
+            if isinstance(accumulation, int):
+                policy.set_accumulation_block(op, accumulation)
+            elif accumulation:
+                policy.set_accumulation_dtype(op, accumulation)
         mod, _ = relay_amp.convert(mod, dtype, policy=policy, target=target)
     executable = tvm.compile(mod, target=tvm.target.Target(target),
                              relax_pipeline=relay_amp.cpu_pipeline(target, schedules))
@@ -135,8 +140,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="results/arm_insn_count.json")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated; float32-tvm first: the others' error is against it")
+    parser.add_argument("--variants", default=",".join(v for v in VARIANTS if "blocks" not in v),
+                        help="comma-separated (default: all but the blocks); float32-tvm first: "
+                             "the others' error is against it")
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per model")
     parser.add_argument("--markdown", default=None, help="also write the table here")
     args = parser.parse_args(argv)

@@ -28,7 +28,10 @@ pytestmark = pytest.mark.arm
 
 M, K, N = 32, 64, 48
 WEIGHT = (np.random.default_rng(0).standard_normal((K, N)) / 8).astype("float32")
-VARIANTS = ("float32", "float16", "float16-fmlal", "float16-acc16", "bfloat16")
+VARIANTS = ("float32", "float16", "float16-fmlal", "float16-acc16", "float16-blocks16",
+            "bfloat16")
+#: The variants whose products run in half FMAs: float16 accumulation, whole or in blocks.
+HALF_SUMS = ("float16-acc16", "float16-blocks16")
 #: Multiply-accumulate lanes per instruction of each FMA entry of the mix.
 LANES = {"fma s": 1, "fma h": 1, "fma .4s": 4, "fma .8h": 8, "fmlal": 4, "bfdot": 8,
          "bfmmla": 16, "bfmlal": 4}
@@ -84,6 +87,8 @@ def _library(variant, tmp_path, schedules=False, model=matmul_relu):
         policy = relay_amp.Policy("float16")
         if variant == "float16-acc16":
             policy = policy.set_accumulation_dtype("matmul", "float16")
+        elif variant == "float16-blocks16":
+            policy = policy.set_accumulation_block("matmul", 16)
         mod, _ = relay_amp.convert(mod, "float16", policy=policy, target=target)
     executable = tvm.compile(mod, target=tvm.target.Target(target),
                              relax_pipeline=relay_amp.cpu_pipeline(target, schedules))
@@ -99,7 +104,8 @@ def _inputs():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_each_multiply_accumulate_is_counted_once(counter, variant, schedules, tmp_path):
     """The FMA lanes the run executes are the matmul's multiply-accumulates, in the dtype its
-    accumulation asks for: float16 accumulation in half FMAs, every other variant in float32;
+    accumulation asks for: float16 accumulation (whole, or in blocks of 16 products) in half
+    FMAs, every other variant in float32;
     one lane per instruction in TVM's build, vectors in relay_amp's (``fmlal`` with
     ``+fp16fml``, ``bfdot`` with ``+bf16``)."""
     count = counter.count(_library(variant, tmp_path, schedules), _inputs())
@@ -107,10 +113,11 @@ def test_each_multiply_accumulate_is_counted_once(counter, variant, schedules, t
     lanes = {name: mix[name] * LANES[name] for name in LANES}
     assert sum(lanes.values()) == M * K * N, mix
     half = lanes["fma h"] + lanes["fma .8h"]
-    assert half == (M * K * N if variant == "float16-acc16" else 0), mix
+    assert half == (M * K * N if variant in HALF_SUMS else 0), mix
     assert mix["total"] == count.total > M * K * N
     vector = lanes["fma .4s"] + lanes["fma .8h"] + lanes["fmlal"] + lanes["bfdot"]
-    assert vector == (M * K * N if schedules else 0), mix
+    if schedules or variant != "float16-blocks16":  # LLVM vectorizes the batched blocks itself
+        assert vector == (M * K * N if schedules else 0), mix
     assert lanes["fmlal"] == (M * K * N if schedules and variant == "float16-fmlal" else 0), mix
     assert lanes["bfdot"] == (M * K * N if schedules and variant == "bfloat16" else 0), mix
 
@@ -187,10 +194,11 @@ def test_bfdot_runs_the_matmul_in_eight_lanes_within_its_rounding(counter, tmp_p
     assert bfdot.total < 0.9 * float32.total, (bfdot.total, float32.total)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v not in HALF_SUMS[1:]])
 def test_relay_amps_build_executes_at_most_half(counter, variant, tmp_path):
     """relay_amp.cpu_pipeline against TVM's CPU pipeline on the same converted matmul: the same
-    outputs in at most half the executed instructions."""
+    outputs in at most half the executed instructions. (Not float16 in blocks: its batched
+    matmul, casts and sum are three kernels that neither pipeline fuses; docs/ARM.md.)"""
     plain = counter.count(_library(variant, tmp_path), _inputs())
     scheduled = counter.count(_library(variant, tmp_path, schedules=True), _inputs())
     assert scheduled.total <= 0.5 * plain.total, (scheduled.total, plain.total)
