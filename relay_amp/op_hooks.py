@@ -147,35 +147,46 @@ def matmul_blocks(site: OpSite):
 
 
 def conv_blocks(site: OpSite):
-    """A convolution (``NC...``/``OI...`` layouts) summed in blocks: each group's input
-    channels split into runs of ``c`` (the most that keep ``c`` times the window within
-    ``site.block`` and divide the group's channels), one grouped convolution into the low dtype
-    with a group per run, its runs' partial outputs summed in float32. ``(expr, reason)``."""
+    """A convolution summed in blocks: each group's input channels split into runs of ``c``
+    (the most that keep ``c`` times the window within ``site.block`` and divide the group's
+    channels), one grouped convolution into the low dtype with a group per run, its runs'
+    partial outputs summed in float32. Any layout without sub-blocked channels (``NCHW``/
+    ``OIHW``, TFLite's ``NHWC``/``OHWI``, ...). ``(expr, reason)``."""
     call = site.call
     attrs, (data, weight) = call.attrs, call.args[:2]
-    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
-    spatial = len(layouts[0]) - 2
-    if (layouts[0][:2] != "NC" or layouts[1][:2] != "OI"
-            or layouts[2] not in ("", layouts[0]) or not layouts[0].isupper()):
-        return _refused(site, f"its layouts are {'/'.join(layouts[:2])}; blocks are made for "
-                              "NC.../OI...")
+    data_layout, kernel_layout = str(attrs.data_layout), str(attrs.kernel_layout)
+    out_layout = str(attrs.out_layout) or data_layout
+    if not all(layout.isupper() for layout in (data_layout, kernel_layout, out_layout)):
+        return _refused(site, f"its layouts {data_layout}/{kernel_layout} split channels into "
+                              "sub-blocks")
     kernel, out = _shape(weight), _shape(call)
     if kernel is None or out is None or not all(isinstance(d, int) for d in kernel):
         return _refused(site, "its weight shape is not known")
+    order = [kernel_layout.index("O"), kernel_layout.index("I"),
+             *(i for i, axis in enumerate(kernel_layout) if axis not in "OI")]
+    kernel = [kernel[i] for i in order]  # as OI followed by the window
     channels, window, groups = kernel[1], _product(kernel[2:]), int(attrs.groups)
     if channels * window <= site.block:
         return _one_block(site, channels * window)
     if window > site.block:
         return _refused(site, f"its window of {window} products is larger than the block")
     run = max(c for c in range(1, site.block // window + 1) if channels % c == 0)
-    runs, per_group = channels // run, kernel[0] // groups
+    runs, per_group, spatial = channels // run, kernel[0] // groups, len(kernel) - 2
+    weight = _permuted(weight, order)
     weight = relax.op.reshape(weight, [groups, per_group, runs, run, *kernel[2:]])
     weight = relax.op.permute_dims(weight, [0, 2, 1, *range(3, 4 + spatial)])
     weight = relax.op.reshape(weight, [groups * runs * per_group, run, *kernel[2:]])
+    weight = _permuted(weight, [order.index(i) for i in range(len(order))])
     partial = _conv_like(call, data, weight, groups * runs, site.low)
-    partial = relax.op.reshape(partial, [out[0], groups, runs, per_group, *out[2:]])
-    total = relax.op.sum(relax.op.astype(partial, "float32"), axis=[2])
+    channel = out_layout.index("C")
+    partial = relax.op.reshape(partial, [*out[:channel], groups, runs, per_group,
+                                         *out[channel + 1:]])
+    total = relax.op.sum(relax.op.astype(partial, "float32"), axis=[channel + 1])
     return relax.op.reshape(total, out), _made(site, run * window, runs)
+
+
+def _permuted(tensor, axes: list):
+    return tensor if axes == sorted(axes) else relax.op.permute_dims(tensor, axes)
 
 
 _CONVOLUTIONS = {"nn.conv1d": relax.op.nn.conv1d, "nn.conv2d": relax.op.nn.conv2d,

@@ -202,3 +202,35 @@ def test_the_policy_round_trips_and_the_later_setting_wins():
     assert policy.decide("matmul", "lv", None).accumulation_block is None
     with pytest.raises(ValueError, match="must be a positive int"):
         Policy().set_accumulation_block("matmul", 0)
+
+
+@pytest.mark.parametrize("data_layout, kernel_layout", [("NHWC", "HWIO"), ("NHWC", "OHWI")])
+def test_other_layouts_sum_the_same_blocks(dtype, data_layout, kernel_layout):
+    """TFLite's layouts: the runs of channels are taken on the kernel's I axis and the partial
+    outputs on the output's C axis, so the blocks are NCHW's (the same outputs to the rounding
+    of a block's sum in its own order)."""
+    import tvm.relax as relax
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 32, 6, 6)).astype("float32")
+    w = (rng.standard_normal((8, 32, 3, 3)) / 16).astype("float32")
+
+    def conv(layout, kernel):
+        data = relax.Var("x", relax.TensorType(
+            [dict(zip("NCHW", x.shape))[a] for a in layout], "float32"))
+        weight = relax.const(np.transpose(w, ["OIHW".index(a) for a in kernel]))
+        builder = relax.BlockBuilder()
+        with builder.function("main", [data]):
+            with builder.dataflow():
+                gv = builder.emit_output(relax.op.nn.conv2d(
+                    data, weight, padding=[1, 1], data_layout=layout, kernel_layout=kernel), "gv")
+            builder.emit_func_output(gv)
+        new, report = convert_checked(builder.get(), dtype, policy=_policy(dtype, 16))
+        assert report.find("gv").reasons[-1].values == {"dtype": dtype, "block": 9,
+                                                         "blocks": 32}
+        (out,) = run_module(new, [np.transpose(x, ["NCHW".index(a) for a in layout])])
+        return np.transpose(out, [layout.index(a) for a in "NCHW"])
+
+    nchw, other = conv("NCHW", "OIHW"), conv(data_layout, kernel_layout)
+    unit = 2.0 ** (-8 if dtype == "bfloat16" else -11)
+    assert np.abs(other - nchw).max() <= 16 * unit * np.abs(nchw).max()
