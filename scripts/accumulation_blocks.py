@@ -11,6 +11,11 @@ Each setting is one ``relay-amp sweep`` folder, all with the same models, target
     python scripts/accumulation_blocks.py float32=results/blocks/float32 \\
         B16=results/blocks/b16 ... --json docs/results/accumulation_blocks.json
 
+``--blocked-macs`` loads each model again and converts it with each folder's policy (as its
+sweep did, uncalibrated) to add the share of its dot products' multiply-accumulates that the
+blocks cover: a call whose window is larger than the block, or whose reduction is no multiple
+of it, keeps float32 accumulation (its report row says so).
+
 A policy file for blocks of 16 on every dot product: ``Policy("float16")`` with
 ``set_accumulation_block(op, 16)`` for matmul, nn.conv1d, nn.conv2d and nn.conv3d, written by
 ``Policy.to_json()``; float16 accumulation: ``set_accumulation_dtype(op, "float16")``.
@@ -43,6 +48,38 @@ def worst_ratios(results: dict) -> dict:
     return rows
 
 
+def blocked_macs(results: dict) -> dict:
+    """{model: the share of its dot products' multiply-accumulates summed in blocks} under the
+    policy and target ``results`` were measured with (empty without a policy)."""
+    import relay_amp
+
+    meta = results.get("meta", {})
+    if not meta.get("policy"):
+        return {}
+    policy = relay_amp.Policy.from_dict(meta["policy"])
+    shares = {}
+    for name in results["models"]:
+        _, report = relay_amp.convert(_loaded(name), "float16", policy=policy,
+                                      target=meta.get("relay_amp_target"))
+        dots = [row for row in report.rows if row.macs]
+        total = sum(row.macs for row in dots)
+        blocked = sum(row.macs for row in dots
+                      if any(r.code == "blocked_accumulation" for r in row.reasons))
+        shares[name] = blocked / total if total else None
+    return shares
+
+
+_MODULES: dict = {}
+
+
+def _loaded(name: str):
+    from relay_amp.eval import models
+
+    if name not in _MODULES:
+        _MODULES[name] = models.load(name, batch_size=1).mod
+    return _MODULES[name]
+
+
 def markdown(columns: dict) -> str:
     labels = list(columns)
     models = list(dict.fromkeys(name for rows in columns.values() for name in rows))
@@ -53,15 +90,19 @@ def markdown(columns: dict) -> str:
             row = columns[label].get(name)
             if row is None or row["ratio"] is None:
                 cells.append(row["status"] if row else "")
-            else:
-                mark = "" if row["ratio"] <= 1.1 else " ✗"
-                cells.append(f"{row['ratio']:.2f}{mark}")
+                continue
+            mark = "" if row["ratio"] <= 1.1 else " ✗"
+            share = row.get("blocked_macs")
+            cells.append(f"{row['ratio']:.2f}{mark}"
+                         + ("" if share is None else f" ({100 * share:.0f} %)"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     meets = [label for label in labels
              if all(row["ratio"] is not None and row["ratio"] <= 1.1
                     for row in columns[label].values())]
     lines += ["", "Each cell: the largest ratio, over the model's outputs, of relay_amp's "
-              "relative L2 error to TVM's built-in pass's on the same inputs (✗: above 1.1). "
+              "relative L2 error to TVM's built-in pass's on the same inputs (✗: above 1.1); "
+              "in brackets, where measured, the share of the dot products' multiply-accumulates "
+              "summed in blocks. "
               "Every model within 1.1: " + (", ".join(meets) if meets else "none") + "."]
     return "\n".join(lines)
 
@@ -72,6 +113,8 @@ def main(argv=None) -> int:
     parser.add_argument("folders", nargs="+", metavar="LABEL=FOLDER",
                         help="a sweep's output folder and the column label for it")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--blocked-macs", action="store_true",
+                        help="add the share of multiply-accumulates the blocks cover")
     args = parser.parse_args(argv)
     columns = {}
     for item in args.folders:
@@ -84,6 +127,9 @@ def main(argv=None) -> int:
         except OSError as err:
             parser.error(f"{folder}: {err}")
         columns[label] = worst_ratios(results)
+        if args.blocked_macs:
+            for name, share in blocked_macs(results).items():
+                columns[label][name]["blocked_macs"] = share
     print(markdown(columns))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
