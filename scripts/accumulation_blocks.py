@@ -50,11 +50,11 @@ def worst_ratios(results: dict) -> dict:
 
 def blocked_macs(results: dict) -> dict:
     """{model: the share of its dot products' multiply-accumulates summed in blocks} under the
-    policy and target ``results`` were measured with (empty without a policy)."""
+    policy and target ``results`` were measured with (empty where the policy asks no blocks)."""
     import relay_amp
 
     meta = results.get("meta", {})
-    if not meta.get("policy"):
+    if not (meta.get("policy") or {}).get("accumulation_blocks"):
         return {}
     policy = relay_amp.Policy.from_dict(meta["policy"])
     shares = {}
