@@ -2,8 +2,8 @@
 accumulate op as one TensorIR kernel that reads low precision and computes in float32 registers
 (``mixed_kernels``), a centring normalization that also forms the residual add feeding it, and
 a dot product that rounds a float32 operand inside its own kernel, each from TVM's own
-legalization of the op; and an integer input's one cast with its normalization folded in
-(:func:`integer_input`)."""
+legalization of the op; a dot product summed in blocks (its op's ``blocked_sum`` form); and an
+integer input's one cast with its normalization folded in (:func:`integer_input`)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from tvm.relax import (
 )
 
 from .dtypes import short_dtype as _short
+from .kinds import Mode
+from .op_hooks import OpSite
+from .op_registry import op_info
 from .reasons import Reason
 from .relax_utils import TVM_ERRORS, last_line
 
@@ -50,6 +53,21 @@ class KernelEmitter:
         except _NotEmitted as why:
             self.not_emitted = Reason.of("kernel_not_emitted", kernel=kind, op=op, why=str(why))
             return None
+
+    def emit_blocked(self, op: str, call, block: int, name: str, output: bool):
+        """``call`` (low-precision operands, typed) with its products summed in blocks of
+        ``block`` (the op registry's ``blocked_sum`` form, ``Policy.set_accumulation_block``):
+        ``(its var or None, the reason for the report)``."""
+        form = op_info(op).blocked_sum
+        if form is None:
+            return None, Reason.of("blocked_accumulation_refused", block=block,
+                                   why=f"{op} has no blocked form")
+        try:
+            expr, reason = form(OpSite(call, self.low, Mode.LOW, block=block))
+            return (None if expr is None else self.casts.emit_named(expr, name, output)), reason
+        except TVM_ERRORS as err:  # TVM rejects the form: the plain dot product instead
+            return None, Reason.of("blocked_accumulation_refused", block=block,
+                                   why=last_line(err))
 
     def emit_mixed(self, op: str, call, args, out_dtype, name: str, output: bool):
         """``op`` as one TensorIR kernel that widens its float operands to float32, computes

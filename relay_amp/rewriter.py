@@ -38,7 +38,6 @@ from .casts import CastCache
 from .dtypes import is_floating, short_dtype
 from .kernels import KernelEmitter, integer_input
 from .kinds import Category, Mode
-from .op_hooks import OpSite
 from .op_registry import op_info
 from .plan import BindingPlan, FunctionPlan
 from .reasons import Reason
@@ -49,7 +48,6 @@ from .relax_utils import (
     GenericConst,
     as_tuple,
     is_var,
-    last_line,
     leaves_of,
     lowered_type,
     new_call,
@@ -317,7 +315,9 @@ class MixedPrecisionRewriter(PyExprMutator):
             normalized = new_call(call.op, new_args, call.attrs, call.ty_args, call.span)
         if (plan.decision.accumulation_block and plan.mode == Mode.LOW
                 and plan.accumulation == "float32"):
-            blocked, plan = self._blocked(var, normalized, plan, hooks, output)
+            blocked, reason = self.emitter.emit_blocked(
+                plan.op, normalized, plan.decision.accumulation_block, var.name, output)
+            plan = plan.adding(reason)
             if blocked is not None:
                 self._record(var, call, blocked, new_args, plan)
                 return blocked
@@ -332,22 +332,6 @@ class MixedPrecisionRewriter(PyExprMutator):
                                                      f"{var.name}_{short_dtype(low)}", output))
         self._record(var, call, new_var, new_args, plan)
         return result
-
-    def _blocked(self, var, call, plan: BindingPlan, hooks, output: bool):
-        """``call`` (low-precision operands, typed) with its products summed in the blocks the
-        policy asks, emitted as ``var``: ``(new var or None, the plan with the reason)``."""
-        block = plan.decision.accumulation_block
-        if hooks.blocked_sum is None:
-            return None, plan.adding(Reason.of("blocked_accumulation_refused", block=block,
-                                               why=f"{plan.op} has no blocked form"))
-        try:
-            expr, reason = hooks.blocked_sum(OpSite(call, self.low, plan.mode, block=block))
-            if expr is None:
-                return None, plan.adding(reason)
-            return self.casts.emit_named(expr, var.name, output), plan.adding(reason)
-        except TVM_ERRORS as err:  # TVM rejects the form: the plain dot product instead
-            return None, plan.adding(Reason.of("blocked_accumulation_refused", block=block,
-                                               why=last_line(err)))
 
     def _operand(self, arg, visited, var, plan: BindingPlan, lowered: bool):
         """One operand of ``var``'s call as the plan reads it: ``(expr, narrow)``, ``narrow``
