@@ -8,6 +8,7 @@ calling it builds, and returns a value; none sees the planner or the rewriter.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -165,7 +166,7 @@ def conv_blocks(site: OpSite):
     order = [kernel_layout.index("O"), kernel_layout.index("I"),
              *(i for i, axis in enumerate(kernel_layout) if axis not in "OI")]
     kernel = [kernel[i] for i in order]  # as OI followed by the window
-    channels, window, groups = kernel[1], _product(kernel[2:]), int(attrs.groups)
+    channels, window, groups = kernel[1], math.prod(kernel[2:]), int(attrs.groups)
     if channels * window <= site.block:
         return _one_block(site, channels * window)
     if window > site.block:
@@ -224,10 +225,3 @@ def _shape(expr) -> list | None:
     if not isinstance(shape, relax.ShapeExpr):
         return None
     return [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in shape.values]
-
-
-def _product(values) -> int:
-    out = 1
-    for value in values:
-        out *= value
-    return out
