@@ -25,7 +25,8 @@ import tvm
 
 from .batch_norm import inference_batch_norms
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
-from .neon_tiles import has_fmlal, is_aarch64, operand_dtype, register_tile, tensorize_fmlal
+from .neon_tiles import (has_fmlal, is_aarch64, operand_dtype, register_tile,
+                         tensorize_fmlal, tile_shape)
 from .nhwc import nhwc_convolutions
 from .schedule_rules import apply_rules
 
@@ -111,23 +112,42 @@ def _lanes_in_pairs(block) -> bool:
     return isinstance(last, tvm.tirx.IntImm) and int(last) == 1
 
 
-def _row_block(block, spatial, axis):
-    """``(rows, iterator)``: the spatial iterator whose ``rows`` adjacent values share the
-    vector operand (no read that the lanes index depends on it: a convolution's output
-    channels, a matmul's rows) and so are computed together, each vector loaded once for all of
-    them; where no constant extent divides, a symbolic one (a sequence length, which
-    :class:`VectorizeDotProduct` pads to a multiple of the rows); ``(1, None)`` where neither
-    exists."""
+def _shared_rows(block, spatial, axis) -> list:
+    """The spatial iterators whose adjacent values share the vector operand (no read that the
+    lanes index depends on them: a convolution's output pixels, a matmul's rows), innermost
+    first."""
     vector_reads = [region for region in block.reads
                     if any(_uses(r.min, axis.var) for r in region.region)]
-    shared = [it for it in reversed(spatial) if it is not axis and not any(
+    return [it for it in reversed(spatial) if it is not axis and not any(
         _uses(r.min, it.var) for region in vector_reads for r in region.region)]
+
+
+def _row_block(block, spatial, axis):
+    """``(rows, iterator)``: the spatial iterator whose ``rows`` adjacent values share the
+    vector operand (:func:`_shared_rows`) and so are computed together, each vector loaded once
+    for all of them; where no constant extent divides, a symbolic one (a sequence length, which
+    :class:`VectorizeDotProduct` pads to a multiple of the rows); ``(1, None)`` where neither
+    exists."""
+    shared = _shared_rows(block, spatial, axis)
     for rows in BLOCK_ROWS:
         for it in shared:
             if isinstance(it.dom, (int, tvm.tirx.IntImm)) and int(it.dom) % rows == 0:
                 return rows, it
     symbolic = [it for it in shared if not isinstance(it.dom, (int, tvm.tirx.IntImm))]
     return (BLOCK_ROWS[0], symbolic[0]) if symbolic else (1, None)
+
+
+def _register_tile_shape(block, spatial, axis, lanes, rows, row_axis):
+    """``(lanes, rows, row iterator)`` for an aarch64 register tile: :func:`tile_shape` over
+    the constant row axes (a 7- or 14-wide feature map gets 7 rows of 8 lanes, not 1 or 2 of
+    16), else the ones given."""
+    constant = [it for it in _shared_rows(block, spatial, axis)
+                if isinstance(it.dom, (int, tvm.tirx.IntImm))]
+    shape = tile_shape(int(axis.dom), [int(it.dom) for it in constant])
+    if shape is None:
+        return lanes, rows, row_axis
+    tile_lanes, tile_rows, n = shape
+    return tile_lanes, tile_rows, constant[n]
 
 
 def _is_copy(block) -> bool:
@@ -253,6 +273,10 @@ class VectorizeDotProduct:
         _input_copies(sch, info.block_rv, in_registers)
         block = sch.get(info.block_rv)
         rows, row_axis = _row_block(block, spatial, axis)
+        if tiles and not pad_lanes and (row_axis is None or isinstance(
+                row_axis.dom, (int, tvm.tirx.IntImm))):
+            lanes, rows, row_axis = _register_tile_shape(block, spatial, axis, lanes, rows,
+                                                         row_axis)
         try:
             pad_rows = row_axis is not None and not isinstance(row_axis.dom,
                                                                 (int, tvm.tirx.IntImm))

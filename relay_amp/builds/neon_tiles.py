@@ -29,6 +29,43 @@ import tvm
 
 #: The tensor intrinsics registered so far: (lanes, operands, scope) -> name.
 _REGISTERED: dict = {}
+#: How far apart in the scalar operand a register tile's rows may be: adjacent, or every other
+#: row (a convolution of stride 2).
+STEPS = (1, 2)
+#: The vector registers a register tile may hold at once: its sums, one step's vectors of the
+#: lanes and its rows' scalars (NEON has 32; two are left to LLVM, which spills past them).
+TILE_REGISTERS = 30
+#: The most rows a register tile computes, and the lanes it may take (float32 lanes: four to a
+#: register).
+TILE_ROWS, TILE_LANES = 8, (16, 12, 8)
+
+
+def tile_shape(extent: int, row_extents) -> tuple | None:
+    """``(lanes, rows, n)``: the register tile for an output axis of ``extent`` lanes and row
+    axes of ``row_extents`` (constant extents; ``n`` the one taken) that executes the fewest
+    loads per FMA, among those whose rows divide their axis and whose registers fit
+    (:data:`TILE_REGISTERS`); None where no axis has 2 rows or more.
+
+    Per four steps of the reduction a tile of ``rows`` x ``lanes`` executes ``rows * lanes``
+    FMAs (by element, four lanes each), one load of each row's four scalars and the weights'
+    ``lanes`` vectors in pairs (``ldp``): ``(rows + lanes / 2) / (rows * lanes)`` loads an FMA,
+    4 x 16 and 8 x 8 alike (0.19), 7 x 8 0.20, 2 x 16 0.31. Ties go to more lanes, then to the
+    first axis."""
+    options = []
+    for lanes in TILE_LANES:
+        if extent % lanes:
+            continue
+        for n, rows_extent in enumerate(row_extents):
+            for rows in range(TILE_ROWS, 1, -1):
+                sums, vectors = rows * lanes // 4, lanes // 4
+                if rows_extent % rows or sums + vectors + rows > TILE_REGISTERS:
+                    continue
+                cost = (rows + lanes / 2) / (rows * lanes)
+                options.append((round(cost, 9), -lanes, n, -rows))
+    if not options:
+        return None
+    _, lanes, n, rows = min(options)
+    return -lanes, -rows, n
 
 
 def is_aarch64(target) -> bool:
@@ -137,14 +174,16 @@ def _intrinsic(lanes: int, operands: tuple, scope: str) -> str:
     return name
 
 
-def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str) -> str:
+def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str,
+                       step: int = 1) -> str:
     """The name of the register-tile intrinsic: ``rows`` x ``lanes`` float32 sums in a
     ``scope`` buffer, each adding ``depth`` products of a row's ``depth`` consecutive scalars
     (one vector load per row) and ``depth`` rows of the lanes, by element: ``fmlal``/``fmlal2``
     for float16 operands, ``fmla v.4s`` for float32. The reduction innermost in the scalar
     operand's memory runs inside the tile, as in XNNPACK's and MLAS's GEMM micro-kernels: a
-    scalar is one lane of a register, not a load of its own."""
-    key = ("blocked", rows, depth, lanes, scope, dtype)
+    scalar is one lane of a register, not a load of its own. ``step``: the tile's rows are
+    ``step`` rows apart in the scalar operand (a convolution of stride ``step``)."""
+    key = ("blocked", rows, depth, lanes, scope, dtype, step)
     if key in _REGISTERED:
         return _REGISTERED[key]
     from tvm.s_tir import TensorIntrin
@@ -155,6 +194,7 @@ def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str
     whole, fours = divmod(lanes, width)
     fours //= 4
     vector = f"{dtype}x{depth}"
+    span = (rows - 1) * step + 1  # the scalar operand's rows the tile reads
 
     def widened(value):
         return T.Cast("float32", value) if half else value
@@ -170,7 +210,7 @@ def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str
 
     def all_rows(A):
         """Every row's ``depth`` scalars, one vector load a row, in one value."""
-        return tvm.tirx.Shuffle([A.vload([r, 0], vector) for r in range(rows)],
+        return tvm.tirx.Shuffle([A.vload([r * step, 0], vector) for r in range(rows)],
                                 list(range(rows * depth)))
 
     def weights(B, k, offset, count):
@@ -192,27 +232,27 @@ def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()
-        A = T.match_buffer(a, (rows, depth), dtype, offset_factor=1, strides=[sa, 1])
+        A = T.match_buffer(a, (span, depth), dtype, offset_factor=1, strides=[sa, 1])
         B = T.match_buffer(b, (depth, lanes), dtype, offset_factor=1, strides=[sb, 1])
         C = T.match_buffer(c, (rows, lanes), "float32", offset_factor=1, strides=[sc, 1],
                            scope=scope)
         with T.sblock("root"):
-            T.reads(C[0:rows, 0:lanes], A[0:rows, 0:depth], B[0:depth, 0:lanes])
+            T.reads(C[0:rows, 0:lanes], A[0:span, 0:depth], B[0:depth, 0:lanes])
             T.writes(C[0:rows, 0:lanes])
             for k, r, i in T.grid(depth, rows, lanes):
                 with T.sblock("update"):
                     vr, vi, vk = T.axis.remap("SSR", [r, i, k])
-                    C[vr, vi] = C[vr, vi] + widened(A[vr, vk]) * widened(B[vk, vi])
+                    C[vr, vi] = C[vr, vi] + widened(A[vr * step, vk]) * widened(B[vk, vi])
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()
-        A = T.match_buffer(a, (rows, depth), dtype, offset_factor=1, strides=[sa, 1])
+        A = T.match_buffer(a, (span, depth), dtype, offset_factor=1, strides=[sa, 1])
         B = T.match_buffer(b, (depth, lanes), dtype, offset_factor=1, strides=[sb, 1])
         C = T.match_buffer(c, (rows, lanes), "float32", offset_factor=1, strides=[sc, 1],
                            scope=scope)
         with T.sblock("root"):
-            T.reads(C[0:rows, 0:lanes], A[0:rows, 0:depth], B[0:depth, 0:lanes])
+            T.reads(C[0:rows, 0:lanes], A[0:span, 0:depth], B[0:depth, 0:lanes])
             T.writes(C[0:rows, 0:lanes])
             if half:
                 # every row's scalars one value that all products read: a row loaded for each
@@ -235,9 +275,10 @@ def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str
                     for r in T.unroll(rows):
                         for g in T.unroll(whole):
                             C[r, T.ramp(g * 4, 1, 4)] = update(
-                                C, lane(A.vload([r, 0], vector), depth, k), B, r, k, g * 4, 4)
+                                C, lane(A.vload([r * step, 0], vector), depth, k), B, r, k,
+                                g * 4, 4)
 
-    name = f"relay_amp_tile_{dtype}_{rows}x{lanes}_k{depth}_{scope}"
+    name = f"relay_amp_tile_{dtype}_{rows}x{lanes}_k{depth}_s{step}_{scope}"
     TensorIntrin.register(name, desc, impl, override=True)
     _REGISTERED[key] = name
     return name
@@ -362,14 +403,17 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
                   if isinstance(extent, tvm.tirx.IntImm) and int(extent) % d == 0), None)
     if depth is None:
         return None
-    trial = sch.copy()
-    try:
-        _, inner = trial.split(reduce_loops[found[0]], [None, depth])
-        trial.reorder(*reduce_loops[found[0] + 1:], inner, rows_loop)
-        trial.tensorize(inner, _blocked_intrinsic(rows, depth, lanes, scope, dtype))
-    except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
-        return None
-    return trial
+    for step in STEPS:
+        trial = sch.copy()
+        try:
+            _, inner = trial.split(reduce_loops[found[0]], [None, depth])
+            trial.reorder(*reduce_loops[found[0] + 1:], inner, rows_loop)
+            trial.tensorize(inner, _blocked_intrinsic(rows, depth, lanes, scope, dtype, step))
+        except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
+            continue
+        return trial
+    return None
 
 
-__all__ = ["has_fmlal", "is_aarch64", "operand_dtype", "register_tile", "tensorize_fmlal"]
+__all__ = ["STEPS", "TILE_REGISTERS", "has_fmlal", "is_aarch64", "operand_dtype",
+           "register_tile", "tensorize_fmlal", "tile_shape"]
