@@ -73,6 +73,28 @@ def nhwc_block():
 NHWC_MACS = 8 * 8 * 32 * 48 + 8 * 8 * 48 * 9
 
 
+def small_map_block():
+    """A ResNet's last stage in small: x (1, 14, 14, 32) NHWC, a 1x1 convolution of stride 2 to
+    48 channels on a 7x7 map, relu, a 3x3 convolution of 48 channels."""
+    rng = np.random.default_rng(4)
+    x = relax.Var("x", relax.TensorType((1, 14, 14, 32), "float32"))
+    strided = relax.const((rng.standard_normal((1, 1, 32, 48)) / 8).astype("float32"))
+    square = relax.const((rng.standard_normal((3, 3, 48, 48)) / 16).astype("float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.nn.conv2d(x, strided, strides=[2, 2], data_layout="NHWC",
+                                                kernel_layout="HWIO"))
+            y = builder.emit(relax.op.nn.relu(y))
+            out = builder.emit_output(relax.op.nn.conv2d(
+                y, square, padding=[1, 1], data_layout="NHWC", kernel_layout="HWIO"))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+SMALL_MAP_MACS = 7 * 7 * 32 * 48 + 7 * 7 * 48 * 48 * 9
+
+
 def _library(variant, tmp_path, schedules=False, model=matmul_relu):
     """``variant`` of ``model`` built by TVM's CPU pipeline (or with ``schedules``,
     relay_amp's) and linked for aarch64."""
@@ -162,6 +184,35 @@ def test_an_nhwc_block_runs_every_product_in_vector_lanes(counter, variant, tmp_
                                    atol=1e-5 * np.abs(plain[0]).max())
     else:
         widened = counter.run(_library("float16", tmp_path, True, nhwc_block), inputs)
+        np.testing.assert_array_equal(count.outputs[0], widened[0])
+
+
+@pytest.mark.parametrize("variant", ["float32", "float16-fmlal"])
+def test_a_small_map_and_a_strided_convolution_run_on_full_register_tiles(counter, variant,
+                                                                         tmp_path):
+    """A 7-wide map takes a tile of 7 rows of 8 lanes (4 or 2 rows do not divide it; a tile of
+    one row loaded each weight vector for one row), and a stride-2 convolution reads its rows
+    two pixels apart in the tile: every product by element on a register tile, no scalar
+    loaded on its own (``ldr s``, ``ld1r``), at most 0.3 vector loads an FMA (the runtime's
+    calls, which load addresses, weigh much in a layer this small); the outputs are TVM's
+    float32 build's (float32) or the widening float16 build's bit for bit (FMLAL)."""
+    inputs = [np.random.default_rng(5).standard_normal((1, 14, 14, 32)).astype("float32")]
+    count = counter.count(_library(variant, tmp_path, True, small_map_block), inputs)
+    fmas = "fmlal" if variant == "float16-fmlal" else "fma .4s"
+    mix = count.mix()
+    assert mix[fmas] * 4 == SMALL_MAP_MACS, mix
+    scalar_loads = {kind: n for kind, n in count.kinds.items()
+                    if kind.startswith(("ld1r", "ldr s", "ldr h", "ldur s", "ldur h"))}
+    assert sum(scalar_loads.values()) < mix[fmas] / 100, scalar_loads
+    vector_loads = sum(n for kind, n in count.kinds.items()
+                       if kind.split(" ")[0] in ("ldr", "ldur", "ldp") and kind[-1] in "qd")
+    assert vector_loads <= 0.3 * mix[fmas], count.kinds
+    if variant == "float32":
+        plain = counter.run(_library("float32", tmp_path, False, small_map_block), inputs)
+        np.testing.assert_allclose(count.outputs[0], plain[0], rtol=0,
+                                   atol=1e-5 * np.abs(plain[0]).max())
+    else:
+        widened = counter.run(_library("float16", tmp_path, True, small_map_block), inputs)
         np.testing.assert_array_equal(count.outputs[0], widened[0])
 
 

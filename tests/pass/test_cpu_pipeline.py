@@ -16,6 +16,7 @@ from tvm.script import relax as R
 
 import relay_amp
 from relay_amp.builds.cpu_pipeline import VectorizeDotProduct, lanes_for, registers_hold_the_sums
+from relay_amp.builds.neon_tiles import TILE_REGISTERS, tile_shape
 from relay_amp.builds.nhwc import nhwc_convolutions
 
 FULLFP16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+fullfp16"]}
@@ -139,6 +140,25 @@ def test_lanes_divide_the_axis_multiples_of_four_first():
     assert [lanes_for(n) for n in (768, 112, 56, 36, 28, 14, 7, 20)] == \
         [16, 16, 8, 12, 14, 14, 7, 10]
     assert lanes_for(19) is None and lanes_for(3) is None
+
+
+def test_the_register_tile_takes_the_shape_with_the_fewest_loads_an_fma():
+    """4 x 16 where 4 rows divide the map (8 x 8 loads as few and has fewer lanes), 7 rows of 8
+    lanes on a 7- or 14-wide map (1 or 2 rows of 16 loaded a weight vector for every row or
+    two), the first axis on a tie, and every shape within NEON's registers."""
+    assert tile_shape(64, [56, 56]) == (16, 4, 0)
+    assert tile_shape(256, [14, 14]) == (8, 7, 0)
+    assert tile_shape(512, [7, 7]) == (8, 7, 0)
+    assert tile_shape(48, [1, 7]) == (8, 7, 1)
+    assert tile_shape(72, [6]) == (12, 6, 0)
+    assert tile_shape(64, [1, 1]) is None and tile_shape(20, [8]) is None
+    for lanes in (16, 12, 8):
+        for extent in range(2, 65):
+            shape = tile_shape(lanes * 3, [extent])
+            if shape is not None:
+                tile_lanes, rows, _ = shape
+                assert rows * tile_lanes // 4 + tile_lanes // 4 + rows <= TILE_REGISTERS
+                assert extent % rows == 0 and (lanes * 3) % tile_lanes == 0
 
 
 def test_other_reductions_and_odd_axes_are_left_alone():
