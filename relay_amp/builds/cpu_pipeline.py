@@ -25,7 +25,7 @@ import tvm
 
 from .batch_norm import inference_batch_norms
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
-from .neon_tiles import (has_fmlal, is_aarch64, operand_dtype, register_tile,
+from .neon_tiles import (has_fmlal, is_aarch64, lane_rows, operand_dtype, register_tile,
                          tensorize_fmlal, tile_shape)
 from .nhwc import nhwc_convolutions
 from .schedule_rules import apply_rules
@@ -135,6 +135,24 @@ def _row_block(block, spatial, axis):
                 return rows, it
     symbolic = [it for it in shared if not isinstance(it.dom, (int, tvm.tirx.IntImm))]
     return (BLOCK_ROWS[0], symbolic[0]) if symbolic else (1, None)
+
+
+def _weight_rows(block, spatial, axis, lanes, rows, row_axis):
+    """``(lanes, rows, row iterator)`` where no row shares both vector operands but one does
+    not depend on a constant spatial axis (a depthwise convolution's weight, the same for every
+    output pixel): that axis's rows (:func:`lane_rows`) load each weight vector once for all of
+    them; else the ones given."""
+    vector_reads = [region for region in block.reads
+                    if any(_uses(r.min, axis.var) for r in region.region)]
+    candidates = [it for it in reversed(spatial) if it is not axis
+                  and isinstance(it.dom, (int, tvm.tirx.IntImm)) and any(
+                      not any(_uses(r.min, it.var) for r in region.region)
+                      for region in vector_reads)]
+    for it in candidates:
+        shape = lane_rows(int(it.dom), int(axis.dom))
+        if shape is not None:
+            return (*shape, it)
+    return lanes, rows, row_axis
 
 
 def _register_tile_shape(block, spatial, axis, lanes, rows, row_axis):
@@ -277,6 +295,9 @@ class VectorizeDotProduct:
                 row_axis.dom, (int, tvm.tirx.IntImm))):
             lanes, rows, row_axis = _register_tile_shape(block, spatial, axis, lanes, rows,
                                                          row_axis)
+            if row_axis is None:
+                lanes, rows, row_axis = _weight_rows(block, spatial, axis, lanes, rows,
+                                                     row_axis)
         try:
             pad_rows = row_axis is not None and not isinstance(row_axis.dom,
                                                                 (int, tvm.tirx.IntImm))

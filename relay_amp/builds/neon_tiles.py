@@ -83,6 +83,27 @@ def has_fmlal(target) -> bool:
 
 
 
+def lane_rows(extent: int, channels: int) -> tuple | None:
+    """``(lanes, rows)`` for a dot product whose operands are both vectors of the lanes (a
+    depthwise convolution: input and weight), ``rows`` adjacent outputs of an axis of ``extent``
+    sharing the weight's vectors: per reduction step ``rows`` input vectors and one weight
+    vector feed ``rows`` FMAs, ``(rows + 1) / rows`` loads an FMA (2 with one row), so the most
+    rows whose sums and inputs fit :data:`TILE_REGISTERS`, ties to more lanes; None where no
+    two rows divide the axis or no lanes divide ``channels``."""
+    options = []
+    for lanes in TILE_LANES:
+        if channels % lanes:
+            continue
+        vectors = lanes // 4
+        for rows in range(TILE_ROWS, 1, -1):
+            if extent % rows == 0 and 2 * rows * vectors + vectors <= TILE_REGISTERS:
+                options.append((-rows, -lanes))
+    if not options:
+        return None
+    rows, lanes = min(options)
+    return -lanes, -rows
+
+
 def _low_half(four):
     """Four float16 values as the low half of the eight ``fmlal`` reads (it multiplies the low
     four only). The high half is zeros, not a copy: the 64-bit load already zeroes the top of
@@ -415,5 +436,5 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
     return None
 
 
-__all__ = ["STEPS", "TILE_REGISTERS", "has_fmlal", "is_aarch64", "operand_dtype",
+__all__ = ["STEPS", "TILE_REGISTERS", "has_fmlal", "is_aarch64", "lane_rows", "operand_dtype",
            "register_tile", "tensorize_fmlal", "tile_shape"]

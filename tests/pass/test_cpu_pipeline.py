@@ -16,7 +16,7 @@ from tvm.script import relax as R
 
 import relay_amp
 from relay_amp.builds.cpu_pipeline import VectorizeDotProduct, lanes_for, registers_hold_the_sums
-from relay_amp.builds.neon_tiles import TILE_REGISTERS, tile_shape
+from relay_amp.builds.neon_tiles import TILE_REGISTERS, lane_rows, tile_shape
 from relay_amp.builds.nhwc import nhwc_convolutions
 
 FULLFP16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+fullfp16"]}
@@ -159,6 +159,23 @@ def test_the_register_tile_takes_the_shape_with_the_fewest_loads_an_fma():
                 tile_lanes, rows, _ = shape
                 assert rows * tile_lanes // 4 + tile_lanes // 4 + rows <= TILE_REGISTERS
                 assert extent % rows == 0 and (lanes * 3) % tile_lanes == 0
+
+
+def test_depthwise_rows_are_the_most_that_fit_in_registers():
+    """Rows of a depthwise convolution share only the weight: each adds its own input vectors,
+    so the most rows whose sums and inputs fit, 7 of 8 lanes on a 7-multiple map, 4 of 8 or
+    12 on a power of two, then the most lanes (3 rows of 16 on a 9-wide map)."""
+    assert lane_rows(112, 96) == (8, 7)
+    assert lane_rows(128, 64) == (8, 4)
+    assert lane_rows(64, 48) == (12, 4)
+    assert lane_rows(9, 48) == (16, 3)
+    assert lane_rows(64, 20) is None and lane_rows(7 * 11, 64) == (8, 7)
+    assert lane_rows(11, 64) is None
+    for extent in range(2, 65):
+        shape = lane_rows(extent, 48)
+        if shape is not None:
+            lanes, rows = shape
+            assert 2 * rows * lanes // 4 + lanes // 4 <= TILE_REGISTERS and extent % rows == 0
 
 
 def test_other_reductions_and_odd_axes_are_left_alone():
