@@ -424,16 +424,32 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
                   if isinstance(extent, tvm.tirx.IntImm) and int(extent) % d == 0), None)
     if depth is None:
         return None
-    for step in STEPS:
-        trial = sch.copy()
-        try:
-            _, inner = trial.split(reduce_loops[found[0]], [None, depth])
-            trial.reorder(*reduce_loops[found[0] + 1:], inner, rows_loop)
-            trial.tensorize(inner, _blocked_intrinsic(rows, depth, lanes, scope, dtype, step))
-        except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
-            continue
-        return trial
-    return None
+    step = _row_step(realize, scalar, sch.get(rows_loop).loop_var)
+    if step not in STEPS:
+        return None
+    trial = sch.copy()
+    try:
+        _, inner = trial.split(reduce_loops[found[0]], [None, depth])
+        trial.reorder(*reduce_loops[found[0] + 1:], inner, rows_loop)
+        trial.tensorize(inner, _blocked_intrinsic(rows, depth, lanes, scope, dtype, step))
+    except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
+        return None
+    return trial
+
+
+def _row_step(realize, scalar, rows_var) -> int | None:
+    """How many rows of the scalar operand ``scalar`` apart the tile's rows (``rows_var``) are:
+    the coefficient of the row's block iterator in the index it moves (a convolution's stride);
+    None where that is not one constant."""
+    rows = [iv.var for iv, value in zip(realize.block.iter_vars, realize.iter_values)
+            if _uses(value, rows_var)]
+    moved = [index for index in scalar.indices[:-1] if rows and _uses(index, rows[0])]
+    if len(rows) != 1 or len(moved) != 1:
+        return None
+    coefficients = tvm.sym.detect_linear_equation(moved[0], [rows[0]])
+    if not coefficients or not isinstance(coefficients[0], tvm.tirx.IntImm):
+        return None
+    return int(coefficients[0])
 
 
 __all__ = ["STEPS", "TILE_REGISTERS", "has_fmlal", "is_aarch64", "lane_rows", "operand_dtype",
