@@ -31,7 +31,7 @@ from __future__ import annotations
 import tvm
 
 from ..relax_utils import TVM_ERRORS
-from .neon_tiles import _loads, is_aarch64
+from .neon_tiles import _loads, _row_step, is_aarch64
 
 #: The functions the kernels call: ``relay_amp_bfdot(sums, pairs, row, j)`` is ``bfdot
 #: sums.4s, pairs.8h, row.2h[j]``, ``j`` a constant after unrolling (the switch folds away);
@@ -547,7 +547,11 @@ def bfdot_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, rows:
     last = row_values.source.shape[-1]  # a matmul's input in pairs: [.., K / 2, 2]
     stored = str(row_values.source.dtype)
     paired = len(row_values.indices) > 1 and isinstance(last, tvm.tirx.IntImm) and int(last) == 2
-    for step in STEPS if rows_loop is not None and not paired else (1,):
+    steps = (1,)
+    if rows_loop is not None and not paired:
+        step = _row_step(sch.get(lanes_loop).body, row_values, sch.get(rows_loop).loop_var)
+        steps = (step,) if step in STEPS else ()
+    for step in steps:
         trial = sch.copy()
         try:
             _, inner = trial.split(reduce_loops[-2], [None, depth])

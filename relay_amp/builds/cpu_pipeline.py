@@ -291,11 +291,12 @@ class VectorizeDotProduct:
         _input_copies(sch, info.block_rv, in_registers)
         block = sch.get(info.block_rv)
         rows, row_axis = _row_block(block, spatial, axis)
-        if tiles and not pad_lanes and (row_axis is None or isinstance(
+        if (tiles or bfdot) and not pad_lanes and (row_axis is None or isinstance(
                 row_axis.dom, (int, tvm.tirx.IntImm))):
-            lanes, rows, row_axis = _register_tile_shape(block, spatial, axis, lanes, rows,
-                                                         row_axis)
-            if row_axis is None:
+            if not (bfdot and _lanes_in_pairs(block)):
+                lanes, rows, row_axis = _register_tile_shape(block, spatial, axis, lanes, rows,
+                                                             row_axis)
+            if row_axis is None and tiles:  # BFMLALB/T's rows measured 3 x worse, not better
                 lanes, rows, row_axis = _weight_rows(block, spatial, axis, lanes, rows,
                                                      row_axis)
         try:

@@ -210,7 +210,7 @@ def test_an_nhwc_block_runs_every_product_in_vector_lanes(counter, variant, tmp_
         np.testing.assert_array_equal(count.outputs[0], widened[0])
 
 
-@pytest.mark.parametrize("variant", ["float32", "float16-fmlal"])
+@pytest.mark.parametrize("variant", ["float32", "float16-fmlal", "bfloat16"])
 def test_a_small_map_and_a_strided_convolution_run_on_full_register_tiles(counter, variant,
                                                                          tmp_path):
     """A 7-wide map takes a tile of 7 rows of 8 lanes (4 or 2 rows do not divide it; a tile of
@@ -218,18 +218,19 @@ def test_a_small_map_and_a_strided_convolution_run_on_full_register_tiles(counte
     two pixels apart in the tile: every product by element on a register tile, no scalar
     loaded on its own (``ldr s``, ``ld1r``), at most 0.3 vector loads an FMA (the runtime's
     calls, which load addresses, weigh much in a layer this small); the outputs are TVM's
-    float32 build's (float32) or the widening float16 build's bit for bit (FMLAL)."""
+    float32 build's (float32), the widening float16 build's bit for bit (FMLAL) or the plain
+    bfloat16 build's to float32 rounding (BFDOT)."""
     inputs = [np.random.default_rng(5).standard_normal((1, 14, 14, 32)).astype("float32")]
     count = counter.count(_library(variant, tmp_path, True, small_map_block), inputs)
-    fmas = "fmlal" if variant == "float16-fmlal" else "fma .4s"
+    fmas = {"float16-fmlal": "fmlal", "bfloat16": "bfdot"}.get(variant, "fma .4s")
     mix = count.mix()
-    assert mix[fmas] * 4 == SMALL_MAP_MACS, mix
+    assert mix[fmas] * LANES[fmas] == SMALL_MAP_MACS, mix
     scalar_loads = {kind: n for kind, n in count.kinds.items()
                     if kind.startswith(("ld1r", "ldr s", "ldr h", "ldur s", "ldur h"))}
     assert sum(scalar_loads.values()) < mix[fmas] / 100, scalar_loads
     assert _vector_loads(count) <= 0.3 * mix[fmas], count.kinds
-    if variant == "float32":
-        plain = counter.run(_library("float32", tmp_path, False, small_map_block), inputs)
+    if variant != "float16-fmlal":
+        plain = counter.run(_library(variant, tmp_path, False, small_map_block), inputs)
         np.testing.assert_allclose(count.outputs[0], plain[0], rtol=0,
                                    atol=1e-5 * np.abs(plain[0]).max())
     else:
