@@ -24,6 +24,7 @@ from __future__ import annotations
 import tvm
 
 from .batch_norm import inference_batch_norms
+from .fast_math import vector_exp
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
 from .neon_tiles import (has_fmlal, is_aarch64, lane_rows, operand_dtype, register_tile,
                          tensorize_fmlal, tile_shape)
@@ -389,7 +390,7 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     if relay_amp_schedules and has_bfdot(target):
         layouts.append(packed_bfloat16_weights())
     if relay_amp_schedules:
-        layouts = [inference_batch_norms(), *layouts]
+        layouts = [inference_batch_norms(), vector_exp(), *layouts]
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)
         + schedules

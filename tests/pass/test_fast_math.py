@@ -1,0 +1,92 @@
+"""relay_amp.builds.fast_math: float32 sigmoid and softmax in vector arithmetic on CPUs, as
+accurate as TVM's own build of them, NaN kept."""
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from helpers import asm_functions
+from tvm import relax
+
+import relay_amp
+from relay_amp.builds.fast_math import ERROR_BOUND, vector_exp
+
+NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
+
+
+def _module(op, shape, dtype="float32", **attrs):
+    x = relax.Var("x", relax.TensorType(shape, dtype))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            out = builder.emit_output(op(x, **attrs))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def _run(mod, x):
+    executable = tvm.compile(mod, target="llvm")
+    return relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def _exact_softmax(x):
+    x = x.astype("float64")
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_sigmoid_is_within_the_bound_and_as_close_as_tvms_build():
+    """Over 2**20 inputs across [-100, 100] and the limits of exp's range: every output within
+    ``ERROR_BOUND`` of the exact sigmoid, and no further than TVM's own build's worst."""
+    x = np.concatenate([np.linspace(-100, 100, 1 << 20), [88.3762626647949, -88.3762626647949,
+                                                          -88.5, 88.5, 0.0]]).astype("float32")
+    mod = _module(relax.op.sigmoid, x.shape)
+    exact = 1 / (1 + np.exp(-x.astype("float64")))
+    ours = np.abs(_run(vector_exp()(mod), x) - exact).max()
+    tvms = np.abs(_run(mod, x) - exact).max()
+    assert ours <= ERROR_BOUND and ours <= tvms * 1.01, (ours, tvms)
+
+
+def test_softmax_is_within_the_bound():
+    x = (np.random.default_rng(0).standard_normal((512, 64)) * 10).astype("float32")
+    mod = _module(relax.op.nn.softmax, x.shape, axis=-1)
+    ours = np.abs(_run(vector_exp()(mod), x) - _exact_softmax(x)).max()
+    assert ours <= ERROR_BOUND, ours
+
+
+def test_nan_and_infinities_come_out_as_from_expf():
+    """A NaN stays a NaN (a clamp by max/min would make it a number), infinities saturate."""
+    x = np.array([np.nan, np.inf, -np.inf, 0.0], "float32")
+    sigmoid = _run(vector_exp()(_module(relax.op.sigmoid, x.shape)), x)
+    assert np.isnan(sigmoid[0]) and sigmoid[1] == 1.0 and 0 <= sigmoid[2] < 1e-38
+    assert sigmoid[3] == 0.5
+    rows = np.array([[0.0, np.nan, 1.0], [0.0, 1.0, 2.0]], "float32")
+    softmax = _run(vector_exp()(_module(relax.op.nn.softmax, rows.shape, axis=-1)), rows)
+    assert np.isnan(softmax[0]).all() and np.isfinite(softmax[1]).all()
+
+
+def test_only_float32_sigmoid_and_softmax_are_rewritten():
+    for dtype, rewritten in (("float32", True), ("float16", False)):
+        for op, attrs in ((relax.op.sigmoid, {}), (relax.op.nn.softmax, {"axis": -1})):
+            mod = vector_exp()(_module(op, (4, 8), dtype, **attrs))
+            text = mod.script()
+            assert ("R.sigmoid" not in text and "R.nn.softmax" not in text) == rewritten, text
+
+
+@pytest.mark.parametrize("op, attrs", [(relax.op.sigmoid, {}), (relax.op.nn.softmax, {"axis": 1})])
+def test_aarch64_kernels_call_no_expf_and_run_on_vectors(op, attrs):
+    """In ``relay_amp.cpu_pipeline``'s aarch64 build the kernel calls no ``expf`` (TVM's build
+    calls it once an element) and computes the exponential in vector FMAs."""
+    mod = _module(op, (1, 16, 64), **attrs)
+    target = tvm.target.Target(NEON)
+    for schedules, calls in ((True, False), (False, True)):
+        executable = tvm.compile(mod, target=target,
+                                 relax_pipeline=relay_amp.cpu_pipeline(NEON, schedules))
+        asm = "\n".join(m.inspect_source("asm") for m in [executable.mod, *executable.mod.imports]
+                        if m.kind == "llvm")
+        kernels = "\n".join(body for name, body in asm_functions(asm).items()
+                            if name.endswith("_compute_") or name.startswith("__tvm_ffi_"))
+        assert bool(re.search(r"\bbl\s+expf\b", kernels)) == calls
+        if schedules:
+            assert re.search(r"\bfmla\s+v\d+\.4s", kernels)
