@@ -24,10 +24,17 @@ from __future__ import annotations
 import tvm
 
 from .batch_norm import inference_batch_norms
-from .fast_math import vector_exp
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
-from .neon_tiles import (has_fmlal, is_aarch64, lane_rows, operand_dtype, register_tile,
-                         tensorize_fmlal, tile_shape)
+from .fast_math import vector_exp
+from .neon_tiles import (
+    has_fmlal,
+    is_aarch64,
+    lane_rows,
+    operand_dtype,
+    register_tile,
+    tensorize_fmlal,
+    tile_shape,
+)
 from .nhwc import nhwc_convolutions
 from .schedule_rules import apply_rules
 
@@ -136,6 +143,25 @@ def _row_block(block, spatial, axis):
                 return rows, it
     symbolic = [it for it in shared if not isinstance(it.dom, (int, tvm.tirx.IntImm))]
     return (BLOCK_ROWS[0], symbolic[0]) if symbolic else (1, None)
+
+
+def _aarch64_tile(block, spatial, axis, shape, kind: str | None, pad_lanes: bool):
+    """``(lanes, rows, row iterator)`` of an aarch64 register tile of ``kind`` ("tile": float32
+    or FMLAL, "bfdot"; None: no register tile), from ``shape``, the one :func:`_row_block`
+    chose: :func:`_register_tile_shape` where the rows are constant, then, without rows,
+    :func:`_weight_rows` (not for BFDOT: BFMLALB/T's rows measured 3 x more instructions, not
+    fewer). ``shape`` itself where the lanes or the rows are padded (a symbolic extent)."""
+    lanes, rows, row_axis = shape
+    if kind is None or pad_lanes or row_axis is not None and not isinstance(
+            row_axis.dom, (int, tvm.tirx.IntImm)):
+        return shape
+    bfdot = kind == "bfdot"
+    if not (bfdot and _lanes_in_pairs(block)):
+        lanes, rows, row_axis = _register_tile_shape(block, spatial, axis, lanes, rows,
+                                                     row_axis)
+    if row_axis is None and not bfdot:
+        lanes, rows, row_axis = _weight_rows(block, spatial, axis, lanes, rows, row_axis)
+    return lanes, rows, row_axis
 
 
 def _weight_rows(block, spatial, axis, lanes, rows, row_axis):
@@ -292,14 +318,9 @@ class VectorizeDotProduct:
         _input_copies(sch, info.block_rv, in_registers)
         block = sch.get(info.block_rv)
         rows, row_axis = _row_block(block, spatial, axis)
-        if (tiles or bfdot) and not pad_lanes and (row_axis is None or isinstance(
-                row_axis.dom, (int, tvm.tirx.IntImm))):
-            if not (bfdot and _lanes_in_pairs(block)):
-                lanes, rows, row_axis = _register_tile_shape(block, spatial, axis, lanes, rows,
-                                                             row_axis)
-            if row_axis is None and tiles:  # BFMLALB/T's rows measured 3 x worse, not better
-                lanes, rows, row_axis = _weight_rows(block, spatial, axis, lanes, rows,
-                                                     row_axis)
+        lanes, rows, row_axis = _aarch64_tile(block, spatial, axis, (lanes, rows, row_axis),
+                                              "bfdot" if bfdot else "tile" if tiles else None,
+                                              pad_lanes)
         try:
             pad_rows = row_axis is not None and not isinstance(row_axis.dom,
                                                                 (int, tvm.tirx.IntImm))
