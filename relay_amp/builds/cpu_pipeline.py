@@ -36,6 +36,7 @@ from .neon_tiles import (
     tile_shape,
 )
 from .nhwc import nhwc_convolutions
+from .prelu import elementwise_prelu
 from .schedule_rules import apply_rules
 
 #: Output lanes one vector of partial sums holds: the widest of these that divides the output's
@@ -411,7 +412,7 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     if relay_amp_schedules and has_bfdot(target):
         layouts.append(packed_bfloat16_weights())
     if relay_amp_schedules:
-        layouts = [inference_batch_norms(), vector_exp(), *layouts]
+        layouts = [inference_batch_norms(), vector_exp(), elementwise_prelu(), *layouts]
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)
         + schedules
