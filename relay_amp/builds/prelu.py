@@ -2,7 +2,8 @@
 
 TVM's TFLite frontend writes a PReLU of a ``(1, H, W, C)`` tensor as a PReLU of its flattening,
 with the slope broadcast to the whole tensor and flattened too, and the result reshaped back:
-``reshape(prelu(reshape(x, [n]), reshape(broadcast_to(slope, shape), [n]), axis=0), shape)``.
+``reshape(prelu(reshape(x, [n]), reshape(broadcast_to(slope, shape), [n]), axis=0), shape)``
+(in a converted model, cast before the last reshape).
 The reshapes keep it out of the convolution's kernel before it (a convolution fuses the
 elementwise ops after it, not a reshape), and TVM's own PReLU kernel runs a scalar loop with a
 branch an element and a slope loaded per element: on MediaPipe's landmark models about a
@@ -25,7 +26,8 @@ def _pattern():
     flat_slope = is_op("relax.reshape")(is_op("relax.broadcast_to")(slope, wildcard()),
                                         wildcard())
     prelu = is_op("relax.nn.prelu")(flat_x, flat_slope)
-    return is_op("relax.reshape")(prelu, wildcard()), x, slope
+    cast = is_op("relax.astype")(prelu)  # a converted model casts it before the reshape
+    return is_op("relax.reshape")(prelu | cast, wildcard()), x, slope
 
 
 def elementwise_prelu() -> tvm.transform.Pass:
@@ -43,8 +45,10 @@ def elementwise_prelu() -> tvm.transform.Pass:
         if [int(d) for d in value.ty.shape] != shape or not shape \
                 or weight.size != shape[-1] or str(weight.dtype) != str(value.ty.dtype):
             return call  # a slope per element, not per channel: TVM's own kernel
-        return relax.op.nn.prelu(value, relax.const(weight.reshape(shape[-1])),
-                                 axis=len(shape) - 1)
+        prelu = relax.op.nn.prelu(value, relax.const(weight.reshape(shape[-1])),
+                                  axis=len(shape) - 1)
+        dtype = str(call.ty.dtype)
+        return prelu if dtype == str(value.ty.dtype) else relax.op.astype(prelu, dtype)
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.elementwise_prelu")
     def _rewrite(mod, context):

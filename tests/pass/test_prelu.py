@@ -62,6 +62,20 @@ def test_a_flattened_prelu_is_a_prelu_over_channels(slope_shape):
     np.testing.assert_array_equal(_run(after, x), _run(before, x))
 
 
+def test_a_converted_models_cast_before_the_reshape_stays_after_the_prelu():
+    """relay_amp.convert keeps the PReLU float32 and casts its flat result to float16 before
+    the last reshape: the PReLU is rewritten all the same, the cast after it."""
+    mod, slope = _flattened()
+    converted, _ = relay_amp.convert(mod, "float16", target=NEON)
+    text = converted.script()
+    assert "R.nn.prelu" in text and "axis=0" in text
+    after = elementwise_prelu()(converted)
+    prelus = [line for line in after.script().splitlines() if "R.nn.prelu" in line]
+    assert len(prelus) == 1 and "axis=3" in prelus[0], prelus
+    x = np.random.default_rng(2).standard_normal(SHAPE).astype("float32")
+    np.testing.assert_array_equal(_run(after, x), _run(converted, x))
+
+
 def test_a_slope_per_element_keeps_tvms_prelu():
     before, _ = _flattened((4, 4, 8))
     tvm.ir.assert_structural_equal(elementwise_prelu()(before), before)
