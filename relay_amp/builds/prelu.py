@@ -23,7 +23,8 @@ def _pattern():
 
     x, slope = wildcard(), is_const()
     flat_x = is_op("relax.reshape")(x, wildcard())
-    flat_slope = is_op("relax.reshape")(is_op("relax.broadcast_to")(slope, wildcard()),
+    stored = slope | is_op("relax.astype")(slope)  # a model that stores its weights in float16
+    flat_slope = is_op("relax.reshape")(is_op("relax.broadcast_to")(stored, wildcard()),
                                         wildcard())
     prelu = is_op("relax.nn.prelu")(flat_x, flat_slope)
     cast = is_op("relax.astype")(prelu)  # a converted model casts it before the reshape
@@ -41,9 +42,10 @@ def elementwise_prelu() -> tvm.transform.Pass:
 
     def rewrite(call, matches):
         value, weight = matches[x], matches[slope].value.numpy()
+        weight = weight.astype(str(value.ty.dtype))  # exact: a float16 slope read as float32
         shape = [int(d) for d in call.ty.shape]
         if [int(d) for d in value.ty.shape] != shape or not shape \
-                or weight.size != shape[-1] or str(weight.dtype) != str(value.ty.dtype):
+                or weight.size != shape[-1]:
             return call  # a slope per element, not per channel: TVM's own kernel
         prelu = relax.op.nn.prelu(value, relax.const(weight.reshape(shape[-1])),
                                   axis=len(shape) - 1)

@@ -12,12 +12,13 @@ SHAPE = (1, 4, 4, 8)
 NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
 
 
-def _flattened(slope_shape=(8,)):
-    """conv2d, then TVM's TFLite PReLU: flatten, slope broadcast and flattened, back."""
+def _flattened(slope_shape=(8,), stored="float32"):
+    """conv2d, then TVM's TFLite PReLU: flatten, slope broadcast and flattened, back. A slope
+    ``stored`` in float16 is cast to float32 first (MediaPipe's face_landmark)."""
     rng = np.random.default_rng(0)
     x = relax.Var("x", relax.TensorType(SHAPE, "float32"))
     weight = relax.const(rng.standard_normal((1, 1, 8, 8)).astype("float32"))
-    slope = relax.const(rng.standard_normal(slope_shape).astype("float32"))
+    slope = relax.const(rng.standard_normal(slope_shape).astype(stored))
     size = int(np.prod(SHAPE))
     builder = relax.BlockBuilder()
     with builder.function("main", [x]):
@@ -25,7 +26,9 @@ def _flattened(slope_shape=(8,)):
             y = builder.emit(relax.op.nn.conv2d(x, weight, data_layout="NHWC",
                                                 kernel_layout="HWIO"))
             flat = builder.emit(relax.op.reshape(y, (size,)))
-            wide = builder.emit(relax.op.broadcast_to(slope, SHAPE))
+            read = slope if stored == "float32" else builder.emit(relax.op.astype(slope,
+                                                                                  "float32"))
+            wide = builder.emit(relax.op.broadcast_to(read, SHAPE))
             flat_slope = builder.emit(relax.op.reshape(wide, (size,)))
             z = builder.emit(relax.op.nn.prelu(flat, flat_slope, axis=0))
             out = builder.emit_output(relax.op.reshape(z, SHAPE))
@@ -43,7 +46,7 @@ def _expected(slope):
             y = builder.emit(relax.op.nn.conv2d(x, weight, data_layout="NHWC",
                                                 kernel_layout="HWIO"))
             out = builder.emit_output(relax.op.nn.prelu(
-                y, relax.const(slope.value.numpy().reshape(8)), axis=3))
+                y, relax.const(slope.value.numpy().astype("float32").reshape(8)), axis=3))
         builder.emit_func_output(out)
     return builder.get()
 
@@ -53,9 +56,10 @@ def _run(mod, x, target="llvm"):
     return relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
 
 
-@pytest.mark.parametrize("slope_shape", [(8,), (1, 1, 8)])
-def test_a_flattened_prelu_is_a_prelu_over_channels(slope_shape):
-    before, slope = _flattened(slope_shape)
+@pytest.mark.parametrize("slope_shape, stored", [((8,), "float32"), ((1, 1, 8), "float32"),
+                                                 ((1, 1, 8), "float16")])
+def test_a_flattened_prelu_is_a_prelu_over_channels(slope_shape, stored):
+    before, slope = _flattened(slope_shape, stored)
     after = elementwise_prelu()(before)
     tvm.ir.assert_structural_equal(after, _expected(slope))
     x = np.random.default_rng(1).standard_normal(SHAPE).astype("float32")
