@@ -245,3 +245,13 @@ def prim_func_blocks(func) -> list:
     except TVM_ERRORS:
         return []
     return [schedule.get(block) for block in blocks]
+
+
+def mutate_functions(mutator) -> tvm.IRModule:
+    """The module of ``mutator`` (a ``relax.PyExprMutator`` made from it) with every Relax
+    function visited by it: how a Relax rewrite applies to a whole module."""
+    for gvar, func in list(mutator.builder_.get().functions_items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return mutator.builder_.get()
+

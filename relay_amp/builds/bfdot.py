@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import tvm
 
-from ..relax_utils import TVM_ERRORS
+from ..relax_utils import TVM_ERRORS, mutate_functions
 from .neon_tiles import _loads, _row_step, is_aarch64
 
 #: The functions the kernels call: ``relay_amp_bfdot(sums, pairs, row, j)`` is ``bfdot
@@ -278,11 +278,7 @@ def packed_bfloat16_weights() -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.packed_bfloat16_weights")
     def _pack_module(mod, context):
-        mutator = Packed(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-        return mutator.builder_.get()
+        return mutate_functions(Packed(mod))
 
     return _pack_module
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import tvm
 
+from ..relax_utils import mutate_functions
+
 #: Each sigmoid or softmax output is within this of the exact value, absolute (the sum of a
 #: softmax row rounds as much in TVM's own build): 2**-21.
 ERROR_BOUND = 2.0 ** -21
@@ -96,11 +98,7 @@ def vector_exp() -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.vector_exp")
     def _rewrite(mod, context):
-        mutator = Vector(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-        return mutator.builder_.get()
+        return mutate_functions(Vector(mod))
 
     return _rewrite
 

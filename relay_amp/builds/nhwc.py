@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tvm
 
-from ..relax_utils import TVM_ERRORS, last_line
+from ..relax_utils import TVM_ERRORS, last_line, mutate_functions
 
 #: What ``relax.transform.ConvertLayout`` asks for: NHWC data, HWIO weights.
 LAYOUTS = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
@@ -96,11 +96,7 @@ def _transpose_constants(mod):
                     np.transpose(call.args[0].value.numpy(), axes)))
             return call
 
-    mutator = Transposed(mod)
-    for gvar, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-    return mutator.builder_.get()
+    return mutate_functions(Transposed(mod))
 
 
 __all__ = ["LAYOUTS", "nhwc_convolutions"]

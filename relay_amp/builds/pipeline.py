@@ -42,7 +42,7 @@ import time
 import tvm
 from tvm import relax
 
-from ..relax_utils import last_line
+from ..relax_utils import last_line, mutate_functions
 from .codegen import cuda as cuda_codegen
 from .cpu_pipeline import cpu_pipeline
 from .schedule_rules import RuleLog, apply_rules
@@ -123,11 +123,7 @@ def DecomposeAttention(mod: tvm.IRModule, _context) -> tvm.IRModule:
     causal mask,) softmax, matmul, permute; float16/bfloat16 inputs are multiplied with float32
     accumulation and go through a float32 softmax. Sliding-window attention, and a causal mask
     or default scale over symbolic extents, stay as they are."""
-    decomposer = _AttentionDecomposer(mod)
-    for global_var, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            decomposer.builder_.update_func(global_var, decomposer.visit_expr(func))
-    return decomposer.builder_.get()
+    return mutate_functions(_AttentionDecomposer(mod))
 
 
 # ------------------------------------------------------------------------------ split-K
@@ -259,11 +255,7 @@ def SplitK(sms: int = 132) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.SplitK")
     def _pass(mod, _context):
-        splitter = _SplitK(mod, sms)
-        for global_var, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                splitter.builder_.update_func(global_var, splitter.visit_expr(func))
-        return splitter.builder_.get()
+        return mutate_functions(_SplitK(mod, sms))
 
     return _pass
 
@@ -352,11 +344,7 @@ def WidenModulo(mod: tvm.IRModule, _context) -> tvm.IRModule:
     """Compute a float16/bfloat16 ``mod`` in float32 and round the result back (exact: the
     remainder of two low-precision values is one): CUDA has ``fmod`` for float and double
     only, and TVM's code generation fails the whole build on a half ``Mod``."""
-    widener = _ModuloWidener(mod)
-    for global_var, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            widener.builder_.update_func(global_var, widener.visit_expr(func))
-    return widener.builder_.get()
+    return mutate_functions(_ModuloWidener(mod))
 
 
 def graph_rewrites(target, split_k: bool = True) -> list:

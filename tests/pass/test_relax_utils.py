@@ -6,7 +6,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from relay_amp.relax_utils import TVM_ERRORS, new_call
+from relay_amp.relax_utils import TVM_ERRORS, mutate_functions, new_call
 from relay_amp.targets import as_target
 
 
@@ -42,3 +42,22 @@ def test_new_call_makes_the_node_tvm_ir_call_makes():
     tvm.ir.assert_structural_equal(made, tvm.ir.Call(model.op, [x, w], model.attrs))
     normalized = relax.BlockBuilder().normalize(made)
     assert normalized.ty.dtype == "float16" and list(normalized.ty.shape) == [2, 4]
+
+
+def test_mutate_functions_visits_every_relax_function_and_leaves_the_input():
+    @relax.expr_functor.mutator
+    class ReluToSigmoid(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            return relax.op.sigmoid(call.args[0]) if call.op.name == "relax.nn.relu" else call
+
+    builder = relax.BlockBuilder()
+    for name in ("main", "other"):
+        x = relax.Var("x", relax.TensorType((2,), "float32"))
+        with builder.function(name, [x]):
+            builder.emit_func_output(builder.emit(relax.op.nn.relu(x)))
+    mod = builder.get()
+    before = mod.script()
+    after = mutate_functions(ReluToSigmoid(mod))
+    assert after.script().count("R.sigmoid") == 2 and "R.nn.relu" not in after.script()
+    assert mod.script() == before
