@@ -121,12 +121,17 @@ def _lanes_in_pairs(block) -> bool:
     return isinstance(last, tvm.tirx.IntImm) and int(last) == 1
 
 
+def _vector_reads(block, axis) -> list:
+    """The regions ``block`` reads that the lanes (``axis``) index."""
+    return [region for region in block.reads
+            if any(_uses(r.min, axis.var) for r in region.region)]
+
+
 def _shared_rows(block, spatial, axis) -> list:
     """The spatial iterators whose adjacent values share the vector operand (no read that the
     lanes index depends on them: a convolution's output pixels, a matmul's rows), innermost
     first."""
-    vector_reads = [region for region in block.reads
-                    if any(_uses(r.min, axis.var) for r in region.region)]
+    vector_reads = _vector_reads(block, axis)
     return [it for it in reversed(spatial) if it is not axis and not any(
         _uses(r.min, it.var) for region in vector_reads for r in region.region)]
 
@@ -170,8 +175,7 @@ def _weight_rows(block, spatial, axis, lanes, rows, row_axis):
     not depend on a constant spatial axis (a depthwise convolution's weight, the same for every
     output pixel): that axis's rows (:func:`lane_rows`) load each weight vector once for all of
     them; else the ones given."""
-    vector_reads = [region for region in block.reads
-                    if any(_uses(r.min, axis.var) for r in region.region)]
+    vector_reads = _vector_reads(block, axis)
     candidates = [it for it in reversed(spatial) if it is not axis
                   and isinstance(it.dom, (int, tvm.tirx.IntImm)) and any(
                       not any(_uses(r.min, it.var) for r in region.region)
