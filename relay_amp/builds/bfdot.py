@@ -101,6 +101,22 @@ def _reshape(value, call):
 FOLDED = {"relax.astype": _astype, "relax.permute_dims": _permute, "relax.reshape": _reshape}
 
 
+def constant_value(mutator, expr, hops: int = 8):
+    """The numpy value of ``expr`` where it is a constant or :data:`FOLDED` ops of one, through
+    the variables ``mutator`` (a ``relax.PyExprMutator``) has bound them to; else None."""
+    from tvm import relax
+
+    while isinstance(expr, relax.Var) and hops:
+        expr, hops = mutator.lookup_binding(expr), hops - 1
+    if isinstance(expr, tvm.ir.expr.GenericConst):
+        return expr.value.numpy()
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
+            and expr.op.name in FOLDED and hops:
+        value = constant_value(mutator, expr.args[0], hops - 1)
+        return None if value is None else FOLDED[expr.op.name](value, expr)
+    return None
+
+
 def _pack(weight, axis: int):
     """The weight with its reduction ``axis`` (next to last in a matmul's ``[K, N]``, third from
     last in HWIO) split into pairs, each pair after the output channel: ``[.., K/2, N, 2]``."""
@@ -251,23 +267,10 @@ def packed_bfloat16_weights() -> tvm.transform.Pass:
 
     @relax.expr_functor.mutator
     class Packed(relax.PyExprMutator):
-        def constant(self, expr, hops: int = 8):
-            """The numpy value of ``expr`` where it is a constant or :data:`FOLDED` ops of
-            one, through the variables bound to them; else None."""
-            while isinstance(expr, relax.Var) and hops:
-                expr, hops = self.lookup_binding(expr), hops - 1
-            if isinstance(expr, tvm.ir.expr.GenericConst):
-                return expr.value.numpy()
-            if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
-                    and expr.op.name in FOLDED and hops:
-                value = self.constant(expr.args[0], hops - 1)
-                return None if value is None else FOLDED[expr.op.name](value, expr)
-            return None
-
         def visit_call_(self, call):
             call = super().visit_call_(call)
             if isinstance(call.op, tvm.ir.Op) and call.op in ops:
-                weight = self.constant(call.args[1]) if len(call.args) > 1 else None
+                weight = constant_value(self, call.args[1]) if len(call.args) > 1 else None
                 try:
                     rewritten = _rewrite(self.builder_, call, weight)
                 except TVM_ERRORS:  # an op TE cannot write so keeps TVM's kernel

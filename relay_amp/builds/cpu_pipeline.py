@@ -36,8 +36,12 @@ from .neon_tiles import (
     tile_shape,
 )
 from .nhwc import nhwc_convolutions
+from .packed_weights import packed_convolutions
 from .prelu import elementwise_prelu
 from .schedule_rules import apply_rules
+from .x86_tiles import register_tile as x86_register_tile
+from .x86_tiles import tile_shape as x86_tile_shape
+from .x86_tiles import vector_registers, vector_width
 
 #: Output lanes one vector of partial sums holds: the widest of these that divides the output's
 #: last axis (16 float32 sums are four 128-bit NEON registers) ...
@@ -170,6 +174,26 @@ def _aarch64_tile(block, spatial, axis, shape, kind: str | None, pad_lanes: bool
     return lanes, rows, row_axis
 
 
+def _x86_tile(block, spatial, axis, shape, width: int, registers: int, pad_lanes: bool):
+    """``(lanes, rows, row iterator)`` of an x86 register tile of ``width``-lane vectors
+    (:func:`relay_amp.builds.x86_tiles.tile_shape`) over the constant row axes, or over the
+    symbolic one ``shape`` pads to its rows; ``shape`` itself where none fits or the lanes are
+    padded."""
+    lanes, rows, row_axis = shape
+    if pad_lanes:
+        return shape
+    if row_axis is not None and not isinstance(row_axis.dom, (int, tvm.tirx.IntImm)):
+        candidates, extents = [row_axis], [rows]
+    else:
+        candidates = [it for it in _shared_rows(block, spatial, axis)
+                      if isinstance(it.dom, (int, tvm.tirx.IntImm))]
+        extents = [int(it.dom) for it in candidates]
+    tile = x86_tile_shape(int(axis.dom), extents, width, registers)
+    if tile is None:
+        return shape
+    return tile[0], tile[1], candidates[tile[2]]
+
+
 def _weight_rows(block, spatial, axis, lanes, rows, row_axis):
     """``(lanes, rows, row iterator)`` where no row shares both vector operands but one does
     not depend on a constant spatial axis (a depthwise convolution's weight, the same for every
@@ -264,6 +288,21 @@ def _inline_epilogue(sch, write_back) -> None:
                 return
 
 
+def _register_tile(sch, loops, lanes: int, rows: int, scope: str, kind: str | None,
+                   width: int | None):
+    """A copy of ``sch`` whose tile (``loops``: the tile, lanes, rows and reduction loops) runs
+    on the register tile of ``kind`` ("bfdot", "x86" of ``width`` lanes a vector, "tile": the
+    aarch64 one), or None where there is none or it does not apply."""
+    tile, inner, row_inner, reduce = loops
+    if kind == "bfdot":
+        return bfdot_tile(sch, tile, inner, row_inner, reduce, lanes, rows, scope)
+    if kind == "x86":
+        return x86_register_tile(sch, inner, row_inner, reduce, lanes, rows, width, scope)
+    if kind == "tile":
+        return register_tile(sch, inner, row_inner, reduce, lanes, rows, scope)
+    return None
+
+
 class VectorizeDotProduct:
     """A dlight schedule rule for ``llvm`` targets: a kernel with one dot-product block (a
     convolution, a matmul) computes adjacent outputs of its last axis at once
@@ -279,7 +318,9 @@ class VectorizeDotProduct:
     vectorizer turns into vector FMAs. On aarch64 the update is tensorized instead where
     :mod:`relay_amp.builds.neon_tiles` has an intrinsic for it (a register tile reading the
     scalars as lanes, in float32 and float16; FMLAL for float16 with ``+fp16fml``, whose lanes
-    are then a multiple of 4 where the axis allows). Kernels with another reduction, with a
+    are then a multiple of 4 where the axis allows); on x86 with AVX2 or AVX-512, float32
+    tiles run on :mod:`relay_amp.builds.x86_tiles`' explicit vectors of the target's width,
+    their shape chosen by :func:`_x86_tile`. Kernels with another reduction, with a
     last axis that has no divisor from 4 to 16 (:func:`lanes_for`), or whose loops are not one
     per block iterator are left alone.
     dlight's ``ApplyDefaultSchedule`` calls :meth:`apply`.
@@ -312,6 +353,7 @@ class VectorizeDotProduct:
         fmlal = has_fmlal(target) and dtype == "float16"
         bfdot = has_bfdot(target) and dtype == "bfloat16"
         tiles = fmlal or (dtype == "float32" and is_aarch64(target))
+        width = vector_width(target) if dtype == "float32" else None
         # a symbolic last axis (attention's scores over a sequence length) is padded to
         # a multiple of the widest lanes, as a symbolic row axis is to the rows
         pad_lanes = not isinstance(axis.dom, (int, tvm.tirx.IntImm))
@@ -326,6 +368,9 @@ class VectorizeDotProduct:
         lanes, rows, row_axis = _aarch64_tile(block, spatial, axis, (lanes, rows, row_axis),
                                               "bfdot" if bfdot else "tile" if tiles else None,
                                               pad_lanes)
+        if width is not None:
+            lanes, rows, row_axis = _x86_tile(block, spatial, axis, (lanes, rows, row_axis),
+                                              width, vector_registers(target), pad_lanes)
         try:
             pad_rows = row_axis is not None and not isinstance(row_axis.dom,
                                                                 (int, tvm.tirx.IntImm))
@@ -364,16 +409,12 @@ class VectorizeDotProduct:
             for vectorized in (init, write_back):
                 sch.vectorize(sch.get_loops(vectorized)[-1])
             scope = "global" if in_registers else "local"
-            if bfdot:
-                tiled = bfdot_tile(sch, tile, inner, row_inner, [it.loop_rv for it in reduce],
-                                   lanes, rows, scope)
-                if tiled is not None:
-                    return tiled
-            if tiles:
-                tiled = register_tile(sch, inner, row_inner, [it.loop_rv for it in reduce],
-                                      lanes, rows, scope)
-                if tiled is not None:
-                    return tiled
+            tiled = _register_tile(sch, (tile, inner, row_inner, [it.loop_rv for it in reduce]),
+                                   lanes, rows, scope,
+                                   "bfdot" if bfdot else "x86" if width else "tile" if tiles
+                                   else None, width)
+            if tiled is not None:
+                return tiled
             if not (fmlal and tensorize_fmlal(sch, inner, lanes, scope)
                     or bfdot and tensorize_bfmlal(sch, tile, inner, lanes, scope)):
                 sch.unroll(inner)
@@ -389,7 +430,9 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     CPU ``Reduction`` rule (softmax, normalizations: rows in parallel, elementwise parts
     vectorized, the sums in their order) and, before
     legalization, inference batch_norm as elementwise ops (:mod:`relay_amp.builds.batch_norm`)
-    and, on aarch64, convolutions in NHWC (:mod:`relay_amp.builds.nhwc`).
+    and, on aarch64 and on x86 with AVX2 or AVX-512, convolutions in NHWC
+    (:mod:`relay_amp.builds.nhwc`); on x86, their float32 weights packed in panels of the
+    tile's lanes (:mod:`relay_amp.builds.packed_weights`).
 
     Parameters
     ----------
@@ -412,7 +455,10 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     rules = [VectorizeDotProduct(), dlight_cpu.Reduction()]
     schedules = [apply_rules(rules, rule_log)] if relay_amp_schedules else []
-    layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and is_aarch64(target) else []
+    layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and (
+        is_aarch64(target) or vector_width(target)) else []
+    if relay_amp_schedules and vector_width(target):
+        layouts.append(packed_convolutions(target))
     if relay_amp_schedules and has_bfdot(target):
         layouts.append(packed_bfloat16_weights())
     if relay_amp_schedules:

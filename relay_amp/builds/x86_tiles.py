@@ -1,0 +1,185 @@
+"""x86 dot products on register tiles of AVX-512 or AVX2 vectors: MLAS's and XNNPACK's
+micro-kernel, for float32.
+
+:class:`relay_amp.builds.cpu_pipeline.VectorizeDotProduct` leaves a tile's update as rows of
+``sums[r, l] += a[r] * b[l]``: one operand a scalar per row (an NHWC convolution's input
+channel, a matmul row's element), the other a vector of the lanes (the weights' output
+channels). Left to LLVM's SLP vectorizer, the unrolled update becomes vectors of the width LLVM
+prefers, which on AVX-512 cores (Skylake-SP to Emerald Rapids, Zen 4) is 256 bits, not 512:
+half the multiply-accumulates an instruction, and a tile sized for 32 registers spills.
+
+:func:`register_tile` tensorizes the update into explicit vectors of the target's width
+(:func:`vector_width`: 16 float32 lanes with ``avx512f``, 8 with ``avx2``), each row's scalar
+broadcast from memory into one register (``vbroadcastss``) and each vector of weights loaded
+once for all rows: per reduction step ``rows`` broadcasts and ``lanes / width`` loads feed
+``rows * lanes / width`` FMAs. :func:`tile_shape` chooses the rows and lanes that load least per
+FMA within the target's vector registers (:func:`vector_registers`). LLVM legalizes explicit
+512-bit vector arithmetic as such whatever width it prefers for its own vectorizers.
+
+Every output's sum keeps its order; the numbers are the plain build's up to FMA contraction.
+"""
+
+from __future__ import annotations
+
+import tvm
+
+from .neon_tiles import _loads, _operands, _row_step, _uses, operand_dtype
+
+#: The most rows a tile computes.
+TILE_ROWS = 14
+#: How many vectors of lanes a tile's row may hold.
+TILE_VECTORS = (4, 3, 2, 1)
+#: How far apart in the scalar operand a tile's rows may be (a convolution's stride).
+STEPS = (1, 2)
+#: Reduction steps a tile adds per call, widest first (the loop's bookkeeping is per call).
+DEPTHS = (4, 2, 1)
+
+_REGISTERED: dict = {}
+
+
+def _x86(target) -> bool:
+    triple = target.attrs.get("mtriple") or tvm.target.codegen.llvm_get_system_triple()
+    return target.kind.name == "llvm" and str(triple).startswith(("x86_64", "i386", "i686"))
+
+
+def vector_width(target) -> int | None:
+    """Float32 lanes of one vector register of the x86 ``llvm`` target ``target``: 16 with
+    AVX-512 (``avx512f``), 8 with AVX2 and FMA; None for other targets and older x86."""
+    if not _x86(target):
+        return None
+    has = tvm.target.codegen.llvm_cpu_has_features
+    if has("avx512f", target):
+        return 16
+    if has("avx2", target) and has("fma", target):
+        return 8
+    return None
+
+
+def vector_registers(target) -> int:
+    """Vector registers the target has: 32 with AVX-512, else 16."""
+    return 32 if vector_width(target) == 16 else 16
+
+
+def tile_shape(extent: int, row_extents, width: int, registers: int) -> tuple | None:
+    """``(lanes, rows, n)``: the register tile for an output axis of ``extent`` lanes and row
+    axes of ``row_extents`` (``n`` the one taken) that loads least per FMA, among those whose
+    lanes are 1 to 4 vectors of ``width``, whose rows divide their axis, and whose sums, one
+    step's weight vectors and one broadcast fit ``registers``; None where no axis takes 2 rows.
+
+    Per reduction step a tile of ``rows`` x ``v`` vectors executes ``rows * v`` FMAs, ``rows``
+    broadcasts and ``v`` loads: ``(rows + v) / (rows * v)`` loads an FMA (14 x 2 vectors 0.57,
+    7 x 3 0.48, 4 x 4 0.5). Ties go to more lanes, then to the first axis."""
+    options = []
+    for vectors in TILE_VECTORS:
+        lanes = vectors * width
+        if extent % lanes:
+            continue
+        for n, rows_extent in enumerate(row_extents):
+            for rows in range(TILE_ROWS, 1, -1):
+                if rows_extent % rows or rows * vectors + vectors + 1 > registers - 1:
+                    continue
+                cost = (rows + vectors) / (rows * vectors)
+                options.append((round(cost, 9), -lanes, n, -rows))
+    if not options:
+        return None
+    _, lanes, n, rows = min(options)
+    return -lanes, -rows, n
+
+
+def _intrinsic(rows: int, depth: int, lanes: int, width: int, scope: str, step: int) -> str:
+    """The name of the tile intrinsic: ``rows`` x ``lanes`` float32 sums in a ``scope`` buffer,
+    each adding ``depth`` products of a row's scalar, broadcast, and a row of the lanes; the
+    tile's rows ``step`` rows apart in the scalar operand."""
+    key = (rows, depth, lanes, width, scope, step)
+    if key in _REGISTERED:
+        return _REGISTERED[key]
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    vectors = lanes // width
+    span = (rows - 1) * step + 1
+
+    def update(C, A, B, r, k, g):
+        return T.call_llvm_pure_intrin(
+            f"float32x{width}", f"llvm.fma.v{width}f32", B.vload([k, g * width],
+                                                                   f"float32x{width}"),
+            tvm.tirx.Broadcast(A[r * step, k], width), C[r, T.ramp(g * width, 1, width)])
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sb, sc = T.int64(), T.int64(), T.int64()
+        A = T.match_buffer(a, (span, depth), "float32", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (depth, lanes), "float32", offset_factor=1, strides=[sb, 1])
+        C = T.match_buffer(c, (rows, lanes), "float32", offset_factor=1, strides=[sc, 1],
+                           scope=scope)
+        with T.sblock("root"):
+            T.reads(C[0:rows, 0:lanes], A[0:span, 0:depth], B[0:depth, 0:lanes])
+            T.writes(C[0:rows, 0:lanes])
+            for k, r, i in T.grid(depth, rows, lanes):
+                with T.sblock("update"):
+                    vr, vi, vk = T.axis.remap("SSR", [r, i, k])
+                    C[vr, vi] = C[vr, vi] + A[vr * step, vk] * B[vk, vi]
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sb, sc = T.int64(), T.int64(), T.int64()
+        A = T.match_buffer(a, (span, depth), "float32", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (depth, lanes), "float32", offset_factor=1, strides=[sb, 1])
+        C = T.match_buffer(c, (rows, lanes), "float32", offset_factor=1, strides=[sc, 1],
+                           scope=scope)
+        with T.sblock("root"):
+            T.reads(C[0:rows, 0:lanes], A[0:span, 0:depth], B[0:depth, 0:lanes])
+            T.writes(C[0:rows, 0:lanes])
+            for k in T.unroll(depth):
+                for r in T.unroll(rows):
+                    for g in T.unroll(vectors):
+                        C[r, T.ramp(g * width, 1, width)] = update(C, A, B, r, k, g)
+
+    name = f"relay_amp_x86_tile_{rows}x{lanes}_w{width}_k{depth}_s{step}_{scope}"
+    TensorIntrin.register(name, desc, impl, override=True)
+    _REGISTERED[key] = name
+    return name
+
+
+def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: int,
+                  width: int, scope: str):
+    """A copy of ``sch`` whose float32 tile runs on explicit vectors of ``width`` lanes
+    (:func:`_intrinsic`), or None where the update does not read so (no rows, lanes not a
+    multiple of ``width``, an operand other than a scalar per row and a contiguous vector of
+    the lanes, strides :data:`STEPS` lacks): the reduction loop of the scalar operand's
+    innermost axis is split by a depth of :data:`DEPTHS`, its inner part moved above the rows
+    and tensorized."""
+    from tvm import s_tir
+
+    if rows_loop is None or lanes % width or _operands(sch, lanes_loop) not in ((None, 0), None):
+        return None
+    realize = sch.get(lanes_loop).body
+    if not isinstance(realize, tvm.s_tir.SBlockRealize) \
+            or operand_dtype(realize.block) != "float32":
+        return None
+    scalar = _loads(realize.block)[0]
+    bound = [value for iv, value in zip(realize.block.iter_vars, realize.iter_values)
+             if _uses(scalar.indices[-1], iv.var)]
+    found = [n for n, loop in enumerate(reduce_loops)
+             if any(_uses(value, sch.get(loop).loop_var) for value in bound)]
+    if len(found) != 1:
+        return None
+    extent = sch.get(reduce_loops[found[0]]).extent
+    if not isinstance(extent, tvm.tirx.IntImm):
+        return None
+    depth = next(d for d in DEPTHS if int(extent) % d == 0)
+    step = _row_step(realize, scalar, sch.get(rows_loop).loop_var)
+    if step not in STEPS:
+        return None
+    trial = sch.copy()
+    try:
+        _, inner = trial.split(reduce_loops[found[0]], [None, depth])
+        trial.reorder(*reduce_loops[found[0] + 1:], inner, rows_loop)
+        trial.tensorize(inner, _intrinsic(rows, depth, lanes, width, scope, step))
+    except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
+        return None
+    return trial
+
+
+__all__ = ["STEPS", "TILE_ROWS", "register_tile", "tile_shape", "vector_registers",
+           "vector_width"]

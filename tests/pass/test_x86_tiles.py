@@ -1,0 +1,131 @@
+"""relay_amp.builds.x86_tiles and packed_weights: x86 convolutions in NHWC on a register tile
+of explicit AVX-512/AVX2 vectors, over weights packed at build time in panels of the tile's
+lanes. Structure from the assembly (compiled for named CPUs, so it holds on any host);
+numbers on this host against TVM's own build."""
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from helpers import asm_kernel
+from tvm import relax
+
+import relay_amp
+from relay_amp.builds.cpu_pipeline import cpu_pipeline
+from relay_amp.builds.nhwc import nhwc_convolutions
+from relay_amp.builds.packed_weights import packed_convolutions
+from relay_amp.builds.x86_tiles import tile_shape, vector_registers, vector_width
+
+AVX512 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"}
+AVX2 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"}
+SSE = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}
+NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
+VECTOR_FMA = {16: r"\bvfmadd\d+ps\s+[^\n]*%zmm", 8: r"\bvfmadd\d+ps\s+[^\n]*%ymm"}
+SCALAR_FMA = r"\bvfmadd\d+ss\b"
+BROADCAST = r"\bvbroadcastss\s+-?(?:0x)?[0-9a-f]*\("
+VECTOR_LOAD = r"\bvmov[au]ps\s+-?(?:0x)?[0-9a-f]*\([^\n]*%[yz]mm"
+
+
+def _conv(channels=32, outputs=64, size=14, stride=1, seed=0):
+    """An NCHW convolution (as the frontends import it) with a constant weight, bias and relu."""
+    rng = np.random.default_rng(seed)
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    w = relax.const((rng.standard_normal((outputs, channels, 3, 3)) / 8).astype("float32"))
+    b = relax.const(rng.standard_normal((1, outputs, 1, 1)).astype("float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            conv = builder.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=1))
+            out = builder.emit_output(relax.op.nn.relu(relax.op.add(conv, b)))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def _assembly(mod, target):
+    executable = tvm.compile(mod, target=tvm.target.Target(target),
+                             relax_pipeline=cpu_pipeline(target))
+    modules = [executable.mod, *executable.mod.imports]
+    return "\n".join(m.inspect_source("asm") for m in modules if m.kind == "llvm")
+
+
+@pytest.mark.parametrize(("target", "width"), [(AVX512, 16), (AVX2, 8), (SSE, None),
+                                               (NEON, None)])
+def test_vector_width_is_the_targets(target, width):
+    target = tvm.target.Target(target)
+    assert vector_width(target) == width
+    assert vector_registers(target) == (32 if width == 16 else 16)
+
+
+@pytest.mark.parametrize("width, registers", [(16, 32), (8, 16)])
+@pytest.mark.parametrize("extent", [16, 32, 64, 96, 256, 512, 1000])
+@pytest.mark.parametrize("rows", [[7, 7, 1], [14, 14, 1], [56, 56, 1], [3, 1], [1]])
+def test_the_tile_fits_the_registers_and_divides_its_axes(extent, rows, width, registers):
+    shape = tile_shape(extent, rows, width, registers)
+    if shape is None:
+        assert extent % width or all(n < 2 for n in rows)
+        return
+    lanes, tile_rows, n = shape
+    vectors = lanes // width
+    assert extent % lanes == 0 and lanes % width == 0 and 1 <= vectors <= 4
+    assert rows[n] % tile_rows == 0 and tile_rows >= 2
+    assert tile_rows * vectors + vectors + 1 <= registers - 1
+
+
+def test_the_tile_loads_least_per_fma():
+    """A 14-wide map of 256 channels: 14 rows of two zmm vectors (16 loads for 28 FMAs); a
+    7-wide one: 7 rows of two. On AVX2 (16 registers) 2 rows of four ymm vectors."""
+    assert tile_shape(256, [14, 14, 1], 16, 32) == (32, 14, 0)
+    assert tile_shape(512, [7, 7, 1], 16, 32) == (32, 7, 0)
+    assert tile_shape(192, [28, 28, 1], 16, 32) == (48, 7, 0)
+    assert tile_shape(256, [14, 14, 1], 8, 16) == (32, 2, 0)
+
+
+def test_convolution_weights_are_packed_in_panels_of_the_tiles_lanes():
+    """After the NHWC layout, the convolution's HWIO weight becomes one constant
+    ``[outputs / lanes, kh, kw, channels, lanes]``: each tile's panel contiguous."""
+    target = tvm.target.Target(AVX512)
+    mod = _conv(channels=32, outputs=64, size=14)
+    before = mod.script()
+    with target:
+        packed = packed_convolutions(target)(nhwc_convolutions()(mod))
+    shapes = []
+    relax.analysis.post_order_visit(packed["main"], lambda e: shapes.append(
+        tuple(e.value.shape)) if isinstance(e, tvm.ir.expr.Constant)
+        and hasattr(e.value, "numpy") else None)
+    assert (2, 3, 3, 32, 32) in shapes
+    assert (64, 32, 3, 3) not in shapes and (3, 3, 32, 64) not in shapes
+    text = packed.script()
+    assert "conv2d_nhwc_packed" in text and "R.nn.conv2d" not in text
+    assert mod.script() == before  # the passes leave their input alone
+
+
+@pytest.mark.parametrize(("target", "width"), [(AVX512, 16), (AVX2, 8)])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_the_convolution_runs_on_the_register_tile(target, width, stride):
+    """Every multiply-accumulate of the kernel is a vector FMA of the target's full width
+    (zmm with AVX-512, whatever width LLVM prefers), each row's scalar a broadcast from memory,
+    and a tile step loads at most 0.6 vectors a FMA with AVX-512 (14 x 2 zmm: 16 loads for 28
+    FMAs), 0.75 with AVX2 (2 x 4 ymm: 6 loads for 8 FMAs; 16 registers)."""
+    asm = asm_kernel(_assembly(_conv(channels=32, outputs=64, size=28, stride=stride), target),
+                     "conv2d")
+    fmas = re.findall(VECTOR_FMA[width], asm)
+    assert fmas and not re.findall(SCALAR_FMA, asm)
+    assert len(fmas) >= 8
+    loads = re.findall(BROADCAST, asm) + re.findall(VECTOR_LOAD, asm)
+    loop = asm.split("vfmadd", 1)[1].rsplit("vfmadd", 1)[0]  # the tile's steps
+    in_loop = len(re.findall(r"\bvbroadcastss\b|\bvmov[au]ps\s+-?(?:0x)?[0-9a-f]*\(", loop))
+    assert loads and in_loop <= {16: 0.6, 8: 0.75}[width] * loop.count("vfmadd") + 2
+
+
+@pytest.mark.parametrize(("size", "stride", "outputs"), [(14, 1, 64), (28, 2, 32), (7, 1, 96)])
+def test_outputs_are_tvms_own_builds(size, stride, outputs):
+    """On this host (whichever vector width it has): the packed, tiled build's outputs are TVM's
+    build's to float32 rounding of the same sums in the same order (FMA contraction aside)."""
+    mod = _conv(channels=32, outputs=outputs, size=size, stride=stride)
+    rng = np.random.default_rng(size)
+    x = rng.standard_normal((1, 32, size, size)).astype("float32")
+    plain, tiled = (relay_amp.execution.run(relay_amp.compile_module(mod, None, schedules),
+                                            [x])[0] for schedules in (False, True))
+    scale = np.abs(plain).max()
+    np.testing.assert_allclose(tiled, plain, rtol=0, atol=32 * 9 * 2.0**-23 * scale)
