@@ -88,7 +88,7 @@ def _elementwise_block(func):
     try:
         sch = s_tir.Schedule(func)
         (block_rv,) = sch.get_child_blocks(sch.get_sblock("root"))
-    except (s_tir.ScheduleError, ValueError, TVM_ERRORS):
+    except (s_tir.ScheduleError, *TVM_ERRORS):
         return None
     block = sch.get(block_rv)
     loops = sch.get_loops(block_rv)
@@ -162,7 +162,7 @@ def _elementwise_in_place(mod):
                     if arg.ty.ndim != 0:
                         sch.transform_layout(block_rv, ("read", n), moved)
                 sch.transform_layout(block_rv, ("write", 0), moved)
-            except (s_tir.ScheduleError, TVM_ERRORS):
+            except (s_tir.ScheduleError, *TVM_ERRORS):
                 return None
             gvar = self.builder_.add_func(sch.mod["main"], call.args[0].name_hint + "_moved")
             out = relax.TensorType([shape[a] for a in inverse], call.ty.dtype)
