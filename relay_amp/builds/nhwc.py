@@ -141,7 +141,12 @@ def _elementwise_in_place(mod):
             return call if moved is None else moved
 
         def _in_place(self, call):
+            if not isinstance(call.args[1], relax.Tuple):
+                return None
             args = list(call.args[1].fields)
+            if not all(isinstance(e.ty, relax.TensorType) and e.ty.ndim >= 0
+                       for e in (call, *args)) or call.ty.shape is None:
+                return None  # several outputs, unknown shapes, non-tensor arguments
             shape = call.ty.shape
             permuted = [self._permuted(a) for a in args]
             found = [p for p, a in zip(permuted, args) if p is not None]
