@@ -31,7 +31,9 @@ from __future__ import annotations
 import tvm
 
 from ..relax_utils import TVM_ERRORS, mutate_functions
+from .constants import constant_value
 from .neon_tiles import _loads, _row_step, is_aarch64
+from .tir_script import script
 
 #: The functions the kernels call: ``relay_amp_bfdot(sums, pairs, row, j)`` is ``bfdot
 #: sums.4s, pairs.8h, row.2h[j]``, ``j`` a constant after unrolling (the switch folds away);
@@ -74,47 +76,6 @@ def has_bfdot(target) -> bool:
     """Whether ``target`` is an aarch64 ``llvm`` target with FEAT_BF16 (``+bf16``, or an
     ``mcpu`` that has it)."""
     return is_aarch64(target) and bool(tvm.target.codegen.llvm_cpu_has_features("bf16", target))
-
-
-def _astype(value, call):
-    import ml_dtypes
-    import numpy as np
-
-    dtype = str(call.attrs.dtype)
-    return value.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype))
-
-
-def _permute(value, call):
-    import numpy as np
-
-    axes = call.attrs.axes
-    return np.transpose(value, None if axes is None else [int(a) for a in axes])
-
-
-def _reshape(value, call):
-    return value.reshape([int(n) for n in call.ty.shape])
-
-
-#: What a weight may pass through between its constant and the op, computed here with numpy:
-#: the casts the pass inserts (a float16 TFLite weight is widened, then narrowed to bfloat16),
-#: ``ConvertLayout``'s transpose and the frontends' reshapes (TFLite's depthwise weights).
-FOLDED = {"relax.astype": _astype, "relax.permute_dims": _permute, "relax.reshape": _reshape}
-
-
-def constant_value(mutator, expr, hops: int = 8):
-    """The numpy value of ``expr`` where it is a constant or :data:`FOLDED` ops of one, through
-    the variables ``mutator`` (a ``relax.PyExprMutator``) has bound them to; else None."""
-    from tvm import relax
-
-    while isinstance(expr, relax.Var) and hops:
-        expr, hops = mutator.lookup_binding(expr), hops - 1
-    if isinstance(expr, tvm.ir.expr.GenericConst):
-        return expr.value.numpy()
-    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
-            and expr.op.name in FOLDED and hops:
-        value = constant_value(mutator, expr.args[0], hops - 1)
-        return None if value is None else FOLDED[expr.op.name](value, expr)
-    return None
 
 
 def _pack(weight, axis: int):
@@ -367,7 +328,7 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
         return T.call_pure_extern("float32x4", "relay_amp_bfdot", sums, pairs, row(A, r, p),
                                   T.Cast("int32", p % 4))
 
-    @T.prim_func(s_tir=True)
+    @script.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()
         A = T.match_buffer(a, shape, stored, offset_factor=1,
@@ -385,7 +346,7 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
                     C[vr, vi] = C[vr, vi] + T.Cast("float32", value(A, vr, vp, vt)) \
                         * T.Cast("float32", B[vp, vi, vt])
 
-    @T.prim_func(s_tir=True)
+    @script.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()
         A = T.match_buffer(a, shape, stored, offset_factor=1,
@@ -402,7 +363,7 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
                     for g in T.unroll(lanes // 4):
                         C[r, T.ramp(g * 4, 1, 4)] = update(C, A, B, r, p, g)
 
-    @T.prim_func(s_tir=True)
+    @script.prim_func(s_tir=True)
     def desc_one_row(a: T.handle, b: T.handle, c: T.handle) -> None:
         sb = T.int64()
         A = T.match_buffer(a, one_row, stored, offset_factor=1)
@@ -418,7 +379,7 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
                     C[vi] = C[vi] + T.Cast("float32", value_row(A, vp, vt)) \
                         * T.Cast("float32", B[vp, vi, vt])
 
-    @T.prim_func(s_tir=True)
+    @script.prim_func(s_tir=True)
     def impl_one_row(a: T.handle, b: T.handle, c: T.handle) -> None:
         sb = T.int64()
         A = T.match_buffer(a, one_row, stored, offset_factor=1)
@@ -468,7 +429,7 @@ def _bfmlal_intrinsic(lanes: int, stored: str, scope: str) -> str:
         return T.call_pure_extern("float32x4", f"relay_amp_bfmlal{half}", sums,
                                   bits(P, g * 8, stored, 0), bits(Q, g * 8, "bfloat16", 1))
 
-    @T.prim_func(s_tir=True)
+    @script.prim_func(s_tir=True)
     def desc(p: T.handle, q: T.handle, c: T.handle) -> None:
         P = T.match_buffer(p, (lanes,), stored, offset_factor=1)
         Q = T.match_buffer(q, (lanes, 1), "bfloat16", offset_factor=1)
@@ -482,7 +443,7 @@ def _bfmlal_intrinsic(lanes: int, stored: str, scope: str) -> str:
                     C[vi] = C[vi] + T.Cast("float32", value(P, vi)) \
                         * T.Cast("float32", Q[vi, 0])
 
-    @T.prim_func(s_tir=True)
+    @script.prim_func(s_tir=True)
     def impl(p: T.handle, q: T.handle, c: T.handle) -> None:
         P = T.match_buffer(p, (lanes,), stored, offset_factor=1)
         Q = T.match_buffer(q, (lanes, 1), "bfloat16", offset_factor=1)

@@ -25,6 +25,7 @@ import tvm
 
 from .batch_norm import inference_batch_norms
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
+from .constants import numpy_layout_constants
 from .fast_math import vector_exp
 from .neon_tiles import (
     has_fmlal,
@@ -462,7 +463,8 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     if relay_amp_schedules and has_bfdot(target):
         layouts.append(packed_bfloat16_weights())
     if relay_amp_schedules:
-        layouts = [inference_batch_norms(), vector_exp(), elementwise_prelu(), *layouts]
+        layouts = [inference_batch_norms(), vector_exp(), elementwise_prelu(), *layouts,
+                   numpy_layout_constants()]
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)
         + schedules

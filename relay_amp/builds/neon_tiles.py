@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import tvm
 
+from .tir_script import script
+
 #: The tensor intrinsics registered so far: (lanes, operands, scope) -> name.
 _REGISTERED: dict = {}
 #: How far apart in the scalar operand a register tile's rows may be: adjacent, or every other
@@ -142,7 +144,7 @@ def _intrinsic(lanes: int, operands: tuple, scope: str) -> str:
         loaded = buffer.vload([offset] + [0] * units, f"float16x{count}")
         return loaded if count == 8 else _low_half(loaded)
 
-    @T.prim_func(s_tir=True)
+    @script.prim_func(s_tir=True)
     def desc(p: T.handle, q: T.handle, c: T.handle) -> None:
         P = T.match_buffer(p, p_shape, "float16", offset_factor=1)
         Q = T.match_buffer(q, q_shape, "float16", offset_factor=1)
@@ -168,7 +170,7 @@ def _intrinsic(lanes: int, operands: tuple, scope: str) -> str:
     eights, fours = divmod(lanes, 8)
     fours //= 4
 
-    @T.prim_func(s_tir=True)
+    @script.prim_func(s_tir=True)
     def impl(p: T.handle, q: T.handle, c: T.handle) -> None:
         P = T.match_buffer(p, p_shape, "float16", offset_factor=1)
         Q = T.match_buffer(q, q_shape, "float16", offset_factor=1)
@@ -250,7 +252,7 @@ def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str
         return T.call_llvm_pure_intrin("float32x4", intrinsic, sums,
                                        weights(B, k, start, count), scalar)
 
-    @T.prim_func(s_tir=True)
+    @script.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()
         A = T.match_buffer(a, (span, depth), dtype, offset_factor=1, strides=[sa, 1])
@@ -265,7 +267,7 @@ def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str
                     vr, vi, vk = T.axis.remap("SSR", [r, i, k])
                     C[vr, vi] = C[vr, vi] + widened(A[vr * step, vk]) * widened(B[vk, vi])
 
-    @T.prim_func(s_tir=True)
+    @script.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()
         A = T.match_buffer(a, (span, depth), dtype, offset_factor=1, strides=[sa, 1])

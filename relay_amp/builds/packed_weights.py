@@ -20,7 +20,8 @@ from __future__ import annotations
 import tvm
 
 from ..relax_utils import TVM_ERRORS, mutate_functions
-from .bfdot import _window, constant_value
+from .bfdot import _window
+from .constants import constant_value
 from .x86_tiles import tile_shape, vector_registers, vector_width
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import tvm
 
 from .neon_tiles import _loads, _operands, _row_step, _uses, operand_dtype
+from .tir_script import script
 
 #: The most rows a tile computes.
 TILE_ROWS = 14
@@ -105,7 +106,7 @@ def _intrinsic(rows: int, depth: int, lanes: int, width: int, scope: str, step: 
                                                                    f"float32x{width}"),
             tvm.tirx.Broadcast(A[r * step, k], width), C[r, T.ramp(g * width, 1, width)])
 
-    @T.prim_func(s_tir=True)
+    @script.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()
         A = T.match_buffer(a, (span, depth), "float32", offset_factor=1, strides=[sa, 1])
@@ -120,7 +121,7 @@ def _intrinsic(rows: int, depth: int, lanes: int, width: int, scope: str, step: 
                     vr, vi, vk = T.axis.remap("SSR", [r, i, k])
                     C[vr, vi] = C[vr, vi] + A[vr * step, vk] * B[vk, vi]
 
-    @T.prim_func(s_tir=True)
+    @script.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()
         A = T.match_buffer(a, (span, depth), "float32", offset_factor=1, strides=[sa, 1])
