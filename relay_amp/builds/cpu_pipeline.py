@@ -463,7 +463,8 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     if relay_amp_schedules and has_bfdot(target):
         layouts.append(packed_bfloat16_weights())
     if relay_amp_schedules:
-        layouts = [inference_batch_norms(), vector_exp(), elementwise_prelu(), *layouts,
+        # exp after the layouts: ConvertLayout sees relax.sigmoid, not a kernel
+        layouts = [inference_batch_norms(), elementwise_prelu(), *layouts, vector_exp(),
                    numpy_layout_constants()]
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)

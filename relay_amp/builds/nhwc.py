@@ -77,8 +77,8 @@ def _followers(mod) -> dict:
 
 
 def _elementwise_block(func):
-    """The one block of ``func`` where it computes each output element from the same element
-    of its inputs (or from 0-d ones, a clip's bounds): TVM's frontends write some elementwise
+    """The block of ``func`` (its stages inlined into it) where it computes each output element
+    from the same element of its inputs (or from 0-d ones, a clip's bounds): TVM's frontends write some elementwise
     ops as kernels of their own (ONNX's Clip), which ``ConvertLayout`` cannot see into; else
     None."""
     from tvm import s_tir
@@ -87,7 +87,9 @@ def _elementwise_block(func):
         return None
     try:
         sch = s_tir.Schedule(func)
-        (block_rv,) = sch.get_child_blocks(sch.get_sblock("root"))
+        *stages, block_rv = sch.get_child_blocks(sch.get_sblock("root"))
+        for stage in stages:  # a sigmoid's negative and exp, computed in its block
+            sch.compute_inline(stage)
     except (s_tir.ScheduleError, *TVM_ERRORS):
         return None
     block = sch.get(block_rv)

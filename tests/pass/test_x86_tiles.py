@@ -131,10 +131,13 @@ def test_outputs_are_tvms_own_builds(size, stride, outputs):
     np.testing.assert_allclose(tiled, plain, rtol=0, atol=32 * 9 * 2.0**-23 * scale)
 
 
-def _clipped_convs(seed=0):
+def _clipped_convs(seed=0, activation="clip"):
     """Two convolutions with a ReLU6 between them as TVM's ONNX frontend writes Clip: two
-    kernels of its own (``emit_te``), a max and a min with 0-d bounds."""
+    kernels of its own (``emit_te``), a max and a min with 0-d bounds; or with a sigmoid as
+    :mod:`relay_amp.builds.fast_math` writes it (three stages in one kernel)."""
     from tvm import topi
+
+    from relay_amp.builds.fast_math import _sigmoid
 
     rng = np.random.default_rng(seed)
     x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
@@ -144,24 +147,28 @@ def _clipped_convs(seed=0):
     with builder.function("main", [x]):
         with builder.dataflow():
             conv = builder.emit(relax.op.nn.conv2d(x, w1, padding=1))
-            low = builder.emit_te(topi.maximum, conv, relax.const(0.0, "float32"))
-            high = builder.emit_te(topi.minimum, low, relax.const(6.0, "float32"))
+            if activation == "clip":
+                low = builder.emit_te(topi.maximum, conv, relax.const(0.0, "float32"))
+                high = builder.emit_te(topi.minimum, low, relax.const(6.0, "float32"))
+            else:
+                high = builder.emit_te(_sigmoid, conv)
             out = builder.emit_output(relax.op.nn.conv2d(high, w2, padding=1))
         builder.emit_func_output(out)
     return builder.get()
 
 
+@pytest.mark.parametrize("activation", ["clip", "sigmoid"])
 @pytest.mark.parametrize("target", [AVX512, NEON], ids=["x86", "aarch64"])
-def test_elementwise_kernels_between_convolutions_stay_in_nhwc(target):
+def test_elementwise_kernels_between_convolutions_stay_in_nhwc(target, activation):
     """``ConvertLayout`` cannot see into a frontend's own elementwise kernels and wrapped each
     in transposes back to NCHW and again to NHWC: the kernels now compute in NHWC, and only
     the model's input and output are transposed (the weights at build time)."""
-    mod = _clipped_convs()
+    mod = _clipped_convs(activation=activation)
     with tvm.target.Target(target):
         converted = nhwc_convolutions()(mod)
     text = converted["main"].script()
     assert text.count("R.permute_dims") == 2, text
-    assert text.count("R.call_tir") == 2
+    assert text.count("R.call_tir") == {"clip": 2, "sigmoid": 1}[activation]
     x = np.random.default_rng(1).standard_normal((1, 16, 8, 8)).astype("float32") * 4
     before, after = (relay_amp.execution.run(relay_amp.compile_module(m, None, False), [x])[0]
                      for m in (mod, converted))
