@@ -77,10 +77,10 @@ def _followers(mod) -> dict:
 
 
 def _elementwise_block(func):
-    """The block of ``func`` (its stages inlined into it) where it computes each output element
-    from the same element of its inputs (or from 0-d ones, a clip's bounds): TVM's frontends write some elementwise
-    ops as kernels of their own (ONNX's Clip), which ``ConvertLayout`` cannot see into; else
-    None."""
+    """``(schedule, block)``: the block of ``func``, its stages inlined into it, where it
+    computes each output element from the same element of its inputs (or from 0-d ones, a
+    clip's bounds). TVM's frontends write some elementwise ops as kernels of their own (ONNX's
+    Clip), which ``ConvertLayout`` cannot see into. None for any other kernel."""
     from tvm import s_tir
 
     if not isinstance(func, tvm.tirx.PrimFunc):
