@@ -401,19 +401,12 @@ def tensorize_fmlal(sch, lanes_loop, lanes: int, scope: str) -> bool:
     return True
 
 
-def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: int,
-                  scope: str):
-    """A copy of ``sch`` whose tile runs on :func:`_blocked_intrinsic`, or None where the
-    update does not read so (a tile without rows, a scalar operand whose innermost axis is not
-    a reduction of a depth the intrinsic takes, lanes not a multiple of 4, strides it does not
-    read): the reduction loop of the scalar operand's innermost axis is split by the depth, its
-    inner part moved above the rows and tensorized."""
-    from tvm import s_tir
-
-    if rows_loop is None or lanes % 4 or _operands(sch, lanes_loop) != (None, 0):
-        return None
+def scalar_reduction(sch, lanes_loop, rows_loop, reduce_loops) -> tuple | None:
+    """``(n, extent, step)`` for a register tile: ``reduce_loops[n]`` runs over the innermost
+    axis of the update's scalar operand (its ``extent``: an ``IntImm`` or symbolic), and the
+    tile's rows are ``step`` rows apart in that operand (:func:`_row_step`); None where no one
+    reduction loop is that axis's."""
     realize = sch.get(lanes_loop).body
-    dtype = operand_dtype(realize.block)
     scalar = _loads(realize.block)[0]
     bound = [value for iv, value in zip(realize.block.iter_vars, realize.iter_values)
              if _uses(scalar.indices[-1], iv.var)]
@@ -421,22 +414,45 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
              if any(_uses(value, sch.get(loop).loop_var) for value in bound)]
     if len(found) != 1:
         return None
-    extent = sch.get(reduce_loops[found[0]]).extent
-    depth = next((d for d in ((8, 4, 2) if dtype == "float16" else (4, 2))
-                  if isinstance(extent, tvm.tirx.IntImm) and int(extent) % d == 0), None)
-    if depth is None:
-        return None
     step = _row_step(realize, scalar, sch.get(rows_loop).loop_var)
-    if step not in STEPS:
-        return None
+    return found[0], sch.get(reduce_loops[found[0]]).extent, step
+
+
+def tensorized_tile(sch, rows_loop, reduce_loops, n: int, depth: int, intrinsic: str):
+    """A copy of ``sch`` with ``reduce_loops[n]`` split by ``depth``, its inner part moved above
+    the rows (``rows_loop``) and tensorized into ``intrinsic``; None where that fails."""
+    from tvm import s_tir
+
     trial = sch.copy()
     try:
-        _, inner = trial.split(reduce_loops[found[0]], [None, depth])
-        trial.reorder(*reduce_loops[found[0] + 1:], inner, rows_loop)
-        trial.tensorize(inner, _blocked_intrinsic(rows, depth, lanes, scope, dtype, step))
+        _, inner = trial.split(reduce_loops[n], [None, depth])
+        trial.reorder(*reduce_loops[n + 1:], inner, rows_loop)
+        trial.tensorize(inner, intrinsic)
     except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
         return None
     return trial
+
+
+def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: int,
+                  scope: str):
+    """A copy of ``sch`` whose tile runs on :func:`_blocked_intrinsic`, or None where the
+    update does not read so (a tile without rows, a scalar operand whose innermost axis is not
+    a reduction of a depth the intrinsic takes, lanes not a multiple of 4, strides it does not
+    read): the reduction loop of the scalar operand's innermost axis is split by the depth, its
+    inner part moved above the rows and tensorized."""
+    if rows_loop is None or lanes % 4 or _operands(sch, lanes_loop) != (None, 0):
+        return None
+    dtype = operand_dtype(sch.get(lanes_loop).body.block)
+    reduction = scalar_reduction(sch, lanes_loop, rows_loop, reduce_loops)
+    if reduction is None:
+        return None
+    n, extent, step = reduction
+    depth = next((d for d in ((8, 4, 2) if dtype == "float16" else (4, 2))
+                  if isinstance(extent, tvm.tirx.IntImm) and int(extent) % d == 0), None)
+    if depth is None or step not in STEPS:
+        return None
+    return tensorized_tile(sch, rows_loop, reduce_loops, n, depth,
+                           _blocked_intrinsic(rows, depth, lanes, scope, dtype, step))
 
 
 def _row_step(realize, scalar, rows_var) -> int | None:

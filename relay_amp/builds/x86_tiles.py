@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import tvm
 
-from .neon_tiles import _loads, _operands, _row_step, _uses, operand_dtype
+from .neon_tiles import _operands, operand_dtype, scalar_reduction, tensorized_tile
 from .tir_script import script
 
 #: The most rows a tile computes.
@@ -150,36 +150,20 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
     the lanes, strides :data:`STEPS` lacks): the reduction loop of the scalar operand's
     innermost axis is split by a depth of :data:`DEPTHS`, its inner part moved above the rows
     and tensorized."""
-    from tvm import s_tir
-
     if rows_loop is None or lanes % width or _operands(sch, lanes_loop) not in ((None, 0), None):
         return None
     realize = sch.get(lanes_loop).body
     if not isinstance(realize, tvm.s_tir.SBlockRealize) \
             or operand_dtype(realize.block) != "float32":
         return None
-    scalar = _loads(realize.block)[0]
-    bound = [value for iv, value in zip(realize.block.iter_vars, realize.iter_values)
-             if _uses(scalar.indices[-1], iv.var)]
-    found = [n for n, loop in enumerate(reduce_loops)
-             if any(_uses(value, sch.get(loop).loop_var) for value in bound)]
-    if len(found) != 1:
+    reduction = scalar_reduction(sch, lanes_loop, rows_loop, reduce_loops)
+    if reduction is None or not isinstance(reduction[1], tvm.tirx.IntImm) \
+            or reduction[2] not in STEPS:
         return None
-    extent = sch.get(reduce_loops[found[0]]).extent
-    if not isinstance(extent, tvm.tirx.IntImm):
-        return None
+    n, extent, step = reduction
     depth = next(d for d in DEPTHS if int(extent) % d == 0)
-    step = _row_step(realize, scalar, sch.get(rows_loop).loop_var)
-    if step not in STEPS:
-        return None
-    trial = sch.copy()
-    try:
-        _, inner = trial.split(reduce_loops[found[0]], [None, depth])
-        trial.reorder(*reduce_loops[found[0] + 1:], inner, rows_loop)
-        trial.tensorize(inner, _intrinsic(rows, depth, lanes, width, scope, step))
-    except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
-        return None
-    return trial
+    return tensorized_tile(sch, rows_loop, reduce_loops, n, depth,
+                           _intrinsic(rows, depth, lanes, width, scope, step))
 
 
 __all__ = ["STEPS", "TILE_ROWS", "register_tile", "tile_shape", "vector_registers",
