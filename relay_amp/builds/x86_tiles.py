@@ -150,6 +150,8 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
     the lanes, strides :data:`STEPS` lacks): the reduction loop of the scalar operand's
     innermost axis is split by a depth of :data:`DEPTHS`, its inner part moved above the rows
     and tensorized."""
+    # None too: a packed weight's lanes index (n // lanes, n % lanes) reads as two axes there;
+    # tensorize itself checks that the panel is contiguous
     if rows_loop is None or lanes % width or _operands(sch, lanes_loop) not in ((None, 0), None):
         return None
     realize = sch.get(lanes_loop).body
