@@ -62,6 +62,21 @@ BLOCK_ROWS = (4, 2)
 #: lane (``ins``/``mov`` per lane: 2.3 x the executed instructions), so there the sums stay in
 #: memory and the tiles serial.
 REGISTER_SUMS_ARCHES = ("x86_64", "i386", "i686")
+#: The most float operations per output an epilogue folded into a tile's write-back may take,
+#: as ``estimate_tir_flops`` counts them: an expression read twice counts twice. Folding a
+#: consumer that reads its input k times copies that input's expression k times (the polynomial
+#: ``exp`` of :mod:`relay_amp.builds.fast_math` reads it 8 times), and TVM's TIR passes walk
+#: the result as a tree, so a chain of sigmoids folded whole grows exponentially: 4 ops of a
+#: MatMul's epilogue built in 96 s, 10 in over 300 s (docs/PERFORMANCE.md). A convolution's
+#: bias and SiLU cost 136, as do a MatMul's ReLU, sigmoid and ReLU; a second sigmoid after
+#: them would cost about 8 times that.
+EPILOGUE_FLOPS = 256
+#: An epilogue costing more float operations per output than this is computed one vector
+#: register of lanes at a time (:func:`_vectorize_by_registers`): a SiLU's polynomial on 16
+#: lanes at once holds each temporary in 4 NEON registers and spills (yolov8n_320, aarch64:
+#: 430.6 M instructions, 406.2 M a register at a time). A bias, a residual add or a ReLU6 (at
+#: most 4) keeps all of the tile's lanes: split too, MobileNetV2 took 3 % more instructions.
+REGISTER_EPILOGUE_FLOPS = 16
 
 
 def registers_hold_the_sums(target) -> bool:
@@ -272,21 +287,82 @@ def _input_copies(sch, block_rv, parallel: bool) -> None:
             continue
 
 
+def _fold(sch, consumer) -> bool:
+    """Fold ``consumer`` into the block it reads, in place; False where it is not elementwise in
+    that block's output."""
+    from tvm import s_tir
+
+    try:
+        sch.reverse_compute_inline(consumer)
+    except s_tir.ScheduleError:  # not elementwise in the tile's output: it stays a loop
+        try:  # the copy out of a padded result: the epilogue reads the padded one
+            sch.compute_inline(consumer)
+        except s_tir.ScheduleError:
+            return False
+    return True
+
+
 def _inline_epilogue(sch, write_back) -> None:
     """Fold the elementwise blocks that read the tile's result (a bias, an activation, a
     residual add: the epilogue TVM fused into the kernel) into its write-back, one consumer at a
-    time while each is the only reader: the epilogue runs on the tile in registers, vectorized
-    and in parallel, and no intermediate buffer is left for it to load back."""
+    time while each is the only reader and the write-back's arithmetic stays within
+    :data:`EPILOGUE_FLOPS`: the epilogue runs on the tile in registers, vectorized and in
+    parallel, and no intermediate buffer is left for it to load back. Where several blocks read
+    the result (a SiLU's ``x * sigmoid(x)``), one of them is first inlined into its own readers,
+    within the same bound, until one is left. The rest stays in loops of its own, as TVM leaves
+    it."""
+    while consumers := sch.get_consumers(write_back):
+        if len(consumers) == 1:
+            trial = sch.copy()
+            if not _fold(trial, consumers[0]) or _flops(trial, write_back) > EPILOGUE_FLOPS:
+                return
+            _fold(sch, consumers[0])
+            continue
+        inlined = next((c for c in consumers if _inline_into_readers(sch.copy(), c)), None)
+        if inlined is None:
+            return
+        _inline_into_readers(sch, inlined)
+
+
+def _inline_into_readers(sch, block) -> bool:
+    """Inline ``block`` into the blocks that read it, in place, where each stays within
+    :data:`EPILOGUE_FLOPS`; False where it does not (``sch`` is then a trial's copy to drop)."""
     from tvm import s_tir
 
-    while len(consumers := sch.get_consumers(write_back)) == 1:
-        try:
-            sch.reverse_compute_inline(consumers[0])
-        except s_tir.ScheduleError:  # not elementwise in the tile's output: it stays a loop
-            try:  # the copy out of a padded result: the epilogue reads the padded one
-                sch.compute_inline(consumers[0])
-            except s_tir.ScheduleError:
-                return
+    readers = sch.get_consumers(block)
+    try:
+        sch.compute_inline(block)
+    except s_tir.ScheduleError:
+        return False
+    return bool(readers) and all(_flops(sch, r) <= EPILOGUE_FLOPS for r in readers)
+
+
+def _vectorize_by_registers(sch, block, target) -> None:
+    """Vectorize ``block``'s last loop (a tile's write-back, its epilogue folded in); where the
+    epilogue costs more than :data:`REGISTER_EPILOGUE_FLOPS` and the target's registers are
+    known, one vector register of lanes at a time."""
+    loop = sch.get_loops(block)[-1]
+    extent = sch.get(loop).extent
+    bits = max(tvm.DataType(str(region.source.dtype)).bits
+               for region in (*sch.get(block).reads, *sch.get(block).writes))
+    width = vector_width(target)
+    lanes = width * 32 // bits if width else 128 // bits if is_aarch64(target) else None
+    if lanes and isinstance(extent, (int, tvm.tirx.IntImm)) and int(extent) > lanes \
+            and int(extent) % lanes == 0 and _flops(sch, block) > REGISTER_EPILOGUE_FLOPS:
+        outer, loop = sch.split(loop, [None, lanes])
+        sch.unroll(outer)
+    sch.vectorize(loop)
+
+
+def _flops(sch, block) -> float:
+    """Float operations per output of ``block``'s body, an expression read twice counted twice;
+    infinite where TVM cannot count them (a vector expression)."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        return float(estimate_tir_flops(sch.get(block).body))
+    except tvm.error.TVMError:
+        return float("inf")
 
 
 def _register_tile(sch, loops, lanes: int, rows: int, scope: str, kind: str | None,
@@ -407,8 +483,8 @@ class VectorizeDotProduct:
             sch.reverse_compute_at(write_back, tile)
             _inline_epilogue(sch, write_back)
             init = sch.decompose_reduction(info.block_rv, reduce[0].loop_rv)
-            for vectorized in (init, write_back):
-                sch.vectorize(sch.get_loops(vectorized)[-1])
+            sch.vectorize(sch.get_loops(init)[-1])
+            _vectorize_by_registers(sch, write_back, target)
             scope = "global" if in_registers else "local"
             tiled = _register_tile(sch, (tile, inner, row_inner, [it.loop_rv for it in reduce]),
                                    lanes, rows, scope,
@@ -479,5 +555,6 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     return _pipeline
 
 
-__all__ = ["BLOCK_ROWS", "REGISTER_SUMS_ARCHES", "VECTOR_LANES", "VectorizeDotProduct",
-           "cpu_pipeline", "lanes_for", "registers_hold_the_sums"]
+__all__ = ["BLOCK_ROWS", "EPILOGUE_FLOPS", "REGISTER_EPILOGUE_FLOPS", "REGISTER_SUMS_ARCHES",
+           "VECTOR_LANES", "VectorizeDotProduct", "cpu_pipeline", "lanes_for",
+           "registers_hold_the_sums"]

@@ -533,6 +533,116 @@ def test_a_training_batch_norm_keeps_its_own_kernel():
     assert inference_batch_norms()(ConvBatchNorm)["main"].script().count("batch_norm") == 0
 
 
+def _chain(length):
+    """A MatMul and ``length`` alternating ReLU and sigmoid ops, its epilogue once fused."""
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 64), "float32"))
+    weight = relax.const(np.random.default_rng(0).standard_normal((64, 64)).astype("float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.matmul(x, weight))
+            for i in range(length):
+                y = builder.emit(relax.op.nn.relu(y) if i % 2 == 0 else relax.op.sigmoid(y))
+            out = builder.emit_output(y)
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+@pytest.mark.parametrize("target", [NEON, AVX2])
+def test_an_epilogue_folds_into_the_write_back_within_its_flops(target):
+    """Each sigmoid's polynomial exp reads its input 8 times, so a chain folded whole into the
+    tile's write-back grows exponentially (4 ops built in 96 s): the write-back takes the chain
+    while its arithmetic stays within ``EPILOGUE_FLOPS``, the first sigmoid included, and the
+    rest stays in loops of its own."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    from relay_amp.builds.cpu_pipeline import EPILOGUE_FLOPS
+    from relay_amp.builds.fast_math import vector_exp
+
+    target = tvm.target.Target(target)
+    passes = tvm.transform.Sequential(
+        cpu_generic.library_dispatch_passes(target) + [vector_exp()]
+        + cpu_generic.legalize_passes(target)
+        + [dl.ApplyDefaultSchedule(VectorizeDotProduct())])
+    with target:
+        out = passes(_chain(12))
+    (kernel,) = (f for gv, f in out.functions.items() if "matmul" in gv.name_hint)
+    sch = Schedule(kernel)
+    blocks = {sch.get(b).name_hint: sch.get(b)
+              for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    (write_back,) = (block for name, block in blocks.items()
+                     if name in ("matmul_intermediate_global", "matmul_intermediate_local"))
+    assert 82 < estimate_tir_flops(write_back.body) <= EPILOGUE_FLOPS
+    assert "exp" not in blocks and [f"exp{i}" for i in range(1, 6)] == sorted(
+        name for name in blocks if name.startswith("exp"))
+
+
+@I.ir_module
+class ConvSiLU:
+    @R.function
+    def main(x: R.Tensor((1, 16, 16, 16), "float32"), w: R.Tensor((32, 16, 3, 3), "float32"),
+             b: R.Tensor((1, 32, 1, 1), "float32")):
+        with R.dataflow():
+            lv = R.nn.conv2d(x, w, padding=[1, 1])
+            lv1 = R.add(lv, b)
+            gv = R.multiply(lv1, R.sigmoid(lv1))
+            R.output(gv)
+        return gv
+
+
+@I.ir_module
+class ConvReLU:
+    @R.function
+    def main(x: R.Tensor((1, 16, 16, 16), "float32"), w: R.Tensor((32, 16, 3, 3), "float32"),
+             b: R.Tensor((1, 32, 1, 1), "float32")):
+        with R.dataflow():
+            lv = R.nn.conv2d(x, w, padding=[1, 1])
+            gv = R.nn.relu(R.add(lv, b))
+            R.output(gv)
+        return gv
+
+
+@pytest.mark.parametrize(("target", "register_lanes"), [(NEON, 4), (AVX2, 8)])
+@pytest.mark.parametrize("activation", ["silu", "relu"])
+def test_a_silu_folds_into_the_write_back(target, register_lanes, activation):
+    """A SiLU reads the convolution's result twice (``x * sigmoid(x)``): the sigmoid's blocks
+    are inlined into the multiply, which then folds into the write-back, so no loop over the
+    whole output is left for the activation. Its write-back computes one vector register of
+    lanes at a time (on all 16, NEON spilled the polynomial's temporaries); a ReLU's all of the
+    tile's lanes at once."""
+    from relay_amp.builds.fast_math import vector_exp
+
+    mod = ConvSiLU if activation == "silu" else ConvReLU
+    target = tvm.target.Target(target)
+    passes = tvm.transform.Sequential(
+        cpu_generic.library_dispatch_passes(target) + [vector_exp()]
+        + cpu_generic.legalize_passes(target)
+        + [dl.ApplyDefaultSchedule(VectorizeDotProduct())])
+    with target:
+        (kernel,) = (f for f in passes(mod).functions.values()
+                     if isinstance(f, tvm.tirx.PrimFunc))
+    script = kernel.script()
+    assert 'T.sblock("exp")' not in script and 'T.sblock("T_multiply")' not in script
+    assert 'T.sblock("compute")' not in script
+    lanes = int(re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", script)[-1])
+    if activation == "silu":
+        assert script.count("T.float32(88.376") >= 2 and lanes == register_lanes
+    else:
+        assert lanes > register_lanes
+
+
+@pytest.mark.parametrize("name", ["chain", "silu"])
+def test_folded_epilogues_keep_the_numbers(name):
+    """Twelve ops after a MatMul, and a convolution's SiLU, compute what TVM's build computes
+    (the time a chain's build takes is bench_peers.py's ``--chains``)."""
+    mod = _chain(12) if name == "chain" else ConvSiLU
+    inputs = _inputs(mod, seed=1)
+    ours = relay_amp.run(relay_amp.compile_module(mod, None, True), inputs)[0]
+    plain = relay_amp.run(relay_amp.compile_module(mod, None, False), inputs)[0]
+    np.testing.assert_allclose(ours, plain, rtol=0, atol=2.0 ** -20 * max(1, np.abs(plain).max()))
+
+
 @pytest.mark.parametrize("target", [None, FULLFP16], ids=["host", "aarch64"])
 def test_softmax_and_layer_norm_run_parallel_over_rows_and_vectorized(target):
     """dlight's CPU reduction rule schedules the normalizations: rows in parallel (the
