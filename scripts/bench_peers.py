@@ -274,7 +274,6 @@ def main(argv=None) -> int:
     args.tokens = [int(t) for t in args.tokens.split(",") if t]
     if args.threads_child:
         return _child(args)
-    chains = chain_build_times(int(n) for n in args.chains.split(",") if n)
     rows = []
     for threads in (int(t) for t in args.threads.split(",") if args.models or args.library):
         env = {**os.environ, **{v: str(threads) for v in THREAD_VARIABLES}}
@@ -294,7 +293,9 @@ def main(argv=None) -> int:
     import relay_amp
 
     if rows:
-        print(_table(rows, str(relay_amp.host_target())))
+        print(_table(rows, str(relay_amp.host_target())), flush=True)
+    # after the models: a long chain's build takes minutes
+    chains = chain_build_times(int(n) for n in args.chains.split(",") if n)
     if chains:
         print("\n| MatMul + elementwise chain | TVM's build (s) | relay_amp's build (s) | ratio |")
         print("|---:|---:|---:|---:|")
