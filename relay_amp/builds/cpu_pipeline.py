@@ -71,12 +71,16 @@ REGISTER_SUMS_ARCHES = ("x86_64", "i386", "i686")
 #: bias and SiLU cost 136, as do a MatMul's ReLU, sigmoid and ReLU; a second sigmoid after
 #: them would cost about 8 times that.
 EPILOGUE_FLOPS = 256
-#: An epilogue costing more float operations per output than this is computed one vector
-#: register of lanes at a time (:func:`_vectorize_by_registers`): a SiLU's polynomial on 16
-#: lanes at once holds each temporary in 4 NEON registers and spills (yolov8n_320, aarch64:
-#: 430.6 M instructions, 406.2 M a register at a time). A bias, a residual add or a ReLU6 (at
-#: most 4) keeps all of the tile's lanes: split too, MobileNetV2 took 3 % more instructions.
+#: An epilogue costing more float operations per output than this, whose
+#: ``EPILOGUE_TEMPORARIES`` vectors (an estimate of what the polynomial ``exp`` keeps live) on
+#: all of a tile's lanes would fill the target's vector registers, is computed one register of
+#: lanes at a time (:func:`_vectorize_by_registers`). Measured: a SiLU on 16 lanes at once,
+#: 4 NEON registers a temporary, spilled (yolov8n_320, aarch64: 430.6 M instructions, 406.0 M a
+#: register at a time); on AVX-512's 32 registers, 32 lanes at once did not need it, and the
+#: split made yolov8n_320's TIR passes slower. A bias, a residual add or a ReLU6 (at most 4)
+#: keeps all of the tile's lanes: split too, MobileNetV2 took 3 % more instructions on aarch64.
 REGISTER_EPILOGUE_FLOPS = 16
+EPILOGUE_TEMPORARIES = 8
 
 
 def registers_hold_the_sums(target) -> bool:
@@ -339,18 +343,20 @@ def _inline_into_readers(sch, block) -> bool:
 
 def _vectorize_by_registers(sch, block, target) -> None:
     """Vectorize ``block``'s last loop (a tile's write-back, its epilogue folded in); where the
-    epilogue costs more than :data:`REGISTER_EPILOGUE_FLOPS` and the target's registers are
-    known, one vector register of lanes at a time."""
+    epilogue costs more than :data:`REGISTER_EPILOGUE_FLOPS` and its
+    :data:`EPILOGUE_TEMPORARIES` on all of the loop's lanes would not fit in the target's
+    vector registers, one register of lanes at a time."""
     loop = sch.get_loops(block)[-1]
     extent = sch.get(loop).extent
     bits = max(tvm.DataType(str(region.source.dtype)).bits
                for region in (*sch.get(block).reads, *sch.get(block).writes))
     width = vector_width(target)
     lanes = width * 32 // bits if width else 128 // bits if is_aarch64(target) else None
-    if lanes and isinstance(extent, (int, tvm.tirx.IntImm)) and int(extent) > lanes \
-            and int(extent) % lanes == 0 and _flops(sch, block) > REGISTER_EPILOGUE_FLOPS:
-        outer, loop = sch.split(loop, [None, lanes])
-        sch.unroll(outer)
+    registers = vector_registers(target) if width else 32
+    if lanes and isinstance(extent, (int, tvm.tirx.IntImm)) and int(extent) % lanes == 0 \
+            and int(extent) // lanes * EPILOGUE_TEMPORARIES >= registers \
+            and _flops(sch, block) > REGISTER_EPILOGUE_FLOPS:
+        loop = sch.split(loop, [None, lanes])[1]
     sch.vectorize(loop)
 
 
