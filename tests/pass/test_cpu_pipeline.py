@@ -548,6 +548,21 @@ def _chain(length):
     return builder.get()
 
 
+def _scheduled_with_exp(mod, target):
+    """PrimFunc name -> PrimFunc after legalization with ``fast_math``'s sigmoid and the rule."""
+    from relay_amp.builds.fast_math import vector_exp
+
+    target = tvm.target.Target(target)
+    passes = tvm.transform.Sequential(
+        cpu_generic.library_dispatch_passes(target) + [vector_exp()]
+        + cpu_generic.legalize_passes(target)
+        + [dl.ApplyDefaultSchedule(VectorizeDotProduct())])
+    with target:
+        out = passes(mod)
+    return {gv.name_hint: f for gv, f in out.functions.items()
+            if isinstance(f, tvm.tirx.PrimFunc)}
+
+
 @pytest.mark.parametrize("target", [NEON, AVX2])
 def test_an_epilogue_folds_into_the_write_back_within_its_flops(target):
     """Each sigmoid's polynomial exp reads its input 8 times, so a chain folded whole into the
@@ -558,16 +573,9 @@ def test_an_epilogue_folds_into_the_write_back_within_its_flops(target):
     from tvm.s_tir.analysis import estimate_tir_flops
 
     from relay_amp.builds.cpu_pipeline import EPILOGUE_FLOPS
-    from relay_amp.builds.fast_math import vector_exp
 
-    target = tvm.target.Target(target)
-    passes = tvm.transform.Sequential(
-        cpu_generic.library_dispatch_passes(target) + [vector_exp()]
-        + cpu_generic.legalize_passes(target)
-        + [dl.ApplyDefaultSchedule(VectorizeDotProduct())])
-    with target:
-        out = passes(_chain(12))
-    (kernel,) = (f for gv, f in out.functions.items() if "matmul" in gv.name_hint)
+    (kernel,) = (f for name, f in _scheduled_with_exp(_chain(12), target).items()
+                 if "matmul" in name)
     sch = Schedule(kernel)
     blocks = {sch.get(b).name_hint: sch.get(b)
               for b in sch.get_child_blocks(sch.get_sblock("root"))}
@@ -611,17 +619,8 @@ def test_a_silu_folds_into_the_write_back(target, register_lanes, activation):
     whole output is left for the activation. Its write-back computes one vector register of
     lanes at a time (on all 16, NEON spilled the polynomial's temporaries); a ReLU's all of the
     tile's lanes at once."""
-    from relay_amp.builds.fast_math import vector_exp
-
-    mod = ConvSiLU if activation == "silu" else ConvReLU
-    target = tvm.target.Target(target)
-    passes = tvm.transform.Sequential(
-        cpu_generic.library_dispatch_passes(target) + [vector_exp()]
-        + cpu_generic.legalize_passes(target)
-        + [dl.ApplyDefaultSchedule(VectorizeDotProduct())])
-    with target:
-        (kernel,) = (f for f in passes(mod).functions.values()
-                     if isinstance(f, tvm.tirx.PrimFunc))
+    (kernel,) = _scheduled_with_exp(ConvSiLU if activation == "silu" else ConvReLU,
+                                    target).values()
     script = kernel.script()
     assert 'T.sblock("exp")' not in script and 'T.sblock("T_multiply")' not in script
     assert 'T.sblock("compute")' not in script
