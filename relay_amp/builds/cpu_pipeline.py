@@ -27,6 +27,7 @@ from .batch_norm import inference_batch_norms
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
 from .constants import numpy_layout_constants
 from .fast_math import vector_exp
+from .flops import expanded_flops
 from .neon_tiles import (
     has_fmlal,
     is_aarch64,
@@ -63,13 +64,14 @@ BLOCK_ROWS = (4, 2)
 #: memory and the tiles serial.
 REGISTER_SUMS_ARCHES = ("x86_64", "i386", "i686")
 #: The most float operations per output an epilogue folded into a tile's write-back may take,
-#: as ``estimate_tir_flops`` counts them: an expression read twice counts twice. Folding a
-#: consumer that reads its input k times copies that input's expression k times (the polynomial
-#: ``exp`` of :mod:`relay_amp.builds.fast_math` reads it 8 times), and TVM's TIR passes walk
-#: the result as a tree, so a chain of sigmoids folded whole grows exponentially: 4 ops of a
-#: MatMul's epilogue built in 96 s, 10 in over 300 s (docs/PERFORMANCE.md). A convolution's
-#: bias and SiLU cost 136, as do a MatMul's ReLU, sigmoid and ReLU; a second sigmoid after
-#: them would cost about 8 times that.
+#: as :func:`~relay_amp.builds.flops.expanded_flops` counts them: an expression read twice
+#: counts twice, a ``Let``'s value at each use. Folding a consumer that uses its input k times
+#: copies that input's expression k times (the polynomial ``exp`` of
+#: :mod:`relay_amp.builds.fast_math` uses it about 25 times, bound once by ``Let``, which TVM's
+#: LLVM code generation expands again at each use), so a chain of sigmoids folded whole grows
+#: exponentially: 4 ops of a MatMul's epilogue built in 96 s, 10 in over 300 s
+#: (docs/PERFORMANCE.md). A convolution's bias and SiLU cost 136, as do a MatMul's ReLU,
+#: sigmoid and ReLU; a second sigmoid after them would cost about 8 times that.
 EPILOGUE_FLOPS = 256
 #: An epilogue costing more float operations per output than this, whose
 #: ``EPILOGUE_TEMPORARIES`` vectors (an estimate of what the polynomial ``exp`` keeps live) on
@@ -361,14 +363,9 @@ def _vectorize_by_registers(sch, block, target) -> None:
 
 
 def _flops(sch, block) -> float:
-    """Float operations per output of ``block``'s body, an expression read twice counted twice;
-    infinite where TVM cannot count them (a vector expression)."""
-    from tvm.s_tir.analysis import estimate_tir_flops
-
-    try:
-        return float(estimate_tir_flops(sch.get(block).body))
-    except tvm.error.TVMError:
-        return float("inf")
+    """Float operations per output of ``block``'s body, an expression read twice counted twice
+    (:func:`~relay_amp.builds.flops.expanded_flops`)."""
+    return expanded_flops(sch.get(block).body)
 
 
 def _register_tile(sch, loops, lanes: int, rows: int, scope: str, kind: str | None,

@@ -37,7 +37,10 @@ _POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-
 def _exp(x):
     """``exp`` of the tensor ``x`` in vector arithmetic: ``x = n ln 2 + r``, ``exp(r)`` by a
     polynomial, times ``2**n`` made from its bits. The clamps are selects on ``x > limit``, false
-    for a NaN, so a NaN stays one (``fast_exp``'s ``max``/``min`` would make it a number)."""
+    for a NaN, so a NaN stays one (``fast_exp``'s ``max``/``min`` would make it a number).
+    ``x``, the clamped ``x``, ``n`` and ``r`` are each bound once (``Let``): written out, the
+    polynomial holds ``x`` about 25 times, and each copy of an epilogue folded into a tile's
+    write-back made TVM's TIR passes seconds slower a kernel."""
     from tvm import te
 
     f32 = "float32"
@@ -46,16 +49,18 @@ def _exp(x):
         return tvm.tirx.const(value, f32)
 
     def exp(*i):
-        v = x(*i)
-        v = tvm.tirx.Select(v > const(_LIMIT), const(_LIMIT), v)
-        v = tvm.tirx.Select(v < const(-_LIMIT), const(-_LIMIT), v)
-        n = tvm.tirx.floor(v * const(1.4426950408889634) + const(0.5))
-        r = v - n * const(_LN2[0]) - n * const(_LN2[1])
+        x_, v, n, r = (tvm.tirx.Var(name, f32) for name in ("x", "v", "n", "r"))
+        clamped = tvm.tirx.Select(x_ > const(_LIMIT), const(_LIMIT), x_)
+        clamped = tvm.tirx.Select(clamped < const(-_LIMIT), const(-_LIMIT), clamped)
         p = const(_POLYNOMIAL[0])
         for c in _POLYNOMIAL[1:]:
             p = p * r + const(c)
         power = tvm.tirx.reinterpret(f32, (n.astype("int32") + 127) << 23)
-        return (p * r * r + r + const(1.0)) * power
+        body = (p * r * r + r + const(1.0)) * power
+        body = tvm.tirx.Let(r, v - n * const(_LN2[0]) - n * const(_LN2[1]), body)
+        body = tvm.tirx.Let(n, tvm.tirx.floor(v * const(1.4426950408889634) + const(0.5)), body)
+        body = tvm.tirx.Let(v, clamped, body)
+        return tvm.tirx.Let(x_, x(*i), body)
 
     return te.compute(x.shape, exp, name="exp")
 

@@ -565,14 +565,15 @@ def _scheduled_with_exp(mod, target):
 
 @pytest.mark.parametrize("target", [NEON, AVX2])
 def test_an_epilogue_folds_into_the_write_back_within_its_flops(target):
-    """Each sigmoid's polynomial exp reads its input 8 times, so a chain folded whole into the
-    tile's write-back grows exponentially (4 ops built in 96 s): the write-back takes the chain
+    """Each sigmoid's polynomial exp uses its input about 25 times (bound once, but TVM's LLVM
+    code generation expands a ``Let`` at each use), so a chain folded whole into the tile's
+    write-back grows exponentially (4 ops built in 96 s): the write-back takes the chain
     while its arithmetic stays within ``EPILOGUE_FLOPS``, the first sigmoid included, and the
     rest stays in loops of its own."""
     from tvm.s_tir import Schedule
-    from tvm.s_tir.analysis import estimate_tir_flops
 
     from relay_amp.builds.cpu_pipeline import EPILOGUE_FLOPS
+    from relay_amp.builds.flops import expanded_flops
 
     (kernel,) = (f for name, f in _scheduled_with_exp(_chain(12), target).items()
                  if "matmul" in name)
@@ -581,7 +582,7 @@ def test_an_epilogue_folds_into_the_write_back_within_its_flops(target):
               for b in sch.get_child_blocks(sch.get_sblock("root"))}
     (write_back,) = (block for name, block in blocks.items()
                      if name in ("matmul_intermediate_global", "matmul_intermediate_local"))
-    assert 82 < estimate_tir_flops(write_back.body) <= EPILOGUE_FLOPS
+    assert 82 < expanded_flops(write_back.body) <= EPILOGUE_FLOPS
     assert "exp" not in blocks and [f"exp{i}" for i in range(1, 6)] == sorted(
         name for name in blocks if name.startswith("exp"))
 

@@ -74,6 +74,18 @@ def test_only_float32_sigmoid_and_softmax_are_rewritten():
             assert ("R.sigmoid" not in text and "R.nn.softmax" not in text) == rewritten, text
 
 
+def test_the_exp_reads_its_input_once():
+    """The polynomial uses its argument about 25 times; written out, a sigmoid folded into a
+    tile copies the expression before it that often, and TVM's TIR passes took seconds a
+    kernel. Each temporary is bound once (``Let``), so the legalized kernel loads ``x`` once."""
+    from tvm.relax.transform import LegalizeOps
+
+    mod = LegalizeOps()(vector_exp()(_module(relax.op.sigmoid, (4, 8))))
+    (kernel,) = (f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    (store,) = (line for line in kernel.script().splitlines() if "exp[v_i0, v_i1] =" in line)
+    assert store.count("compute[") == 1 and store.count("T.floor(") == 1, store
+
+
 @pytest.mark.parametrize("op, attrs", [(relax.op.sigmoid, {}), (relax.op.nn.softmax, {"axis": 1})])
 def test_aarch64_kernels_call_no_expf_and_run_on_vectors(op, attrs):
     """In ``relay_amp.cpu_pipeline``'s aarch64 build the kernel calls no ``expf`` (TVM's build
