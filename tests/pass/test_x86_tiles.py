@@ -173,3 +173,20 @@ def test_elementwise_kernels_between_convolutions_stay_in_nhwc(target, activatio
     before, after = (relay_amp.execution.run(relay_amp.compile_module(m, None, False), [x])[0]
                      for m in (mod, converted))
     np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_conversions_casts_stay_in_nhwc(dtype):
+    """A converted model casts between the Clip kernels and the next convolution: the cast of
+    a transpose is moved after it as a kernel is, so the transposes still meet and vanish
+    (MobileNetV2's float16 build on aarch64 kept 68 of them)."""
+    mod, _ = relay_amp.convert(_clipped_convs(), dtype)
+    with tvm.target.Target(NEON):
+        converted = nhwc_convolutions()(mod)
+    text = converted["main"].script()
+    assert "R.astype" in text and text.count("R.permute_dims") == 2, text
+    x = np.random.default_rng(2).standard_normal((1, 16, 8, 8)).astype("float32") * 4
+    before, after = (relay_amp.execution.run(relay_amp.compile_module(m, None, False), [x])[0]
+                     for m in (mod, converted))
+    # the same products summed in float32 in NHWC's order: reordering rounds only
+    np.testing.assert_allclose(after, before, rtol=0, atol=1e-4 * np.abs(before).max())
