@@ -26,6 +26,7 @@ import tvm
 from .batch_norm import inference_batch_norms
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
 from .constants import numpy_layout_constants
+from .elementwise import Elementwise
 from .fast_math import vector_exp
 from .flops import expanded_flops
 from .neon_tiles import (
@@ -508,7 +509,8 @@ class VectorizeDotProduct:
 def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     """TVM's CPU compile pipeline with :class:`VectorizeDotProduct` after fusion, then dlight's
     CPU ``Reduction`` rule (softmax, normalizations: rows in parallel, elementwise parts
-    vectorized, the sums in their order) and, before
+    vectorized, the sums in their order), :class:`~relay_amp.builds.elementwise.Elementwise`
+    (kernels of spatial blocks only: one parallel loop of vectors) and, before
     legalization, inference batch_norm as elementwise ops (:mod:`relay_amp.builds.batch_norm`)
     and, on aarch64 and on x86 with AVX2 or AVX-512, convolutions in NHWC
     (:mod:`relay_amp.builds.nhwc`); on x86, their float32 weights packed in panels of the
@@ -533,7 +535,7 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     from tvm.s_tir.dlight import cpu as dlight_cpu
 
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    rules = [VectorizeDotProduct(), dlight_cpu.Reduction()]
+    rules = [VectorizeDotProduct(), dlight_cpu.Reduction(), Elementwise()]
     schedules = [apply_rules(rules, rule_log)] if relay_amp_schedules else []
     layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and (
         is_aarch64(target) or vector_width(target)) else []

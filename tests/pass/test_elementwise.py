@@ -1,0 +1,118 @@
+"""relay_amp.builds.elementwise: a CPU kernel of spatial blocks computes in one parallel loop of
+register-wide vectors, its stages inlined; the numbers are TVM's build's."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import tirx as T
+
+import relay_amp
+from relay_amp.builds.elementwise import Elementwise, register_lanes
+
+AVX512 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"}
+AVX2 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"}
+SSE = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}
+NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
+
+
+@T.prim_func(private=True, s_tir=True)
+def Before(x: T.Buffer((1, 4, 4, 32), "float32"), scale: T.Buffer((1, 1, 1, 32), "float32"),
+           shift: T.Buffer((1, 1, 1, 32), "float32"), out: T.Buffer((1, 4, 4, 32), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    scaled = T.sblock_alloc_buffer((1, 4, 4, 32))
+    shifted = T.sblock_alloc_buffer((1, 4, 4, 32))
+    for n, h, w, c in T.grid(1, 4, 4, 32):
+        with T.sblock("scaled"):
+            vn, vh, vw, vc = T.axis.remap("SSSS", [n, h, w, c])
+            scaled[vn, vh, vw, vc] = x[vn, vh, vw, vc] * scale[vn, 0, 0, vc]
+    for n, h, w, c in T.grid(1, 4, 4, 32):
+        with T.sblock("shifted"):
+            vn, vh, vw, vc = T.axis.remap("SSSS", [n, h, w, c])
+            shifted[vn, vh, vw, vc] = scaled[vn, vh, vw, vc] + shift[vn, 0, 0, vc]
+    for n, h, w, c in T.grid(1, 4, 4, 32):
+        with T.sblock("relu"):
+            vn, vh, vw, vc = T.axis.remap("SSSS", [n, h, w, c])
+            out[vn, vh, vw, vc] = T.max(shifted[vn, vh, vw, vc], T.float32(0.0))
+
+
+@T.prim_func(private=True, s_tir=True)
+def Expected(x: T.Buffer((1, 4, 4, 32), "float32"), scale: T.Buffer((1, 1, 1, 32), "float32"),
+             shift: T.Buffer((1, 1, 1, 32), "float32"), out: T.Buffer((1, 4, 4, 32), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for fused_0 in T.parallel(64):
+        for fused_1 in T.vectorized(8):
+            with T.sblock("relu"):
+                vn = T.axis.spatial(1, 0)
+                vh = T.axis.spatial(4, (fused_0 * 8 + fused_1) // 128)
+                vw = T.axis.spatial(4, (fused_0 * 8 + fused_1) % 128 // 32)
+                vc = T.axis.spatial(32, (fused_0 * 8 + fused_1) % 32)
+                T.reads(x[vn, vh, vw, vc], scale[vn, 0, 0, vc], shift[vn, 0, 0, vc])
+                T.writes(out[vn, vh, vw, vc])
+                out[vn, vh, vw, vc] = T.max(x[vn, vh, vw, vc] * scale[vn, 0, 0, vc]
+                                            + shift[vn, 0, 0, vc], T.float32(0.0))
+
+
+def _apply(func, target):
+    sch = Elementwise().apply(func, tvm.target.Target(target), False)
+    return None if sch is None else sch.mod["main"]
+
+
+def test_stages_inline_into_one_parallel_loop_of_vectors():
+    tvm.ir.assert_structural_equal(_apply(Before, AVX2), Expected)
+
+
+@pytest.mark.parametrize(("target", "lanes"), [(AVX512, 16), (AVX2, 8), (NEON, 4), (SSE, None)])
+def test_the_vector_is_one_register_of_the_target(target, lanes):
+    assert register_lanes(tvm.target.Target(target), 32) == lanes
+    scheduled = _apply(Before, target)
+    if lanes is None:  # a CPU whose registers relay_amp does not know: LLVM's own choice
+        assert scheduled is None
+        return
+    text = scheduled.script()
+    assert f"T.vectorized({lanes})" in text and f"T.parallel({512 // lanes})" in text
+    assert "sblock_alloc_buffer" not in text
+
+
+@T.prim_func(private=True, s_tir=True)
+def RowSums(x: T.Buffer((4, 32), "float32"), out: T.Buffer((4,), "float32")):
+    for i, k in T.grid(4, 32):
+        with T.sblock("sum"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                out[vi] = T.float32(0.0)
+            out[vi] = out[vi] + x[vi, vk]
+
+
+@T.prim_func(private=True, s_tir=True)
+def Odd(x: T.Buffer((3, 7), "float32"), out: T.Buffer((3, 7), "float32")):
+    for i, j in T.grid(3, 7):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = T.max(x[vi, vj], T.float32(0.0))
+
+
+@pytest.mark.parametrize("func", [RowSums, Odd], ids=["reduction", "not-a-multiple-of-lanes"])
+def test_other_kernels_are_left_alone(func):
+    assert _apply(func, AVX2) is None
+
+
+def test_outputs_are_tvms_own_builds():
+    """A batch norm's multiply and add with a ReLU and a sigmoid after it, in relay_amp's CPU
+    pipeline on this host: the same arithmetic per element as TVM's build."""
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((2, 24, 10, 16), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.multiply(x, relax.const(
+                rng.standard_normal((1, 1, 1, 16)).astype("float32"))))
+            y = builder.emit(relax.op.nn.relu(relax.op.add(y, relax.const(
+                rng.standard_normal((1, 1, 1, 16)).astype("float32")))))
+            out = builder.emit_output(relax.op.sigmoid(y))
+        builder.emit_func_output(out)
+    mod = builder.get()
+    data = rng.standard_normal((2, 24, 10, 16)).astype("float32")
+    plain, scheduled = (relay_amp.execution.run(relay_amp.compile_module(mod, None, ours),
+                                                [data])[0] for ours in (False, True))
+    np.testing.assert_allclose(scheduled, plain, rtol=0, atol=2.0**-21)
