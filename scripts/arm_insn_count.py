@@ -69,7 +69,7 @@ def build(loaded, variant: str, workdir: str) -> str:
     return export_for(executable, os.path.join(workdir, f"{variant}.so"), target)
 
 
-def measure(name: str, variants: tuple) -> dict:
+def measure(name: str, variants: tuple, warmup: int = 0) -> dict:
     import relay_amp
     from relay_amp.eval import models
     from relay_amp.eval.arm_emulator import ArmEmulator
@@ -86,7 +86,7 @@ def measure(name: str, variants: tuple) -> dict:
             try:
                 lib = build(loaded, variant, workdir)
                 built = time.perf_counter()
-                count = emulator.count(lib, inputs)
+                count = emulator.count(lib, inputs, warmup=warmup)
             except Exception as err:  # the cell says what failed
                 row["variants"][variant] = {"status": "error",
                                             "message": f"{type(err).__name__}: {err}"[:400]}
@@ -144,6 +144,9 @@ def main(argv=None) -> int:
                         help="comma-separated (default: all but the blocks); float32-tvm first: "
                              "the others' error is against it")
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per model")
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="runs before the counted one: 0 counts the first run's one-time "
+                             "work in; 1 is the steady state bench_arm_peers.py counts")
     parser.add_argument("--markdown", default=None, help="also write the table here")
     args = parser.parse_args(argv)
     names = args.models.split(",")
@@ -151,7 +154,7 @@ def main(argv=None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
-    rows = measure_each(names, measure, args.out, args.timeout, _failed, (variants,))
+    rows = measure_each(names, measure, args.out, args.timeout, _failed, (variants, args.warmup))
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as handle:
             handle.write(markdown(rows, names) + "\n")
