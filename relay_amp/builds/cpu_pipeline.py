@@ -25,7 +25,6 @@ import tvm
 
 from .batch_norm import inference_batch_norms
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
-from .bfloat16_casts import rounded_bfloat16_casts
 from .constants import numpy_layout_constants
 from .elementwise import Elementwise
 from .fast_math import vector_exp
@@ -547,7 +546,7 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     if relay_amp_schedules:
         # exp after the layouts: ConvertLayout sees relax.sigmoid, not a kernel
         layouts = [inference_batch_norms(), elementwise_prelu(), *layouts, vector_exp(),
-                   rounded_bfloat16_casts(), numpy_layout_constants()]
+                   numpy_layout_constants()]
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)
         + schedules

@@ -34,13 +34,13 @@ _POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-
                1.6666665459e-1, 5.0000001201e-1)
 
 
-def _exp(x):
+def _exp(x, bind: bool = True):
     """``exp`` of the tensor ``x`` in vector arithmetic: ``x = n ln 2 + r``, ``exp(r)`` by a
     polynomial, times ``2**n`` made from its bits. The clamps are selects on ``x > limit``, false
     for a NaN, so a NaN stays one (``fast_exp``'s ``max``/``min`` would make it a number).
-    ``x``, the clamped ``x``, ``n`` and ``r`` are each bound once (``Let``): written out, the
-    polynomial holds ``x`` about 25 times, and each copy of an epilogue folded into a tile's
-    write-back made TVM's TIR passes seconds slower a kernel."""
+    With ``bind``, ``x``, the clamped ``x``, ``n`` and ``r`` are each bound once (``Let``):
+    written out, the polynomial holds ``x`` about 25 times, and each copy of an epilogue folded
+    into a tile's write-back made TVM's TIR passes seconds slower a kernel."""
     from tvm import te
 
     f32 = "float32"
@@ -48,36 +48,42 @@ def _exp(x):
     def const(value):
         return tvm.tirx.const(value, f32)
 
-    def exp(*i):
-        x_, v, n, r = (tvm.tirx.Var(name, f32) for name in ("x", "v", "n", "r"))
-        clamped = tvm.tirx.Select(x_ > const(_LIMIT), const(_LIMIT), x_)
-        clamped = tvm.tirx.Select(clamped < const(-_LIMIT), const(-_LIMIT), clamped)
+    def bound(var, value, body):
+        return tvm.tirx.Let(var, value, body(var)) if bind else body(value)
+
+    def clamped(v):
+        v = tvm.tirx.Select(v > const(_LIMIT), const(_LIMIT), v)
+        return tvm.tirx.Select(v < const(-_LIMIT), const(-_LIMIT), v)
+
+    def polynomial(n, r):
         p = const(_POLYNOMIAL[0])
         for c in _POLYNOMIAL[1:]:
             p = p * r + const(c)
         power = tvm.tirx.reinterpret(f32, (n.astype("int32") + 127) << 23)
-        body = (p * r * r + r + const(1.0)) * power
-        body = tvm.tirx.Let(r, v - n * const(_LN2[0]) - n * const(_LN2[1]), body)
-        body = tvm.tirx.Let(n, tvm.tirx.floor(v * const(1.4426950408889634) + const(0.5)), body)
-        body = tvm.tirx.Let(v, clamped, body)
-        return tvm.tirx.Let(x_, x(*i), body)
+        return (p * r * r + r + const(1.0)) * power
+
+    def exp(*i):
+        x_, v, n, r = (tvm.tirx.Var(name, f32) for name in ("x", "v", "n", "r"))
+        return bound(x_, x(*i), lambda x_: bound(v, clamped(x_), lambda v: bound(
+            n, tvm.tirx.floor(v * const(1.4426950408889634) + const(0.5)), lambda n: bound(
+                r, v - n * const(_LN2[0]) - n * const(_LN2[1]), lambda r: polynomial(n, r)))))
 
     return te.compute(x.shape, exp, name="exp")
 
 
-def _sigmoid(x):
+def _sigmoid(x, bind: bool = True):
     from tvm import te, topi
 
     one = tvm.tirx.const(1.0, "float32")
-    e = _exp(topi.negative(x))
+    e = _exp(topi.negative(x), bind)
     return te.compute(x.shape, lambda *i: one / (one + e(*i)), name="sigmoid")
 
 
-def _softmax(x, axis: int):
+def _softmax(x, axis: int, bind: bool = True):
     from tvm import topi
 
     shifted = topi.subtract(x, topi.max(x, axis=axis, keepdims=True))
-    e = _exp(shifted)
+    e = _exp(shifted, bind)
     return topi.divide(e, topi.sum(e, axis=axis, keepdims=True))
 
 
@@ -90,22 +96,47 @@ def vector_exp() -> tvm.transform.Pass:
 
     @relax.expr_functor.mutator
     class Vector(relax.PyExprMutator):
+        bind = True
+
         def visit_call_(self, call):
             call = super().visit_call_(call)
             if not (call.op.same_as(sigmoid) or call.op.same_as(softmax)) \
                     or str(call.args[0].ty.dtype) != "float32":
                 return call
             if call.op.same_as(sigmoid):
-                return self.builder_.call_te(_sigmoid, call.args[0],
+                return self.builder_.call_te(_sigmoid, call.args[0], self.bind,
                                              primfunc_name_hint="sigmoid")
             return self.builder_.call_te(_softmax, call.args[0], int(call.attrs.axis),
-                                         primfunc_name_hint="softmax")
+                                         self.bind, primfunc_name_hint="softmax")
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.vector_exp")
     def _rewrite(mod, context):
-        return mutate_functions(Vector(mod))
+        mutator = Vector(mod)
+        mutator.bind = not _has_bfloat16(mod)
+        return mutate_functions(mutator)
 
     return _rewrite
+
+
+def _has_bfloat16(mod) -> bool:
+    """Whether a Relax function of ``mod`` has a bfloat16 tensor. TVM's
+    ``BF16ComputeLegalize`` writes the value it rounds to bfloat16 out twice; where that value
+    holds a ``Let`` (a SiLU folded into a tile's write-back before a cast), ``VectorizeLoop``
+    then fails ("Let cannot bind the same var to two different values": yolov8n_320's bfloat16
+    build on aarch64), so such modules get the ``exp`` written out."""
+    from tvm import relax
+
+    found = []
+
+    def visit(expr):
+        ty = getattr(expr, "ty", None)
+        if isinstance(ty, relax.TensorType) and str(ty.dtype) == "bfloat16":
+            found.append(expr)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function) and not found:
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
 
 
 __all__ = ["ERROR_BOUND", "vector_exp"]

@@ -102,3 +102,43 @@ def test_aarch64_kernels_call_no_expf_and_run_on_vectors(op, attrs):
         assert bool(re.search(r"\bbl\s+expf\b", kernels)) == calls
         if schedules:
             assert re.search(r"\bfmla\s+v\d+\.4s", kernels)
+
+
+def _conv_silu(dtype):
+    """A convolution, a bias and a SiLU before another convolution, converted to ``dtype``
+    for aarch64 with BF16 (the SiLU stays float32, its result cast for the next one)."""
+    rng = np.random.default_rng(1)
+    x = relax.Var("x", relax.TensorType((1, 16, 10, 10), "float32"))
+    w1, w2 = (relax.const((rng.standard_normal((16, 16, 3, 3)) / 8).astype("float32"))
+              for _ in range(2))
+    bias = relax.const(rng.standard_normal((1, 16, 1, 1)).astype("float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.add(relax.op.nn.conv2d(x, w1, padding=1), bias))
+            y = builder.emit(relax.op.multiply(y, relax.op.sigmoid(y)))
+            out = builder.emit_output(relax.op.nn.conv2d(y, w2, padding=1))
+        builder.emit_func_output(out)
+    if dtype == "float32":
+        return builder.get()
+    return relay_amp.convert(builder.get(), dtype, target=BF16)[0]
+
+
+BF16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+bf16"]}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_silu_folded_before_a_cast_builds_for_aarch64(dtype):
+    """The SiLU folds into the convolution's write-back with the cast after it. TVM's
+    bfloat16 legalization writes the rounded value out twice, and its vectorizer failed on the
+    ``Let`` it then met twice: a module with bfloat16 tensors gets the ``exp`` written out."""
+    mod = _conv_silu(dtype)
+    lowered = vector_exp()(mod)
+    kernels = "\n".join(f.script() for f in lowered.functions.values()
+                        if isinstance(f, tvm.tirx.PrimFunc))
+    assert ("T.Let(" in kernels) == (dtype != "bfloat16"), kernels
+    executable = tvm.compile(mod, target=tvm.target.Target(BF16),
+                             relax_pipeline=relay_amp.cpu_pipeline(BF16))
+    asm = "\n".join(m.inspect_source("asm") for m in [executable.mod, *executable.mod.imports]
+                    if m.kind == "llvm")
+    assert re.search(r"\bfmla\s+v\d+\.4s|\bbfdot\b|\bbfmlal[bt]\b", asm)
