@@ -40,13 +40,13 @@ def Before(x: T.Buffer((1, 4, 4, 32), "float32"), scale: T.Buffer((1, 1, 1, 32),
 def Expected(x: T.Buffer((1, 4, 4, 32), "float32"), scale: T.Buffer((1, 1, 1, 32), "float32"),
              shift: T.Buffer((1, 1, 1, 32), "float32"), out: T.Buffer((1, 4, 4, 32), "float32")):
     T.func_attr({"tirx.noalias": True})
-    for fused_0 in T.parallel(64):
-        for fused_1 in T.vectorized(8):
+    for fused_0 in T.parallel(16):
+        for fused_1 in T.vectorized(32):
             with T.sblock("relu"):
                 vn = T.axis.spatial(1, 0)
-                vh = T.axis.spatial(4, (fused_0 * 8 + fused_1) // 128)
-                vw = T.axis.spatial(4, (fused_0 * 8 + fused_1) % 128 // 32)
-                vc = T.axis.spatial(32, (fused_0 * 8 + fused_1) % 32)
+                vh = T.axis.spatial(4, (fused_0 * 32 + fused_1) // 128)
+                vw = T.axis.spatial(4, (fused_0 * 32 + fused_1) % 128 // 32)
+                vc = T.axis.spatial(32, (fused_0 * 32 + fused_1) % 32)
                 T.reads(x[vn, vh, vw, vc], scale[vn, 0, 0, vc], shift[vn, 0, 0, vc])
                 T.writes(out[vn, vh, vw, vc])
                 out[vn, vh, vw, vc] = T.max(x[vn, vh, vw, vc] * scale[vn, 0, 0, vc]
@@ -62,15 +62,17 @@ def test_stages_inline_into_one_parallel_loop_of_vectors():
     tvm.ir.assert_structural_equal(_apply(Before, AVX2), Expected)
 
 
-@pytest.mark.parametrize(("target", "lanes"), [(AVX512, 16), (AVX2, 8), (NEON, 4), (SSE, None)])
-def test_the_vector_is_one_register_of_the_target(target, lanes):
+@pytest.mark.parametrize(("target", "lanes", "step"),
+                         [(AVX512, 16, 32), (AVX2, 8, 32), (NEON, 4, 16), (SSE, None, None)])
+def test_a_step_is_up_to_four_registers_of_the_target(target, lanes, step):
+    """Four registers of float32 where the 32 channels allow (AVX-512's four would be 64)."""
     assert register_lanes(tvm.target.Target(target), 32) == lanes
     scheduled = _apply(Before, target)
     if lanes is None:  # a CPU whose registers relay_amp does not know: LLVM's own choice
         assert scheduled is None
         return
     text = scheduled.script()
-    assert f"T.vectorized({lanes})" in text and f"T.parallel({512 // lanes})" in text
+    assert f"T.vectorized({step})" in text and f"T.parallel({512 // step})" in text
     assert "sblock_alloc_buffer" not in text
 
 
@@ -92,7 +94,16 @@ def Odd(x: T.Buffer((3, 7), "float32"), out: T.Buffer((3, 7), "float32")):
             out[vi, vj] = T.max(x[vi, vj], T.float32(0.0))
 
 
-@pytest.mark.parametrize("func", [RowSums, Odd], ids=["reduction", "not-a-multiple-of-lanes"])
+@T.prim_func(private=True, s_tir=True)
+def Transpose(x: T.Buffer((32, 32), "float32"), out: T.Buffer((32, 32), "float32")):
+    for i, j in T.grid(32, 32):
+        with T.sblock("transpose"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = x[vj, vi]
+
+
+@pytest.mark.parametrize("func", [RowSums, Odd, Transpose],
+                         ids=["reduction", "not-a-multiple-of-lanes", "read-across"])
 def test_other_kernels_are_left_alone(func):
     assert _apply(func, AVX2) is None
 
