@@ -16,8 +16,12 @@ import tvm
 
 from ..relax_utils import TVM_ERRORS, last_line, mutate_functions
 
-#: What ``relax.transform.ConvertLayout`` asks for: NHWC data, HWIO weights.
-LAYOUTS = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
+#: What ``relax.transform.ConvertLayout`` asks for: NHWC data, HWIO weights. A transposed
+#: convolution would follow its input into NHWC, for which TVM 0.27 has no kernel ("CodeGenVM
+#: cannot emit this Relax operator": ppocrv4_det): it keeps NCHW, transposed around, and the
+#: convolutions around it still take NHWC (center_net_resnet18_v1b_voc's tiles in NCHW took
+#: 0.9 s each to build, 3.5 x TVM's).
+LAYOUTS = {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
 
 
 def nhwc_convolutions(rule_log=None) -> tvm.transform.Pass:

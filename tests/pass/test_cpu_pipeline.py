@@ -697,13 +697,8 @@ def test_a_batch_norm_with_constant_parameters_is_folded_into_a_scale_and_a_shif
                                atol=1e-5 * np.abs(outputs[1]).max())
 
 
-def test_a_transposed_convolution_keeps_nchw_and_the_aarch64_build_works():
-    """ConvertLayout moves a transposed convolution after a convolution into NHWC too, for
-    which TVM has no kernel (ppocrv4_det's build failed): the module keeps NCHW, the log says
-    why, and the aarch64 build compiles."""
-    from relay_amp.builds.schedule_rules import RuleLog
-
-    rng = np.random.default_rng(6)
+def _conv_then_transposed(seed=6):
+    rng = np.random.default_rng(seed)
     builder = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 8, 8, 8), "float32"))
     with builder.function("main", [x]):
@@ -715,13 +710,45 @@ def test_a_transposed_convolution_keeps_nchw_and_the_aarch64_build_works():
                 y, relax.const(rng.standard_normal((8, 4, 2, 2)).astype("float32")),
                 strides=[2, 2]))
         builder.emit_func_output(z)
-    mod = builder.get()
+    return builder.get()
+
+
+def _layouts(mod) -> dict:
+    return {b.value.op.name: str(b.value.attrs.data_layout)
+            for b in mod["main"].body.blocks[0].bindings
+            if isinstance(b.value, relax.Call) and hasattr(b.value.attrs, "data_layout")}
+
+
+def test_a_transposed_convolution_keeps_nchw_and_the_convolutions_take_nhwc():
+    """TVM has no NHWC kernel for a transposed convolution (ppocrv4_det's build failed when
+    ConvertLayout moved one into NHWC): it stays NCHW, transposed around, the convolution
+    before it takes NHWC, and the aarch64 build compiles with TVM's build's numbers."""
+    from relay_amp.builds.schedule_rules import RuleLog
+
+    mod = _conv_then_transposed()
     log = RuleLog()
-    kept = nhwc_convolutions(log)(mod)
-    layouts = {b.value.op.name: str(b.value.attrs.data_layout)
-               for b in kept["main"].body.blocks[0].bindings if hasattr(b.value.attrs,
-                                                                        "data_layout")}
-    assert layouts == {"relax.nn.conv2d": "NCHW", "relax.nn.conv2d_transpose": "NCHW"}
+    converted = nhwc_convolutions(log)(mod)
+    assert _layouts(converted) == {"relax.nn.conv2d": "NHWC", "relax.nn.conv2d_transpose": "NCHW"}
+    assert not log.errors
+    assert re.search(A64_F32_VECTOR_FMA, _assembly(mod, NEON))  # it compiles, vectorized
+    x = np.random.default_rng(7).standard_normal((1, 8, 8, 8)).astype("float32")
+    plain, ours = (relay_amp.execution.run(relay_amp.compile_module(mod, None, s), [x])[0]
+                   for s in (False, True))
+    np.testing.assert_allclose(ours, plain, rtol=0, atol=72 * 2.0**-23 * np.abs(plain).max())
+
+
+def test_an_op_that_would_follow_into_an_unlowered_layout_keeps_nchw(monkeypatch):
+    """Where an op other than those of ``LAYOUTS`` would follow its input into NHWC (here the
+    transposed convolution, once it is no longer pinned), the module keeps NCHW and the rule
+    log says why."""
+    from relay_amp.builds import nhwc
+    from relay_amp.builds.schedule_rules import RuleLog
+
+    monkeypatch.setattr(nhwc, "LAYOUTS", {"relax.nn.conv2d": ["NHWC", "HWIO"]})
+    log = RuleLog()
+    kept = nhwc_convolutions(log)(_conv_then_transposed())
+    assert _layouts(kept) == {"relax.nn.conv2d": "NCHW", "relax.nn.conv2d_transpose": "NCHW"}
     (error,) = log.errors
     assert "conv2d_transpose" in error.error and "NCHW kept" in error.error
-    assert re.search(A64_F32_VECTOR_FMA, _assembly(mod, NEON))  # it compiles, vectorized
+
+
