@@ -44,6 +44,14 @@ def _reads_along(region, var) -> bool:
         and (last.same_as(var) or isinstance(last, tvm.tirx.IntImm))
 
 
+def _along(block) -> bool:
+    """Whether ``block`` is spatial and reads and writes every tensor along its last axis."""
+    if not block.iter_vars or any(int(iv.iter_type) != 0 for iv in block.iter_vars):
+        return False
+    last = block.iter_vars[-1].var
+    return all(_reads_along(region, last) for region in (*block.reads, *block.writes))
+
+
 class Elementwise:
     """A dlight schedule rule for ``llvm`` targets: a kernel whose blocks are all spatial (an
     elementwise op, a broadcast, a cast) computes in its last block, the others inlined into it;
@@ -62,18 +70,16 @@ class Elementwise:
             return None
         sch = s_tir.Schedule(func)
         try:
-            *stages, last = sch.get_child_blocks(sch.get_sblock("root"))
+            *stages, last = blocks = sch.get_child_blocks(sch.get_sblock("root"))
+            if not all(_along(sch.get(block)) for block in blocks):
+                return None  # before inlining: a fused detection head has hundreds of stages
             for stage in stages:
                 sch.compute_inline(stage)
         except (s_tir.ScheduleError, ValueError):
             return None
         block = sch.get(last)
         loops = sch.get_loops(last)
-        if any(int(iv.iter_type) != 0 for iv in block.iter_vars) \
-                or len(loops) != len(block.iter_vars) or not loops:
-            return None
-        last_var = block.iter_vars[-1].var
-        if not all(_reads_along(region, last_var) for region in (*block.reads, *block.writes)):
+        if len(loops) != len(block.iter_vars) or not loops or not _along(block):
             return None
         bits = max(tvm.DataType(str(region.source.dtype)).bits
                    for region in (*block.reads, *block.writes))
