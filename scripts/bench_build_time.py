@@ -41,14 +41,14 @@ def build_seconds(mod, target, relay_amp_schedules: bool, workdir: str) -> float
 def _row(name: str, index: int, target) -> dict:
     from relay_amp.eval import models, transformers_zoo
 
-    workdir = tempfile.mkdtemp(prefix="bench_build_")
     spec = models.get_spec(name)
-    if spec.family == "transformers":
-        mod = transformers_zoo.to_relax(transformers_zoo.build(name))
-    else:
-        mod = models.load(name, workdir, batch_size=1).mod
     order = (False, True) if index % 2 == 0 else (True, False)
-    seconds = {ours: build_seconds(mod, target, ours, workdir) for ours in order}
+    with tempfile.TemporaryDirectory(prefix="bench_build_") as workdir:  # hundreds of MB
+        if spec.family == "transformers":
+            mod = transformers_zoo.to_relax(transformers_zoo.build(name))
+        else:
+            mod = models.load(name, workdir, batch_size=1).mod
+        seconds = {ours: build_seconds(mod, target, ours, workdir) for ours in order}
     return {"model": name, "status": "ok", "tvm_build_s": round(seconds[False], 2),
             "relay_amp_build_s": round(seconds[True], 2),
             "ratio": round(seconds[True] / seconds[False], 3), "first": "relay_amp" if order[0]
@@ -92,9 +92,9 @@ def main(argv=None) -> int:
             rows = json.load(handle)["rows"]
     done = {row["model"] for row in rows}
     target = tvm.target.Target(relay_amp.host_target())
-    warm = tempfile.mkdtemp(prefix="bench_build_warm_")
-    for ours in (False, True):
-        build_seconds(elementwise_chain(2), target, ours, warm)
+    with tempfile.TemporaryDirectory(prefix="bench_build_warm_") as warm:
+        for ours in (False, True):
+            build_seconds(elementwise_chain(2), target, ours, warm)
     for index, name in enumerate(bar := tqdm([n for n in names if n not in done],
                                              unit="model")):
         bar.set_description(name)
