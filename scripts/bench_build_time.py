@@ -20,22 +20,17 @@ import json
 import os
 import sys
 import tempfile
-import time
 import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def build_seconds(mod, target, relay_amp_schedules: bool, workdir: str) -> float:
     """Seconds of ``tvm.compile`` + ``export_library`` of ``mod`` by TVM's CPU pipeline
-    (``relay_amp_schedules`` False) or by relay_amp's."""
-    import tvm
+    (``relay_amp_schedules`` False) or by relay_amp's: ``bench_peers``' own build."""
+    from bench_peers import _build
 
-    import relay_amp
-
-    start = time.perf_counter()
-    executable = tvm.compile(mod, target=target,
-                             relax_pipeline=relay_amp.cpu_pipeline(target, relay_amp_schedules))
-    executable.export_library(os.path.join(workdir, f"build_{int(relay_amp_schedules)}.so"))
-    return time.perf_counter() - start
+    return _build(mod, target, relay_amp_schedules, workdir)[1]
 
 
 def _row(name: str, index: int, target) -> dict:
@@ -70,13 +65,11 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     import tvm
+    from bench_peers import elementwise_chain
     from tqdm import tqdm
 
     import relay_amp
     from relay_amp.eval import models
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_peers import elementwise_chain
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="", help="comma-separated (default: the registry)")

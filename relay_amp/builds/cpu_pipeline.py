@@ -26,7 +26,7 @@ import tvm
 from .batch_norm import inference_batch_norms
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
 from .constants import numpy_layout_constants
-from .elementwise import Elementwise
+from .elementwise import Elementwise, register_lanes
 from .fast_math import vector_exp
 from .flops import expanded_flops
 from .neon_tiles import (
@@ -353,9 +353,8 @@ def _vectorize_by_registers(sch, block, target) -> None:
     extent = sch.get(loop).extent
     bits = max(tvm.DataType(str(region.source.dtype)).bits
                for region in (*sch.get(block).reads, *sch.get(block).writes))
-    width = vector_width(target)
-    lanes = width * 32 // bits if width else 128 // bits if is_aarch64(target) else None
-    registers = vector_registers(target) if width else 32
+    lanes = register_lanes(target, bits)
+    registers = vector_registers(target) if vector_width(target) else 32
     if lanes and isinstance(extent, (int, tvm.tirx.IntImm)) and int(extent) % lanes == 0 \
             and int(extent) // lanes * EPILOGUE_TEMPORARIES >= registers \
             and _flops(sch, block) > REGISTER_EPILOGUE_FLOPS:
