@@ -23,6 +23,10 @@ from .x86_tiles import vector_width
 #: face_detection_short_range and face_landmark executed 1.6-2.0 M more instructions than
 #: with LLVM's loops; with these and only kernels read along the last axis, within 1 %.
 REGISTERS = (4, 2, 1)
+#: The most float operations per output a loop takes by inlining the blocks before it
+#: (:func:`inline_within`), counted as ``EPILOGUE_FLOPS`` is: a sigmoid and the ops around it,
+#: never one ``exp`` inside another.
+INLINED_FLOPS = 256
 
 
 def register_lanes(target, bits: int) -> int | None:
@@ -53,6 +57,75 @@ def _along(block) -> bool:
     return all(_reads_along(region, last) for region in (*block.reads, *block.writes))
 
 
+def inline_within(sch, block_rv, flops) -> bool:
+    """Inline ``block_rv`` into its readers, in place, where it and they are spatial and read
+    along their last axis and each reader's float operations per output stay within ``flops``,
+    as :func:`~relay_amp.builds.flops.expanded_flops` counts them (the block's at each load of
+    it, a ``Let``'s value at each use). Counted so, a polynomial ``exp`` inlined into another
+    costs 25 times its own, and is refused: TVM's code generation binds each ``Let`` in an
+    ``arith::Analyzer`` whose cost grows with their nesting, and a chain of 50 sigmoids
+    inlined into one loop did not build in 300 s. False, ``sch`` untouched, otherwise."""
+    from tvm import s_tir
+
+    from .flops import expanded_flops
+
+    readers = sch.get_consumers(block_rv)
+    block = sch.get(block_rv)
+    if not readers or len(block.writes) != 1 or not _along(block) \
+            or not isinstance(block.body, tvm.tirx.BufferStore):
+        return False
+    inlined = {block.writes[0].source: expanded_flops(block.body)}
+    for reader in (sch.get(r) for r in readers):
+        if not (_along(reader) and isinstance(reader.body, tvm.tirx.BufferStore)) \
+                or expanded_flops(reader.body, inlined) > flops:
+            return False
+    try:
+        sch.compute_inline(block_rv)
+    except s_tir.ScheduleError:
+        return False
+    return True
+
+
+def vectorize_blocks(sch, names, target, flops, parallel: bool) -> list[str]:
+    """Inline each of the blocks ``names`` (in order) into its readers while they stay within
+    ``flops`` (:func:`inline_within`), then run each one left as a loop of vectors
+    (:func:`vectorize_loops`); the names of the blocks left."""
+    from tvm import s_tir
+
+    left = [name for name in names if not inline_within(sch, sch.get_sblock(name), flops)]
+    for name in left:
+        try:
+            vectorize_loops(sch, sch.get_sblock(name), target, parallel)
+        except s_tir.ScheduleError:
+            continue
+    return left
+
+
+def vectorize_loops(sch, block_rv, target, parallel: bool) -> bool:
+    """Run ``block_rv``'s loops, in place, as one loop of vectors of up to :data:`REGISTERS`
+    registers of its widest dtype, the rest in parallel with ``parallel``; False, ``sch``
+    untouched, where the block is not spatial and read along its last axis with one loop per
+    iterator, or its last axis is not a multiple of one register's lanes."""
+    block = sch.get(block_rv)
+    loops = sch.get_loops(block_rv)
+    if len(loops) != len(block.iter_vars) or not loops or not _along(block):
+        return False
+    bits = max(tvm.DataType(str(region.source.dtype)).bits
+               for region in (*block.reads, *block.writes))
+    lanes, extent = register_lanes(target, bits), block.iter_vars[-1].dom.extent
+    if not lanes or not isinstance(extent, tvm.tirx.IntImm):
+        return False
+    lanes = next((lanes * n for n in REGISTERS if int(extent) % (lanes * n) == 0), None)
+    if lanes is None:
+        return False
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    outer, inner = sch.split(fused, [None, lanes])
+    if parallel:
+        sch.parallel(outer)
+    sch.vectorize(inner)
+    return True
+
+
 class Elementwise:
     """A dlight schedule rule for ``llvm`` targets: a kernel whose blocks are all spatial (an
     elementwise op, a broadcast, a cast) computes in its last block, the others inlined into it;
@@ -70,31 +143,18 @@ class Elementwise:
         if not isinstance(func, tvm.tirx.PrimFunc) or target.kind.name != "llvm":
             return None
         sch = s_tir.Schedule(func)
-        try:
-            *stages, last = blocks = sch.get_child_blocks(sch.get_sblock("root"))
-            if not all(_along(sch.get(block)) for block in blocks):
-                return None  # before inlining: a fused detection head has hundreds of stages
-            for stage in stages:
-                sch.compute_inline(stage)
-        except (s_tir.ScheduleError, ValueError):
-            return None
-        block = sch.get(last)
-        loops = sch.get_loops(last)
-        if len(loops) != len(block.iter_vars) or not loops or not _along(block):
-            return None
-        bits = max(tvm.DataType(str(region.source.dtype)).bits
-                   for region in (*block.reads, *block.writes))
-        lanes, extent = register_lanes(target, bits), block.iter_vars[-1].dom.extent
-        if not lanes or not isinstance(extent, tvm.tirx.IntImm):
-            return None
-        lanes = next((lanes * n for n in REGISTERS if int(extent) % (lanes * n) == 0), None)
-        if lanes is None:
-            return None
-        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        outer, inner = sch.split(fused, [None, lanes])
-        sch.parallel(outer)
-        sch.vectorize(inner)
-        return sch
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        if not all(_along(sch.get(block)) for block in blocks):
+            return None  # before inlining: a fused detection head has hundreds of stages
+        names = [sch.get(block).name_hint for block in blocks]
+        left = vectorize_blocks(sch, names, target, INLINED_FLOPS, parallel=True)
+        return sch if left and _vectorized(sch, left[-1]) else None
 
 
-__all__ = ["Elementwise", "register_lanes"]
+def _vectorized(sch, name) -> bool:
+    loops = sch.get_loops(sch.get_sblock(name))
+    return bool(loops) and sch.get(loops[-1]).kind == tvm.tirx.ForKind.VECTORIZED
+
+
+__all__ = ["INLINED_FLOPS", "Elementwise", "inline_within", "register_lanes",
+           "vectorize_blocks", "vectorize_loops"]

@@ -21,10 +21,12 @@ _FREE = tuple(getattr(tvm.tirx, name) for name in (
     + (tvm.ir.expr.TensorLoad,)
 
 
-def expanded_flops(stmt) -> float:
+def expanded_flops(stmt, loads: dict | None = None) -> float:
     """Float operations of ``stmt``, a block's body, as ``estimate_tir_flops`` counts them, a
     ``Let``'s value counted at each use of its variable; infinite where neither can count them
-    (a vector expression, a statement other than a store)."""
+    (a vector expression, a statement other than a store). ``loads`` maps a buffer to what
+    each load of it counts (0 where it is absent): the body's cost once that buffer's block
+    is inlined into it."""
     if not isinstance(stmt, tvm.tirx.BufferStore):
         from tvm.s_tir.analysis import estimate_tir_flops
 
@@ -33,7 +35,8 @@ def expanded_flops(stmt) -> float:
         except tvm.error.InternalError:
             return float("inf")
     try:
-        return _count(stmt.value, {}, {})
+        bound = {buffer.__chandle__(): flops for buffer, flops in (loads or {}).items()}
+        return _count(stmt.value, bound, {})
     except TypeError:
         return float("inf")
 
@@ -45,6 +48,8 @@ def _count(expr, bound: dict, memo: dict) -> float:
     tirx = tvm.tirx
     if isinstance(expr, _ARITHMETIC):
         flops = 1.0 + _count(expr.a, bound, memo) + _count(expr.b, bound, memo)
+    elif isinstance(expr, tvm.ir.expr.TensorLoad):
+        flops = bound.get(expr.source.__chandle__(), 0.0)
     elif isinstance(expr, _FREE):
         flops = 0.0
     elif isinstance(expr, tirx.Var):

@@ -153,3 +153,49 @@ def test_a_stage_read_across_is_refused_before_any_inlining(monkeypatch):
     monkeypatch.setattr(s_tir.Schedule, "compute_inline",
                         lambda self, block: inlined.append(block) or original(self, block))
     assert _apply(ReshapeThenRelu, AVX2) is None and not inlined
+
+
+def _sigmoids(count, shape=(4, 64)):
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = x
+            for _ in range(count):
+                y = builder.emit(relax.op.sigmoid(relax.op.nn.relu(y)))
+            out = builder.emit_output(y)
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def test_a_chain_of_exps_is_inlined_one_exp_a_loop():
+    """Four sigmoids after ReLUs in one kernel: each loop holds one polynomial ``exp`` (within
+    ``INLINED_FLOPS``), vectorized; nested in one loop, 50 such exps did not build in 300 s."""
+    from tvm.s_tir import Schedule
+
+    from relay_amp.builds.elementwise import INLINED_FLOPS
+    from relay_amp.builds.fast_math import vector_exp
+    from relay_amp.builds.flops import expanded_flops
+
+    target = tvm.target.Target(AVX2)
+    with target:
+        mod = tvm.transform.Sequential([vector_exp(), relax.transform.LegalizeOps(),
+                                        relax.transform.AnnotateTIROpPattern(),
+                                        relax.transform.FuseOps(),
+                                        relax.transform.FuseTIR()])(_sigmoids(4))
+    (func,) = (f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    sch = Schedule(_apply(func, AVX2))
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    assert len(blocks) == 4
+    for block in blocks:
+        assert 82 < expanded_flops(sch.get(block).body) <= INLINED_FLOPS
+        assert sch.get(block).script().count("T.float32(-88.376") > 0
+        assert sch.get(sch.get_loops(block)[-1]).kind == tvm.tirx.ForKind.VECTORIZED
+
+
+def test_a_chain_of_exps_keeps_the_numbers():
+    mod = _sigmoids(4, (2, 8, 32))
+    data = np.random.default_rng(3).standard_normal((2, 8, 32)).astype("float32") * 4
+    plain, scheduled = (relay_amp.execution.run(relay_amp.compile_module(mod, None, ours),
+                                                [data])[0] for ours in (False, True))
+    np.testing.assert_allclose(scheduled, plain, rtol=0, atol=2.0**-21)

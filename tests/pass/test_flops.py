@@ -48,3 +48,14 @@ def test_nested_lets_multiply():
 def test_what_cannot_be_counted_is_infinite():
     vector = T.BufferStore(_B, T.Broadcast(_X, 4) * T.Broadcast(_Y, 4), [T.Ramp(0, 1, 4)])
     assert expanded_flops(vector) == float("inf")
+
+
+def test_a_load_counts_what_its_inlined_block_costs():
+    """A block inlined into its reader costs its flops at each load, a ``Let``'s value at
+    each use of its variable: ``let v = A[i] + x in v * v`` with A's block costing 3 is 9."""
+    a = T.decl_buffer((8,), "float32", name="A")
+    v = T.Var("v", "float32")
+    value = T.Let(v, T.BufferLoad(a, [_I]) + _X, v * v)
+    assert expanded_flops(_store(value)) == 3
+    assert expanded_flops(_store(value), {a: 3.0}) == 9
+    assert expanded_flops(_store(value), {_B: 3.0}) == 3
