@@ -86,14 +86,19 @@ def inline_within(sch, block_rv, flops) -> bool:
     return True
 
 
-def vectorize_blocks(sch, names, target, flops, parallel: bool) -> list[str]:
+def vectorize_blocks(sch, names, target, flops, parallel: bool,
+                     above: float = -1.0) -> list[str]:
     """Inline each of the blocks ``names`` (in order) into its readers while they stay within
-    ``flops`` (:func:`inline_within`), then run each one left as a loop of vectors
-    (:func:`vectorize_loops`); the names of the blocks left."""
+    ``flops`` (:func:`inline_within`), then run each one left whose arithmetic is over
+    ``above`` as a loop of vectors (:func:`vectorize_loops`); the names of the blocks left."""
     from tvm import s_tir
+
+    from .flops import expanded_flops
 
     left = [name for name in names if not inline_within(sch, sch.get_sblock(name), flops)]
     for name in left:
+        if expanded_flops(sch.get(sch.get_sblock(name)).body) <= above:
+            continue
         try:
             vectorize_loops(sch, sch.get_sblock(name), target, parallel)
         except s_tir.ScheduleError:
