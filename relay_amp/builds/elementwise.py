@@ -6,8 +6,9 @@ ReLU after them (:mod:`relay_amp.builds.batch_norm`, where no convolution's tile
 three loop nests over the whole tensor with two intermediate buffers, left to LLVM's
 vectorizers, on one core. In NHWC their last loop runs over channels, a constant of hundreds:
 one such kernel of cifar_wideresnet16_10 (320 channels) took 2.2 s to build for x86.
-:class:`Elementwise` inlines the stages into the last block and runs its fused loops as one
-loop of vectors of the target's register width, the rest in parallel.
+:class:`Elementwise` inlines the stages into their readers while a loop stays within
+:data:`INLINED_FLOPS` and runs each loop left as vectors of the target's register width, the
+rest in parallel; :func:`vectorize_blocks` does the same for what a tile's write-back leaves.
 """
 
 from __future__ import annotations
@@ -133,12 +134,12 @@ def vectorize_loops(sch, block_rv, target, parallel: bool) -> bool:
 
 class Elementwise:
     """A dlight schedule rule for ``llvm`` targets: a kernel whose blocks are all spatial (an
-    elementwise op, a broadcast, a cast) computes in its last block, the others inlined into it;
-    its loops fused, split into vectors of up to :data:`REGISTERS` registers of its widest
-    dtype, vectorized, and the rest in parallel. Kernels with a reduction, a block that cannot
-    be inlined, several outputs, a tensor read other than along the last axis (a transpose, a
-    concatenation, a resize: LLVM's own loops gather better), or a last axis that is not a
-    multiple of one register's lanes are left alone.
+    elementwise op, a broadcast, a cast) has each stage inlined into its readers while they
+    stay within :data:`INLINED_FLOPS` (:func:`inline_within`); each loop left is fused, split
+    into vectors of up to :data:`REGISTERS` registers of its widest dtype, vectorized, and the
+    rest run in parallel. Kernels with a reduction, a tensor read other than along the last
+    axis (a transpose, a concatenation, a resize: LLVM's own loops gather better), or whose
+    last block's axis is not a multiple of one register's lanes are left alone.
     dlight's ``ApplyDefaultSchedule`` calls :meth:`apply`.
     """
 

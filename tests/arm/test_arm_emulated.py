@@ -32,7 +32,10 @@ FLOAT32_TOLERANCE = 1e-5
 #: tolerances for float32 accumulation, the aarch64 default (tests/pass/test_numeric.py).
 TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2}
 #: relay_amp's float16 summed in blocks on the emulated CPU against the same module on this host
-#: (relative L2; identical on both test models when measured, 2026-11-28).
+#: (relative L2), where the host has half-precision arithmetic (AVX512-FP16: identical on both
+#: test models, 2026-11-28, on an Emerald Rapids host). A host without it (AVX2 with F16C,
+#: znver3, 2026-11-29) computes the half operations in float32 and rounds less often:
+#: 7.0e-4 and 7.6e-4 there, so it only bounds the difference by float16's own tolerance.
 BLOCKS_HOST_TOLERANCE = 1e-4
 TARGETS = {"float32": TARGET_FP32, "float16": TARGET_FP16, "bfloat16": TARGET_BF16}
 
@@ -266,8 +269,9 @@ def test_float16_summed_in_blocks_runs_on_half_fmas_as_it_does_on_the_host(count
                                                                            tmp_path):
     """``Policy.set_accumulation_block`` (blocks of 16) for ``+fullfp16``: the blocked dot
     products run on ``fmla v.8h`` (8 multiply-accumulates each) with no scalar half FMA, and the
-    emulated CPU computes what the same module computes on this host (x86 rounds each half
-    operation where aarch64 may contract a multiply and an add: the only difference)."""
+    emulated CPU computes what the same module computes on this host: to float32 rounding on an
+    x86 with half arithmetic (it rounds each half operation where aarch64 may contract a
+    multiply and an add), to float16's tolerance on one without (``BLOCKS_HOST_TOLERANCE``)."""
     inputs, reference = _host_float32(name)
     policy = relay_amp.Policy("float16")
     for op in ("matmul", "nn.conv2d"):
@@ -282,6 +286,9 @@ def test_float16_summed_in_blocks_runs_on_half_fmas_as_it_does_on_the_host(count
     mix = count.mix()
     assert mix["fma h"] == 0 and 8 * mix["fma .8h"] >= 0.5 * sum(r.macs for r in dots), mix
     emulated = relay_amp.agreement(host, count.outputs)
-    assert emulated.nonfinite == 0 and emulated.relative_l2 <= BLOCKS_HOST_TOLERANCE, emulated
+    half_host = tvm.target.codegen.target_has_features(
+        "avx512fp16", tvm.target.Target(relay_amp.host_target()))
+    bound = BLOCKS_HOST_TOLERANCE if half_host else TOLERANCE["float16"]
+    assert emulated.nonfinite == 0 and emulated.relative_l2 <= bound, (emulated, half_host)
     blocked = relay_amp.agreement(reference, count.outputs)
     assert blocked.relative_l2 <= TOLERANCE["float16"], blocked
