@@ -17,8 +17,7 @@ _ARITHMETIC = tuple(getattr(tvm.tirx, name) for name in (
     "Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max"))
 #: Counted 0 with what they read, as ``estimate_tir_flops`` does.
 _FREE = tuple(getattr(tvm.tirx, name) for name in (
-    "EQ", "NE", "LT", "LE", "GT", "GE", "And", "Or", "Not", "IntImm", "FloatImm")) \
-    + (tvm.ir.expr.TensorLoad,)
+    "EQ", "NE", "LT", "LE", "GT", "GE", "And", "Or", "Not", "IntImm", "FloatImm"))
 
 
 def expanded_flops(stmt, loads: dict | None = None) -> float:
