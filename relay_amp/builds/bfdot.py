@@ -32,6 +32,7 @@ import tvm
 
 from ..relax_utils import TVM_ERRORS, mutate_functions
 from .constants import constant_value
+from .cpu_features import cpu_has
 from .neon_tiles import _loads, _row_step, is_aarch64
 from .tir_script import script
 
@@ -75,7 +76,7 @@ _REGISTERED: dict = {}
 def has_bfdot(target) -> bool:
     """Whether ``target`` is an aarch64 ``llvm`` target with FEAT_BF16 (``+bf16``, or an
     ``mcpu`` that has it)."""
-    return is_aarch64(target) and bool(tvm.target.codegen.llvm_cpu_has_features("bf16", target))
+    return is_aarch64(target) and cpu_has("bf16", target)
 
 
 def _pack(weight, axis: int):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import tvm
 
+from .cpu_features import cpu_has
 from .tir_script import script
 
 #: The tensor intrinsics registered so far: (lanes, operands, scope) -> name.
@@ -80,8 +81,7 @@ def is_aarch64(target) -> bool:
 def has_fmlal(target) -> bool:
     """Whether ``target`` is an aarch64 ``llvm`` target with FEAT_FHM (``+fp16fml``, or an
     ``mcpu`` that has it)."""
-    return is_aarch64(target) and bool(
-        tvm.target.codegen.llvm_cpu_has_features("fp16fml", target))
+    return is_aarch64(target) and cpu_has("fp16fml", target)
 
 
 

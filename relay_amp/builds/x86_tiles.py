@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import tvm
 
+from .cpu_features import cpu_has
 from .neon_tiles import _operands, operand_dtype, scalar_reduction, tensorized_tile
 from .tir_script import script
 
@@ -48,7 +49,7 @@ def vector_width(target) -> int | None:
     AVX-512 (``avx512f``), 8 with AVX2 and FMA; None for other targets and older x86."""
     if not _x86(target):
         return None
-    has = tvm.target.codegen.llvm_cpu_has_features
+    has = cpu_has
     if has("avx512f", target):
         return 16
     if has("avx2", target) and has("fma", target):
