@@ -154,6 +154,18 @@ def _vector_reads(block, axis) -> list:
             if any(_uses(r.min, axis.var) for r in region.region)]
 
 
+def _weights_along_lanes(block, spatial, axis) -> bool:
+    """Whether what the lanes index is read the same for every output pixel or row (a
+    convolution's or a matmul's weight; not a depthwise convolution's input). Its tiles then
+    run one block of lanes over all the rows before the next block: the block's weights stay
+    in cache while the rows stream, where the other order reads every weight again for each
+    tile of rows (x86, one 3 x 3 or 1 x 1 convolution of ResNet-50 alone: 0.78-1.0 x the time)."""
+    vector_reads = _vector_reads(block, axis)
+    return bool(vector_reads) and not any(
+        _uses(r.min, it.var) for it in spatial if it is not axis
+        for region in vector_reads for r in region.region)
+
+
 def _shared_rows(block, spatial, axis) -> list:
     """The spatial iterators whose adjacent values share the vector operand (no read that the
     lanes index depends on them: a convolution's output pixels, a matmul's rows), innermost
@@ -463,6 +475,7 @@ class VectorizeDotProduct:
         in_registers = registers_hold_the_sums(target)
         _input_copies(sch, info.block_rv, in_registers)
         block = sch.get(info.block_rv)
+        lanes_outer = _weights_along_lanes(block, spatial, axis)
         rows, row_axis = _row_block(block, spatial, axis)
         lanes, rows, row_axis = _aarch64_tile(block, spatial, axis, (lanes, rows, row_axis),
                                               "bfdot" if bfdot else "tile" if tiles else None,
@@ -496,9 +509,10 @@ class VectorizeDotProduct:
                 row_outer, row_inner = sch.split(row_axis.loop_rv, [None, rows])
             loops = [row_outer if it is row_axis else it.loop_rv
                      for it in spatial if it is not axis]
-            sch.reorder(*loops, outer, *(it.loop_rv for it in reduce),
+            order = [outer, *loops] if lanes_outer else [*loops, outer]
+            sch.reorder(*order, *(it.loop_rv for it in reduce),
                         *([row_inner] if row_inner is not None else []), inner)
-            tile = sch.fuse(*loops, outer) if loops else outer
+            tile = sch.fuse(*order) if loops else outer
             if in_registers:
                 sch.parallel(tile)
             write_back = sch.cache_write(info.block_rv, 0, "global" if in_registers else "local")

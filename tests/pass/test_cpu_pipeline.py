@@ -765,3 +765,49 @@ def test_an_op_that_would_follow_into_an_unlowered_layout_keeps_nchw(monkeypatch
     assert "conv2d_transpose" in error.error and "NCHW kept" in error.error
 
 
+
+
+def _nhwc_conv(groups):
+    rng = np.random.default_rng(4)
+    channels = 32 if groups == 1 else 16
+    x = relax.Var("x", relax.TensorType((1, 16, 12, 12), "float32"))
+    w = relax.const((rng.standard_normal((channels, 16 // groups, 3, 3)) / 8).astype("float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.nn.conv2d(x, w, padding=[1, 1], groups=groups))
+            out = builder.emit_output(relax.op.nn.relu(y))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+@pytest.mark.parametrize("groups", [1, 16])
+def test_tiles_of_a_weights_lanes_run_over_all_rows_before_the_next_lanes(groups):
+    """A convolution's tiles (x86: one parallel loop) take one block of output channels over
+    every output pixel, then the next: that block's weights stay in cache while the pixels
+    stream. A depthwise convolution, whose lanes index its input, keeps the pixels outer."""
+    from relay_amp.builds.packed_weights import packed_convolutions
+
+    target = tvm.target.Target(AVX2)
+    passes = tvm.transform.Sequential(
+        cpu_generic.library_dispatch_passes(target)
+        + [nhwc_convolutions(), packed_convolutions(target)]
+        + cpu_generic.legalize_passes(target) + [dl.ApplyDefaultSchedule(VectorizeDotProduct())])
+    with target:
+        mod = passes(_nhwc_conv(groups))
+    scripts = {gv.name_hint: f.script() for gv, f in mod.functions.items()
+               if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in gv.name_hint}
+    assert len(scripts) == 1, {n: re.findall(r"for (\w+) in T\.parallel", s)
+                               for n, s in scripts.items()}
+    (script,) = scripts.values()
+    (lanes,) = re.findall(r"for (\w+)_1_init in T\.vectorized", script)
+    (tile,) = [loop for loop in re.findall(r"for (\w+)_fused in T\.parallel", script)
+               if f"{lanes}_0" in loop]  # not the input copy's
+    if groups == 1:
+        assert tile.startswith(f"{lanes}_0_"), (tile, lanes)
+    else:
+        assert tile.endswith(f"_{lanes}_0"), (tile, lanes)
+    x = np.random.default_rng(5).standard_normal((1, 16, 12, 12)).astype("float32")
+    outputs = [relay_amp.run(relay_amp.compile_module(_nhwc_conv(groups), None, schedules), [x])
+               [0] for schedules in (False, True)]
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
