@@ -100,6 +100,51 @@ def test_convolution_weights_are_packed_in_panels_of_the_tiles_lanes():
     assert mod.script() == before  # the passes leave their input alone
 
 
+def _projection(rows):
+    """A transformer's projection: ``rows`` tokens (an int, or a name for a symbolic count)
+    times a constant ``[64, 96]`` weight, plus a bias."""
+    rng = np.random.default_rng(3)
+    count = rows if isinstance(rows, int) else tvm.tirx.Var(rows, "int64")
+    x = relax.Var("x", relax.TensorType((count, 64), "float32"))
+    w = relax.const((rng.standard_normal((64, 96)) / 8).astype("float32"))
+    b = relax.const(rng.standard_normal((96,)).astype("float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.add(relax.op.matmul(x, w), b))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+@pytest.mark.parametrize("target", [AVX512, AVX2])
+def test_matmul_weights_are_packed_in_panels_where_the_rows_are_constant(target):
+    """A ``[64, 96]`` weight becomes ``[96 / lanes, 64, lanes]`` (lanes: the tile's, 48 with
+    AVX-512 and 32 with AVX2 for 14 rows); with a symbolic row count (which TVM's pad_einsum
+    pads, reading no panel) the weight stays as it is. Outputs: the unpacked build's."""
+    target = tvm.target.Target(target)
+
+    def constants(mod):
+        found = []
+        relax.analysis.post_order_visit(mod["main"], lambda e: found.append(
+            tuple(e.value.shape)) if isinstance(e, tvm.ir.expr.Constant)
+            and hasattr(e.value, "numpy") else None)
+        return found
+
+    with target:
+        packed = packed_convolutions(target)(_projection(14))
+        symbolic = packed_convolutions(target)(_projection("n"))
+    lanes = tile_shape(96, [14], vector_width(target), vector_registers(target))[0]
+    assert lanes == (48 if vector_width(target) == 16 else 32)
+    assert (96 // lanes, 64, lanes) in constants(packed) and (64, 96) not in constants(packed)
+    assert "matmul_packed" in packed.script()
+    assert (64, 96) in constants(symbolic) and "matmul_packed" not in symbolic.script()
+    x = np.random.default_rng(4).standard_normal((14, 64)).astype("float32")
+    plain, tiled = (relay_amp.execution.run(relay_amp.compile_module(_projection(14), None,
+                                                                     schedules), [x])[0]
+                    for schedules in (False, True))
+    np.testing.assert_allclose(tiled, plain, rtol=0, atol=64 * 2.0**-23 * np.abs(plain).max())
+
+
 @pytest.mark.parametrize(("target", "width"), [(AVX512, 16), (AVX2, 8)])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_the_convolution_runs_on_the_register_tile(target, width, stride):
