@@ -134,3 +134,21 @@ def asm_kernel(asm: str, name: str) -> str:
             assert len(found) == 1, f"{len(found)} kernels named like {name}"
             return found[0]
     raise AssertionError(f"no {name} in the assembly")
+
+
+def projection(rows, inputs, outputs, seed=0, weight_scale=0.125, bias_scale=1.0):
+    """``x @ W + b``: ``rows`` (an int, or a name for a symbolic count) by ``inputs`` times a
+    constant ``[inputs, outputs]`` weight, plus a constant bias; float32."""
+    from tvm import relax
+
+    rng = np.random.default_rng(seed)
+    count = rows if isinstance(rows, int) else tvm.tirx.Var(rows, "int64")
+    x = relax.Var("x", relax.TensorType((count, inputs), "float32"))
+    w = relax.const((rng.standard_normal((inputs, outputs)) * weight_scale).astype("float32"))
+    b = relax.const((bias_scale * rng.standard_normal((outputs,))).astype("float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.add(relax.op.matmul(x, w), b))
+        builder.emit_func_output(out)
+    return builder.get()

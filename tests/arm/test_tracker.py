@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 import tvm
+from helpers import projection
 from tvm import relax
 
 import relay_amp
@@ -53,16 +54,7 @@ def _convnet():
 
 def _matmul():
     """(16, 64) @ (64, 32) + bias."""
-    rng = np.random.default_rng(12)
-    x = relax.Var("x", relax.TensorType((16, 64), "float32"))
-    w = relax.const((rng.standard_normal((64, 32)) / 8).astype("float32"))
-    b = relax.const((0.1 * rng.standard_normal((32,))).astype("float32"))
-    builder = relax.BlockBuilder()
-    with builder.function("main", [x]):
-        with builder.dataflow():
-            out = builder.emit_output(relax.op.add(relax.op.matmul(x, w), b))
-        builder.emit_func_output(out)
-    return builder.get()
+    return projection(16, 64, 32, seed=12, bias_scale=0.1)
 
 
 MODELS = {"convnet": _convnet, "matmul": _matmul}

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 import tvm
-from helpers import asm_kernel
+from helpers import asm_kernel, projection
 from tvm import relax
 
 import relay_amp
@@ -101,19 +101,8 @@ def test_convolution_weights_are_packed_in_panels_of_the_tiles_lanes():
 
 
 def _projection(rows):
-    """A transformer's projection: ``rows`` tokens (an int, or a name for a symbolic count)
-    times a constant ``[64, 96]`` weight, plus a bias."""
-    rng = np.random.default_rng(3)
-    count = rows if isinstance(rows, int) else tvm.tirx.Var(rows, "int64")
-    x = relax.Var("x", relax.TensorType((count, 64), "float32"))
-    w = relax.const((rng.standard_normal((64, 96)) / 8).astype("float32"))
-    b = relax.const(rng.standard_normal((96,)).astype("float32"))
-    builder = relax.BlockBuilder()
-    with builder.function("main", [x]):
-        with builder.dataflow():
-            out = builder.emit_output(relax.op.add(relax.op.matmul(x, w), b))
-        builder.emit_func_output(out)
-    return builder.get()
+    """A transformer's projection: ``rows`` tokens times a constant ``[64, 96]`` weight."""
+    return projection(rows, 64, 96, seed=3)
 
 
 @pytest.mark.parametrize("target", [AVX512, AVX2])
