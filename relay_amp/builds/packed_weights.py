@@ -64,10 +64,9 @@ def matmul_panel_lanes(call, target) -> int | None:
     None where no tile fits, the target has no tile or a row count is symbolic."""
     width = vector_width(target)
     shape = list(call.ty.shape)
-    if width is None or len(shape) < 2 or not isinstance(shape[-1], tvm.tirx.IntImm):
+    # TVM's pad_einsum, which pads a symbolic row count, reads no panel
+    if width is None or len(shape) < 2 or not all(isinstance(n, tvm.tirx.IntImm) for n in shape):
         return None
-    if not all(isinstance(n, tvm.tirx.IntImm) for n in shape):
-        return None  # TVM's pad_einsum, which pads a symbolic row count, reads no panel
     rows = [int(n) for n in shape[:-1]]
     tile = tile_shape(int(shape[-1]), rows[::-1], width, vector_registers(target))
     return None if tile is None else tile[0]

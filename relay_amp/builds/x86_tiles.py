@@ -49,10 +49,9 @@ def vector_width(target) -> int | None:
     AVX-512 (``avx512f``), 8 with AVX2 and FMA; None for other targets and older x86."""
     if not _x86(target):
         return None
-    has = cpu_has
-    if has("avx512f", target):
+    if cpu_has("avx512f", target):
         return 16
-    if has("avx2", target) and has("fma", target):
+    if cpu_has("avx2", target) and cpu_has("fma", target):
         return 8
     return None
 
