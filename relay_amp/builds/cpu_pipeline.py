@@ -27,7 +27,7 @@ from .batch_norm import inference_batch_norms
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
 from .constants import numpy_layout_constants
 from .elementwise import INLINED_FLOPS, Elementwise, register_lanes, vectorize_blocks
-from .fast_math import vector_exp
+from .fast_math import vector_math
 from .flops import expanded_flops
 from .neon_tiles import (
     has_fmlal,
@@ -154,16 +154,18 @@ def _vector_reads(block, axis) -> list:
             if any(_uses(r.min, axis.var) for r in region.region)]
 
 
-def _weights_along_lanes(block, spatial, axis) -> bool:
-    """Whether what the lanes index is read the same for every output pixel or row (a
-    convolution's or a matmul's weight; not a depthwise convolution's input). Its tiles then
-    run one block of lanes over all the rows before the next block: the block's weights stay
-    in cache while the rows stream, where the other order reads every weight again for each
-    tile of rows (x86, one 3 x 3 or 1 x 1 convolution of ResNet-50 alone: 0.78-1.0 x the time)."""
+def _weights_along_lanes(block, spatial, axis) -> list | None:
+    """Which of ``spatial`` besides the lanes (``axis``) what the lanes index depends on (a
+    convolution's or a matmul's weight: none; a matmul's packed weight: its panel), where it is
+    read the same for some other spatial iterator (output pixels, rows); None where it is not
+    (a depthwise convolution's input) or no read has the lanes. The tiles then run one block of
+    lanes over all the rows before the next block: the block's weights stay in cache while the
+    rows stream, where the other order reads every weight again for each tile of rows (x86,
+    one 3 x 3 or 1 x 1 convolution of ResNet-50 alone: 0.78-1.0 x the time)."""
     vector_reads = _vector_reads(block, axis)
-    return bool(vector_reads) and not any(
-        _uses(r.min, it.var) for it in spatial if it is not axis
-        for region in vector_reads for r in region.region)
+    used = [n for n, it in enumerate(spatial) if it is not axis and any(
+        _uses(r.min, it.var) for region in vector_reads for r in region.region)]
+    return used if vector_reads and len(used) < len(spatial) - 1 else None
 
 
 def _shared_rows(block, spatial, axis) -> list:
@@ -212,13 +214,13 @@ def _aarch64_tile(block, spatial, axis, shape, kind: str | None, pad_lanes: bool
 def _x86_tile(block, spatial, axis, shape, width: int, registers: int, pad_lanes: bool):
     """``(lanes, rows, row iterator)`` of an x86 register tile of ``width``-lane vectors
     (:func:`relay_amp.builds.x86_tiles.tile_shape`) over the constant row axes, or over the
-    symbolic one ``shape`` pads to its rows; ``shape`` itself where none fits or the lanes are
-    padded."""
+    symbolic one (padded to whatever rows the tile takes); ``shape`` itself where none fits or
+    the lanes are padded."""
     lanes, rows, row_axis = shape
     if pad_lanes:
         return shape
     if row_axis is not None and not isinstance(row_axis.dom, (int, tvm.tirx.IntImm)):
-        candidates, extents = [row_axis], [rows]
+        candidates, extents = [row_axis], [None]
     else:
         candidates = [it for it in _shared_rows(block, spatial, axis)
                       if isinstance(it.dom, (int, tvm.tirx.IntImm))]
@@ -393,6 +395,23 @@ def _vectorize_rest(sch, write_back, target, parallel: bool) -> None:
     vectorize_blocks(sch, names, target, INLINED_FLOPS, parallel, REGISTER_EPILOGUE_FLOPS)
 
 
+def _rows_beside_lanes(sch, block_rv, row_axis) -> None:
+    """Reorder the dimensions of ``block_rv``'s sums buffer (its ``cache_write``) so that the
+    tile's rows (``row_axis``) come just before its lanes, the last: a register tile's sums are
+    then one ``rows x lanes`` region, as its intrinsic reads them. A matmul whose output is
+    ``[rows, weight panel, lanes]`` (:mod:`relay_amp.builds.packed_weights`) or a convolution
+    tiled along its height has an axis of one between them, which the intrinsic cannot match."""
+    if row_axis is None:
+        return
+    indices = sch.get(block_rv).writes[0].region
+    position = next((n for n, r in enumerate(indices) if r.min.same_as(row_axis.var)), None)
+    last = len(indices) - 1
+    if position is None or position >= last - 1:
+        return
+    order = [*range(position), *range(position + 1, last), position, last]
+    sch.transform_layout(block_rv, ("write", 0), lambda *dims: [dims[n] for n in order])
+
+
 def _flops(sch, block) -> float:
     """Float operations per output of ``block``'s body, an expression read twice counted twice
     (:func:`~relay_amp.builds.flops.expanded_flops`)."""
@@ -508,14 +527,17 @@ class VectorizeDotProduct:
             if row_axis is not None:
                 row_outer, row_inner = sch.split(row_axis.loop_rv, [None, rows])
             loops = [row_outer if it is row_axis else it.loop_rv
-                     for it in spatial if it is not axis]
-            order = [outer, *loops] if lanes_outer else [*loops, outer]
+                     for n, it in enumerate(spatial) if it is not axis
+                     and (lanes_outer is None or n not in lanes_outer)]
+            order = [*loops, outer] if lanes_outer is None else [
+                *(spatial[n].loop_rv for n in lanes_outer), outer, *loops]
             sch.reorder(*order, *(it.loop_rv for it in reduce),
                         *([row_inner] if row_inner is not None else []), inner)
-            tile = sch.fuse(*order) if loops else outer
+            tile = sch.fuse(*order) if len(order) > 1 else outer
             if in_registers:
                 sch.parallel(tile)
             write_back = sch.cache_write(info.block_rv, 0, "global" if in_registers else "local")
+            _rows_beside_lanes(sch, info.block_rv, row_axis)
             sch.reverse_compute_at(write_back, tile)
             _inline_epilogue(sch, write_back)
             init = sch.decompose_reduction(info.block_rv, reduce[0].loop_rv)
@@ -578,7 +600,7 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
         layouts.append(packed_bfloat16_weights())
     if relay_amp_schedules:
         # exp after the layouts: ConvertLayout sees relax.sigmoid, not a kernel
-        layouts = [inference_batch_norms(), elementwise_prelu(), *layouts, vector_exp(),
+        layouts = [inference_batch_norms(), elementwise_prelu(), *layouts, vector_math(),
                    numpy_layout_constants()]
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)

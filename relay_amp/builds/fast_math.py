@@ -1,18 +1,26 @@
-"""float32 sigmoid and softmax on vectors: TVM's polynomial ``fast_exp`` where LLVM would call
-``expf``.
+"""float32 sigmoid, softmax, GELU, tanh, erf and small integer powers on vectors: polynomials
+where LLVM would call ``expf``, ``erff``, ``tanhf`` or ``powf`` once an element.
 
 TVM lowers ``relax.sigmoid`` to ``1 / (1 + exp(-x))`` and ``relax.nn.softmax`` to sums of
 ``exp(x - max)`` with LLVM's ``llvm.exp`` intrinsic, which a CPU without a vector math library
 (aarch64 glibc before 2.38, x86 without SVML) computes by calling ``expf`` once per element: on
 aarch64 about 25 executed instructions an element, where a convolution's vector FMAs cost a
 fraction of one (YOLOv8n's SiLU activations and its box decoder's softmax: 7.7 M calls, a
-quarter of the model's instructions). :func:`vector_exp` writes both with an ``exp`` in
+quarter of the model's instructions). :func:`vector_math` writes both with an ``exp`` in
 vector arithmetic instead (Cephes' ``expf``, as TVM's ``topi.fast_exp``: a range reduction and a
 degree-6 polynomial, the kind of kernel ONNX Runtime's and XNNPACK's logistic and softmax
 run), which LLVM vectorizes like any other arithmetic. A NaN stays a NaN, as with ``expf``.
 
+The same holds for ``erf`` (TVM lowers ``relax.nn.gelu`` to it, in float32 for a float16
+GELU too: BERT's and ViT's feed-forward layers; measured on this x86 host, 20 ns an element,
+as long as the matmul before it) and ``tanh`` (GPT-2's GELU, 6 ns): TVM's own ``fast_erf`` and
+``fast_tanh`` (Eigen's rational polynomials) compute them in vector arithmetic (0.4 and 0.5 ns),
+a NaN kept a NaN. A ``power`` by a constant 2 or 3 (GPT-2's GELU, LLaMA's RMSNorm) becomes
+its products, as ``pow`` is (10 ns an element).
+
 The error: each output within ``ERROR_BOUND`` of the exact value, absolute, as TVM's own build
-of the same ops (sigmoid, softmax; tests/pass/test_fast_math.py measures both).
+of the same ops (sigmoid, softmax; tests/pass/test_fast_math.py measures both); a GELU within
+``ERROR_BOUND`` times ``max(1, |x|)``.
 """
 
 from __future__ import annotations
@@ -87,12 +95,94 @@ def _softmax(x, axis: int, bind: bool = True):
     return topi.divide(e, topi.sum(e, axis=axis, keepdims=True))
 
 
-def vector_exp() -> tvm.transform.Pass:
+def _nan_kept(x, fast):
+    """``fast(x)`` where ``x`` is a number, ``x`` where it is a NaN: TVM's ``fast_erf`` and
+    ``fast_tanh`` clamp their argument with max/min, which makes a NaN a number."""
+    from tvm import te
+
+    y = fast(x)
+    return te.compute(x.shape, lambda *i: tvm.tirx.Select(
+        tvm.tirx.isnan(x(*i)), x(*i), y(*i)), name=f"{y.op.name}_nan_kept")
+
+
+def _erf(x):
+    from tvm import topi
+
+    return _nan_kept(x, topi.fast_erf)
+
+
+def _tanh(x):
+    from tvm import topi
+
+    return _nan_kept(x, topi.fast_tanh)
+
+
+def _gelu(x):
+    """``x (1/2 + erf(x / sqrt 2) / 2)`` as TVM legalizes ``relax.nn.gelu``, its erf in float32
+    (a float16 GELU's too, as TVM's) by :func:`_erf`."""
+    from tvm import te, topi
+
+    f32 = "float32"
+    scaled = topi.cast(x, f32) * tvm.tirx.const(0.5 ** 0.5, f32)
+    erf = topi.cast(_erf(scaled), x.dtype)
+    half = tvm.tirx.const(0.5, x.dtype)
+    return te.compute(x.shape, lambda *i: x(*i) * (half + erf(*i) * half), name="gelu")
+
+
+def _gelu_tanh(x):
+    """TVM's ``relax.nn.gelu_tanh`` with :func:`_tanh`."""
+    from tvm import te
+
+    def c(value):
+        return tvm.tirx.const(value, x.dtype)
+
+    inner = te.compute(x.shape, lambda *i: c((2.0 / 3.141592653589793) ** 0.5) * x(*i) * (
+        c(1.0) + c(0.044715) * x(*i) * x(*i)), name="gelu_tanh_inner")
+    t = _tanh(inner)
+    return te.compute(x.shape, lambda *i: c(0.5) * x(*i) * (c(1.0) + t(*i)), name="gelu_tanh")
+
+
+def _power(x, exponent: int):
+    from tvm import te
+
+    def product(*i):
+        value = x(*i)
+        for _ in range(exponent - 1):
+            value = value * x(*i)
+        return value
+
+    return te.compute(x.shape, product, name=f"power_{exponent}")
+
+
+#: The integer exponents a ``power`` by a constant is written out as products for.
+PRODUCT_EXPONENTS = (2, 3)
+
+
+def _scalar_exponent(mutator, call) -> int | None:
+    """The exponent of ``relax.power(x, c)`` where ``c`` is a constant scalar (through the
+    bindings of ``mutator``) in :data:`PRODUCT_EXPONENTS` that broadcasts to ``x``'s shape;
+    else None."""
+    from .constants import constant_value
+
+    value = constant_value(mutator, call.args[1])
+    if value is None or value.size != 1 or value.ndim > len(call.args[0].ty.shape) \
+            or str(call.ty.dtype) != str(call.args[0].ty.dtype):
+        return None
+    exponent = float(value.reshape(()))
+    return int(exponent) if exponent in PRODUCT_EXPONENTS else None
+
+
+def vector_math() -> tvm.transform.Pass:
     """The pass: each float32 ``relax.sigmoid`` and ``relax.nn.softmax`` of a module written
-    with the ``exp`` of :func:`_exp`."""
+    with the ``exp`` of :func:`_exp`; each float32 ``relax.erf``, ``relax.tanh`` and
+    ``relax.nn.gelu_tanh`` and each float32 or float16 ``relax.nn.gelu`` with TVM's
+    ``fast_erf`` and ``fast_tanh``; each float32 or float16 ``relax.power`` by a constant 2
+    or 3 as products."""
     from tvm import relax
 
-    sigmoid, softmax = tvm.ir.Op.get("relax.sigmoid"), tvm.ir.Op.get("relax.nn.softmax")
+    ops = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
+        "sigmoid", "nn.softmax", "erf", "tanh", "nn.gelu", "nn.gelu_tanh", "power")}
+    elementwise = {"erf": _erf, "tanh": _tanh, "nn.gelu_tanh": _gelu_tanh}
 
     @relax.expr_functor.mutator
     class Vector(relax.PyExprMutator):
@@ -100,16 +190,28 @@ def vector_exp() -> tvm.transform.Pass:
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if not (call.op.same_as(sigmoid) or call.op.same_as(softmax)) \
-                    or str(call.args[0].ty.dtype) != "float32":
+            name = next((n for n, op in ops.items() if call.op.same_as(op)), None)
+            dtype = str(call.args[0].ty.dtype) if name else None
+            if name is None or dtype not in ("float32", "float16") \
+                    or dtype == "float16" and name not in ("nn.gelu", "power"):
                 return call
-            if call.op.same_as(sigmoid):
-                return self.builder_.call_te(_sigmoid, call.args[0], self.bind,
-                                             primfunc_name_hint="sigmoid")
-            return self.builder_.call_te(_softmax, call.args[0], int(call.attrs.axis),
-                                         self.bind, primfunc_name_hint="softmax")
+            te_call = self.builder_.call_te
+            if name == "sigmoid":
+                return te_call(_sigmoid, call.args[0], self.bind, primfunc_name_hint="sigmoid")
+            if name == "nn.softmax":
+                return te_call(_softmax, call.args[0], int(call.attrs.axis), self.bind,
+                               primfunc_name_hint="softmax")
+            if name == "nn.gelu":
+                return te_call(_gelu, call.args[0], primfunc_name_hint="gelu")
+            if name == "power":
+                exponent = _scalar_exponent(self, call)
+                if exponent is None:
+                    return call
+                return te_call(_power, call.args[0], exponent, primfunc_name_hint="power")
+            return te_call(elementwise[name], call.args[0],
+                           primfunc_name_hint=name.replace("nn.", ""))
 
-    @tvm.transform.module_pass(opt_level=0, name="relay_amp.vector_exp")
+    @tvm.transform.module_pass(opt_level=0, name="relay_amp.vector_math")
     def _rewrite(mod, context):
         mutator = Vector(mod)
         mutator.bind = not _has_bfloat16(mod)
@@ -139,4 +241,4 @@ def _has_bfloat16(mod) -> bool:
     return bool(found)
 
 
-__all__ = ["ERROR_BOUND", "vector_exp"]
+__all__ = ["ERROR_BOUND", "PRODUCT_EXPONENTS", "vector_math"]

@@ -52,23 +52,34 @@ def _matmul(x, packed):
 
     blocks, depth, lanes = packed.shape
     k = te.reduce_axis((0, depth), "k")
-    return te.compute(
-        (*x.shape[:-1], blocks * lanes),
-        lambda *i: te.sum(x[(*i[:-1], k)] * packed[i[-1] // lanes, k, i[-1] % lanes], axis=k),
+    # the sums as [rows, panel, lanes], each index one iterator, which TVM's pad_einsum needs
+    # to pad a symbolic row count; the second stage, a view of them, is the kernel's output
+    sums = te.compute(
+        (*x.shape[:-1], blocks, lanes),
+        lambda *i: te.sum(x[(*i[:-2], k)] * packed[i[-2], k, i[-1]], axis=k),
         name="matmul_packed")
+    return te.compute((*x.shape[:-1], blocks * lanes),
+                      lambda *i: sums[(*i[:-1], i[-1] // lanes, i[-1] % lanes)],
+                      name="matmul_unpacked")
 
 
 def matmul_panel_lanes(call, target) -> int | None:
     """The lanes of the tile that will compute ``call`` (a matmul by a ``[K, N]`` weight), by
-    :func:`relay_amp.builds.x86_tiles.tile_shape` over its rows as the schedule rule sees them;
-    None where no tile fits, the target has no tile or a row count is symbolic."""
+    :func:`relay_amp.builds.x86_tiles.tile_shape` over its rows as the schedule rule sees them
+    (the constant row axes where one takes :data:`~relay_amp.builds.cpu_pipeline.BLOCK_ROWS`,
+    else a symbolic one, padded to the tile's rows); None where no tile fits or the target has
+    none."""
+    from .cpu_pipeline import BLOCK_ROWS
+
     width = vector_width(target)
     shape = list(call.ty.shape)
-    # TVM's pad_einsum, which pads a symbolic row count, reads no panel
-    if width is None or len(shape) < 2 or not all(isinstance(n, tvm.tirx.IntImm) for n in shape):
+    if width is None or len(shape) < 2 or not isinstance(shape[-1], tvm.tirx.IntImm):
         return None
-    rows = [int(n) for n in shape[:-1]]
-    tile = tile_shape(int(shape[-1]), rows[::-1], width, vector_registers(target))
+    constant = [int(n) for n in shape[-2::-1] if isinstance(n, tvm.tirx.IntImm)]
+    symbolic = len(constant) < len(shape) - 1
+    rows = constant if not symbolic or any(
+        n % r == 0 for r in BLOCK_ROWS for n in constant) else [None]
+    tile = tile_shape(int(shape[-1]), rows, width, vector_registers(target))
     return None if tile is None else tile[0]
 
 

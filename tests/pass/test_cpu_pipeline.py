@@ -553,11 +553,11 @@ def _chain(length):
 
 def _scheduled_with_exp(mod, target):
     """PrimFunc name -> PrimFunc after legalization with ``fast_math``'s sigmoid and the rule."""
-    from relay_amp.builds.fast_math import vector_exp
+    from relay_amp.builds.fast_math import vector_math
 
     target = tvm.target.Target(target)
     passes = tvm.transform.Sequential(
-        cpu_generic.library_dispatch_passes(target) + [vector_exp()]
+        cpu_generic.library_dispatch_passes(target) + [vector_math()]
         + cpu_generic.legalize_passes(target)
         + [dl.ApplyDefaultSchedule(VectorizeDotProduct())])
     with target:

@@ -174,12 +174,12 @@ def test_a_chain_of_exps_is_inlined_one_exp_a_loop():
     from tvm.s_tir import Schedule
 
     from relay_amp.builds.elementwise import INLINED_FLOPS
-    from relay_amp.builds.fast_math import vector_exp
+    from relay_amp.builds.fast_math import vector_math
     from relay_amp.builds.flops import expanded_flops
 
     target = tvm.target.Target(AVX2)
     with target:
-        mod = tvm.transform.Sequential([vector_exp(), relax.transform.LegalizeOps(),
+        mod = tvm.transform.Sequential([vector_math(), relax.transform.LegalizeOps(),
                                         relax.transform.AnnotateTIROpPattern(),
                                         relax.transform.FuseOps(),
                                         relax.transform.FuseTIR()])(_sigmoids(4))

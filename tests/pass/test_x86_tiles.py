@@ -106,10 +106,12 @@ def _projection(rows):
 
 
 @pytest.mark.parametrize("target", [AVX512, AVX2])
-def test_matmul_weights_are_packed_in_panels_where_the_rows_are_constant(target):
-    """A ``[64, 96]`` weight becomes ``[96 / lanes, 64, lanes]`` (lanes: the tile's, 48 with
-    AVX-512 and 32 with AVX2 for 14 rows); with a symbolic row count (which TVM's pad_einsum
-    pads, reading no panel) the weight stays as it is. Outputs: the unpacked build's."""
+def test_matmul_weights_are_packed_in_panels_of_the_tiles_lanes(target):
+    """A ``[64, 96]`` weight becomes ``[96 / lanes, 64, lanes]``, lanes the tile's: 48 with
+    AVX-512 and 32 with AVX2 for 14 rows; for a symbolic row count, which the schedule pads to
+    the tile's rows, those of the tile that loads least per FMA within 1 KiB of sums (5 x 48,
+    3 x 24). Outputs: the
+    unpacked build's, for row counts the tile divides and for those it pads."""
     target = tvm.target.Target(target)
 
     def constants(mod):
@@ -122,16 +124,37 @@ def test_matmul_weights_are_packed_in_panels_where_the_rows_are_constant(target)
     with target:
         packed = packed_convolutions(target)(_projection(14))
         symbolic = packed_convolutions(target)(_projection("n"))
-    lanes = tile_shape(96, [14], vector_width(target), vector_registers(target))[0]
-    assert lanes == (48 if vector_width(target) == 16 else 32)
+    width, registers = vector_width(target), vector_registers(target)
+    lanes = tile_shape(96, [14], width, registers)[0]
+    assert lanes == (48 if width == 16 else 32)
     assert (96 // lanes, 64, lanes) in constants(packed) and (64, 96) not in constants(packed)
-    assert "matmul_packed" in packed.script()
-    assert (64, 96) in constants(symbolic) and "matmul_packed" not in symbolic.script()
-    x = np.random.default_rng(4).standard_normal((14, 64)).astype("float32")
-    plain, tiled = (relay_amp.execution.run(relay_amp.compile_module(_projection(14), None,
-                                                                     schedules), [x])[0]
-                    for schedules in (False, True))
-    np.testing.assert_allclose(tiled, plain, rtol=0, atol=64 * 2.0**-23 * np.abs(plain).max())
+    assert tile_shape(96, [None], width, registers)[:2] == ((48, 5) if width == 16 else (24, 3))
+    lanes = tile_shape(96, [None], width, registers)[0]
+    assert (96 // lanes, 64, lanes) in constants(symbolic)
+    assert (64, 96) not in constants(symbolic)
+    for rows, mod in ((14, _projection(14)), (14, _projection("n")), (5, _projection("n"))):
+        x = np.random.default_rng(4).standard_normal((rows, 64)).astype("float32")
+        plain, tiled = (relay_amp.execution.run(relay_amp.compile_module(mod, None, schedules),
+                                                [x])[0] for schedules in (False, True))
+        np.testing.assert_allclose(tiled, plain, rtol=0,
+                                   atol=64 * 2.0**-23 * np.abs(plain).max())
+
+
+@pytest.mark.parametrize(("target", "width"), [(AVX512, 16), (AVX2, 8)])
+def test_a_symbolic_row_count_runs_on_the_register_tile(target, width):
+    """A projection over a symbolic row count (a transformer's sequence) runs on the
+    register tile, its rows padded: every multiply-accumulate a vector FMA of the target's
+    width, each row's scalar a broadcast, and a tile step loads at most 0.55 vectors a FMA
+    with AVX-512 (5 x 3 zmm: 8 loads for 15 FMAs), 0.67 with AVX2 (3 x 3 ymm: 6 for 9): the
+    sums stay in registers."""
+    # the module's one kernel; TVM runs its tiles in a local parallel lambda, not `_compute_`
+    asm = _assembly(_projection("n"), target)
+    fmas = re.findall(VECTOR_FMA[width], asm)
+    assert len(fmas) >= 9 and not re.findall(SCALAR_FMA, asm)
+    assert re.findall(BROADCAST, asm)
+    loop = asm.split("vfmadd", 1)[1].rsplit("vfmadd", 1)[0]
+    in_loop = len(re.findall(r"\bvbroadcastss\b|\bvmov[au]ps\s+-?(?:0x)?[0-9a-f]*\(", loop))
+    assert in_loop <= {16: 0.55, 8: 0.67}[width] * loop.count("vfmadd") + 2
 
 
 @pytest.mark.parametrize(("target", "width"), [(AVX512, 16), (AVX2, 8)])
