@@ -83,6 +83,7 @@ subtraction keeps.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -134,8 +135,20 @@ def as_target(target) -> tvm.target.Target | None:
                     f"got {type(target).__name__}")
 
 
-def _llvm_has(feature: str, target) -> bool:
-    return bool(tvm.target.codegen.llvm_cpu_has_features(feature, target))
+@functools.lru_cache(maxsize=256)
+def _llvm_has(feature: str, target_json: str) -> bool:
+    return bool(tvm.target.codegen.llvm_cpu_has_features(feature, tvm.target.Target(
+        target_json)))
+
+
+def cpu_has(feature: str, target) -> bool:
+    """Whether the ``llvm`` target ``target`` (its ``mcpu`` and ``mattr``) has ``feature``
+    (an LLVM feature name: ``avx512f``, ``fp16fml``, ``bf16``...), asked of LLVM once per
+    target and feature: ``llvm_cpu_has_features`` builds an LLVM target machine on every call
+    (about 0.2 ms), and a CPU build asks a few features for each of its kernels (438 times for
+    resnet18_v2)."""
+    target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    return _llvm_has(feature, str(target))
 
 
 def target_caps(target: tvm.target.Target) -> TargetCaps:
@@ -160,13 +173,13 @@ def target_caps(target: tvm.target.Target) -> TargetCaps:
         if not triple:
             triple = tvm.target.codegen.llvm_get_system_triple()
         if triple.startswith(("aarch64", "arm64")):
-            fp16 = _llvm_has("fullfp16", target)
-            return TargetCaps(name, fp16, _llvm_has("bf16", target),
+            fp16 = cpu_has("fullfp16", target)
+            return TargetCaps(name, fp16, cpu_has("bf16", target),
                               fp16_native_accumulation=fp16, half_fma="fmadd h / fmla v.8h")
         if triple.startswith(("x86_64", "i686", "i386")):
-            fp16 = _llvm_has("avx512fp16", target)
+            fp16 = cpu_has("avx512fp16", target)
             return TargetCaps(name, fp16,
-                              _llvm_has("avx512bf16", target) or _llvm_has("amx-bf16", target),
+                              cpu_has("avx512bf16", target) or cpu_has("amx-bf16", target),
                               fp16_native_accumulation=fp16, half_fma="vfmadd*sh / vfmadd*ph")
         return TargetCaps(name, False, False)
     if kind == "rocm":
@@ -200,7 +213,7 @@ def arm_cpu_path(mcpu: str) -> dict:
         ``bfloat16`` (the path, in words: what the dot products execute).
     """
     target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": mcpu})
-    features = {name: _llvm_has(name, target) for name in ARM_FEATURES}
+    features = {name: cpu_has(name, target) for name in ARM_FEATURES}
     caps = target_caps(target)
     if caps.computes("float16") and features["fp16fml"]:
         float16 = ("converts: float16 operands multiplied into float32 sums (fmlal/fmlal2) where "

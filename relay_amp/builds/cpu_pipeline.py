@@ -39,7 +39,7 @@ from .neon_tiles import (
     tile_shape,
 )
 from .nhwc import nhwc_convolutions
-from .packed_weights import packed_convolutions
+from .packed_weights import packed_weights
 from .prelu import elementwise_prelu
 from .schedule_rules import apply_rules
 from .x86_tiles import register_tile as x86_register_tile
@@ -211,9 +211,18 @@ def _aarch64_tile(block, spatial, axis, shape, kind: str | None, pad_lanes: bool
     return lanes, rows, row_axis
 
 
+def _einsum(block) -> bool:
+    """Whether every index ``block`` reads and writes is one of its iterators or a constant (a
+    matmul; not a convolution's ``y + ry``): TVM's ``pad_einsum`` can pad its row axes."""
+    return all(isinstance(r.min, tvm.tirx.IntImm) or any(r.min.same_as(iv.var)
+                                                        for iv in block.iter_vars)
+               for region in (*block.reads, *block.writes) for r in region.region)
+
+
 def _x86_tile(block, spatial, axis, shape, width: int, registers: int, pad_lanes: bool):
     """``(lanes, rows, row iterator)`` of an x86 register tile of ``width``-lane vectors
-    (:func:`relay_amp.builds.x86_tiles.tile_shape`) over the constant row axes, or over the
+    (:func:`relay_amp.builds.x86_tiles.tile_shape`) over the constant row axes (padded to the
+    tile's rows where the block is an :func:`_einsum` and that loads less an FMA), or over the
     symbolic one (padded to whatever rows the tile takes); ``shape`` itself where none fits or
     the lanes are padded."""
     lanes, rows, row_axis = shape
@@ -225,7 +234,7 @@ def _x86_tile(block, spatial, axis, shape, width: int, registers: int, pad_lanes
         candidates = [it for it in _shared_rows(block, spatial, axis)
                       if isinstance(it.dom, (int, tvm.tirx.IntImm))]
         extents = [int(it.dom) for it in candidates]
-    tile = x86_tile_shape(int(axis.dom), extents, width, registers)
+    tile = x86_tile_shape(int(axis.dom), extents, width, registers, paddable=_einsum(block))
     if tile is None:
         return shape
     return tile[0], tile[1], candidates[tile[2]]
@@ -503,14 +512,15 @@ class VectorizeDotProduct:
             lanes, rows, row_axis = _x86_tile(block, spatial, axis, (lanes, rows, row_axis),
                                               width, vector_registers(target), pad_lanes)
         try:
-            pad_rows = row_axis is not None and not isinstance(row_axis.dom,
-                                                                (int, tvm.tirx.IntImm))
+            pad_rows = row_axis is not None and (
+                not isinstance(row_axis.dom, (int, tvm.tirx.IntImm)) or int(row_axis.dom) % rows)
             if pad_rows and bfdot:  # the padded copy would be a bfloat16 buffer of the
                 # kernel's own, which TVM stores in float32: bfdot reads one row at a time
                 rows, row_axis, pad_rows = 1, None, False
             if pad_rows or pad_lanes:
-                # a symbolic extent (a sequence length) is padded to a multiple of the rows
-                # or lanes: the padded outputs are zeros computed and never written out
+                # a symbolic extent (a sequence length), or a constant one no tile divides,
+                # is padded to a multiple of the rows or lanes: the padded outputs are zeros
+                # computed and never written out
                 position = {id(it): n for n, it in enumerate(info.iters)}
                 sch.pad_einsum(info.block_rv, [
                     rows if it is row_axis and pad_rows else lanes if it is axis and pad_lanes
@@ -595,7 +605,7 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and (
         is_aarch64(target) or vector_width(target)) else []
     if relay_amp_schedules and vector_width(target):
-        layouts.append(packed_convolutions(target))
+        layouts.append(packed_weights(target))
     if relay_amp_schedules and has_bfdot(target):
         layouts.append(packed_bfloat16_weights())
     if relay_amp_schedules:

@@ -8,7 +8,7 @@ channels reads 128 bytes of every kilobyte, and the tile waits on those loads (s
 ``W'[n // lanes, kh, kw, ci, n % lanes]``, the panel a tile reads is contiguous, in the order it
 reads it, as MLAS's and XNNPACK's packed weights are.
 
-:func:`packed_convolutions` (a Relax pass, after :mod:`relay_amp.builds.nhwc`): a float32
+:func:`packed_weights` (a Relax pass, after :mod:`relay_amp.builds.nhwc`): a float32
 groups-1 NHWC/HWIO convolution with a constant weight becomes a ``call_tir`` of the same sum
 over the packed weight, its lanes those :func:`relay_amp.builds.x86_tiles.tile_shape` gives the
 kernel's tile, so that :class:`relay_amp.builds.cpu_pipeline.VectorizeDotProduct` finds them
@@ -67,8 +67,8 @@ def matmul_panel_lanes(call, target) -> int | None:
     """The lanes of the tile that will compute ``call`` (a matmul by a ``[K, N]`` weight), by
     :func:`relay_amp.builds.x86_tiles.tile_shape` over its rows as the schedule rule sees them
     (the constant row axes where one takes :data:`~relay_amp.builds.cpu_pipeline.BLOCK_ROWS`,
-    else a symbolic one, padded to the tile's rows); None where no tile fits or the target has
-    none."""
+    else a symbolic one; either padded to the tile's rows where that loads less an FMA);
+    None where no tile fits or the target has none."""
     from .cpu_pipeline import BLOCK_ROWS
 
     width = vector_width(target)
@@ -79,7 +79,7 @@ def matmul_panel_lanes(call, target) -> int | None:
     symbolic = len(constant) < len(shape) - 1
     rows = constant if not symbolic or any(
         n % r == 0 for r in BLOCK_ROWS for n in constant) else [None]
-    tile = tile_shape(int(shape[-1]), rows, width, vector_registers(target))
+    tile = tile_shape(int(shape[-1]), rows, width, vector_registers(target), paddable=True)
     return None if tile is None else tile[0]
 
 
@@ -133,7 +133,7 @@ def _rewrite(builder, call, weight, target):
                            *_window(attrs), primfunc_name_hint="conv2d_nhwc_packed")
 
 
-def packed_convolutions(target) -> tvm.transform.Pass:
+def packed_weights(target) -> tvm.transform.Pass:
     """The Relax pass: float32 groups-1 NHWC convolutions and matmuls with constant weights, as
     kernels over weights packed in panels of their tile's lanes (see the module's docstring);
     others, and every op for a target without an x86 tile, left as they are.
@@ -164,7 +164,7 @@ def packed_convolutions(target) -> tvm.transform.Pass:
                     return rewritten
             return call
 
-    @tvm.transform.module_pass(opt_level=0, name="relay_amp.packed_convolutions")
+    @tvm.transform.module_pass(opt_level=0, name="relay_amp.packed_weights")
     def _pack_module(mod, context):
         # the unpacked weights the kernels no longer read
         return relax.transform.DeadCodeElimination()(mutate_functions(Packed(mod)))
@@ -172,4 +172,4 @@ def packed_convolutions(target) -> tvm.transform.Pass:
     return _pack_module
 
 
-__all__ = ["matmul_panel_lanes", "packed_convolutions", "panel_lanes"]
+__all__ = ["matmul_panel_lanes", "packed_weights", "panel_lanes"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import tvm
 
-from .cpu_features import cpu_has
+from ..targets import cpu_has
 from .neon_tiles import _operands, operand_dtype, scalar_reduction, tensorized_tile
 from .tir_script import script
 
@@ -35,11 +35,12 @@ TILE_VECTORS = (4, 3, 2, 1)
 STEPS = (1, 2)
 #: Reduction steps a tile adds per call, widest first (the loop's bookkeeping is per call).
 DEPTHS = (4, 2, 1)
-#: The most bytes of sums a tile over a symbolic (padded) row axis holds: TVM allocates a
-#: smaller buffer on the stack, which LLVM keeps in registers; a larger one is a workspace that
-#: LLVM cannot tell from the padded input's, and each FMA then loads and stores its sum
-#: (AVX-512, a projection over a sequence: 6 x 48 lanes did, 5 x 48 did not).
-SYMBOLIC_SUMS_BYTES = 1024
+#: The most bytes of sums a tile over a padded row axis (symbolic, or constant without a
+#: divisor that suits the tile) holds: TVM allocates a smaller buffer on the stack, which LLVM
+#: keeps in registers; a larger one is a workspace that LLVM cannot tell from the padded
+#: input's, and each FMA then loads and stores its sum (AVX-512, a projection over a sequence:
+#: 6 x 48 lanes did, 5 x 48 did not).
+PADDED_SUMS_BYTES = 1024
 
 _REGISTERED: dict = {}
 
@@ -66,13 +67,15 @@ def vector_registers(target) -> int:
     return 32 if vector_width(target) == 16 else 16
 
 
-def tile_shape(extent: int, row_extents, width: int, registers: int) -> tuple | None:
+def tile_shape(extent: int, row_extents, width: int, registers: int,
+               paddable: bool = False) -> tuple | None:
     """``(lanes, rows, n)``: the register tile for an output axis of ``extent`` lanes and row
     axes of ``row_extents`` (``n`` the one taken; None for a symbolic extent, which the
     schedule pads to the rows) that loads least per FMA, among those whose lanes are 1 to 4
-    vectors of ``width``, whose rows divide their axis (or, symbolic, whose sums fit
-    :data:`SYMBOLIC_SUMS_BYTES`), and whose sums, one step's weight vectors and one broadcast
-    fit ``registers``; None where no axis takes 2 rows.
+    vectors of ``width`` and whose sums, one step's weight vectors and one broadcast fit
+    ``registers``. The rows divide their axis or, where it is symbolic or ``paddable`` (a
+    matmul: the schedule pads it), the axis is padded to them, the padded rows' FMAs counted
+    as cost and the sums within :data:`PADDED_SUMS_BYTES`. None where no axis takes 2 rows.
 
     Per reduction step a tile of ``rows`` x ``v`` vectors executes ``rows * v`` FMAs, ``rows``
     broadcasts and ``v`` loads: ``(rows + v) / (rows * v)`` loads an FMA (14 x 2 vectors 0.57,
@@ -84,11 +87,13 @@ def tile_shape(extent: int, row_extents, width: int, registers: int) -> tuple | 
             continue
         for n, rows_extent in enumerate(row_extents):
             for rows in range(TILE_ROWS, 1, -1):
-                if rows * vectors + vectors + 1 > registers - 1 or (
-                        rows_extent % rows if rows_extent is not None
-                        else rows * lanes * 4 > SYMBOLIC_SUMS_BYTES):
+                padded = rows_extent is None or rows_extent % rows != 0
+                if rows * vectors + vectors + 1 > registers - 1 or padded and (
+                        rows_extent is not None and not paddable
+                        or rows * lanes * 4 > PADDED_SUMS_BYTES):
                     continue
-                cost = (rows + vectors) / (rows * vectors)
+                waste = 1 if rows_extent is None else -(-rows_extent // rows) * rows / rows_extent
+                cost = (rows + vectors) / (rows * vectors) * waste
                 options.append((round(cost, 9), -lanes, n, -rows))
     if not options:
         return None
@@ -177,5 +182,5 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
                            _intrinsic(rows, depth, lanes, width, scope, step))
 
 
-__all__ = ["STEPS", "SYMBOLIC_SUMS_BYTES", "TILE_ROWS", "register_tile", "tile_shape",
+__all__ = ["STEPS", "PADDED_SUMS_BYTES", "TILE_ROWS", "register_tile", "tile_shape",
            "vector_registers", "vector_width"]

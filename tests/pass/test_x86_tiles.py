@@ -14,7 +14,7 @@ from tvm import relax
 import relay_amp
 from relay_amp.builds.cpu_pipeline import cpu_pipeline
 from relay_amp.builds.nhwc import nhwc_convolutions
-from relay_amp.builds.packed_weights import packed_convolutions
+from relay_amp.builds.packed_weights import packed_weights
 from relay_amp.builds.x86_tiles import tile_shape, vector_registers, vector_width
 
 AVX512 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"}
@@ -88,7 +88,7 @@ def test_convolution_weights_are_packed_in_panels_of_the_tiles_lanes():
     mod = _conv(channels=32, outputs=64, size=14)
     before = mod.script()
     with target:
-        packed = packed_convolutions(target)(nhwc_convolutions()(mod))
+        packed = packed_weights(target)(nhwc_convolutions()(mod))
     shapes = []
     relax.analysis.post_order_visit(packed["main"], lambda e: shapes.append(
         tuple(e.value.shape)) if isinstance(e, tvm.ir.expr.Constant)
@@ -107,11 +107,12 @@ def _projection(rows):
 
 @pytest.mark.parametrize("target", [AVX512, AVX2])
 def test_matmul_weights_are_packed_in_panels_of_the_tiles_lanes(target):
-    """A ``[64, 96]`` weight becomes ``[96 / lanes, 64, lanes]``, lanes the tile's: 48 with
-    AVX-512 and 32 with AVX2 for 14 rows; for a symbolic row count, which the schedule pads to
+    """A ``[64, 96]`` weight becomes ``[96 / lanes, 64, lanes]``, lanes the tile's: for 14
+    rows 48 with AVX-512 (7 x 48) and 24 with AVX2 (3 x 24 over 15 padded rows: 0.71 loads an
+    FMA, where 2 x 32 over 14 loads 0.75); for a symbolic row count, which the schedule pads to
     the tile's rows, those of the tile that loads least per FMA within 1 KiB of sums (5 x 48,
-    3 x 24). Outputs: the
-    unpacked build's, for row counts the tile divides and for those it pads."""
+    3 x 24), and for a prime row count where padding loads less. Outputs: the unpacked
+    build's, for row counts the tile divides and for those it pads."""
     target = tvm.target.Target(target)
 
     def constants(mod):
@@ -122,17 +123,29 @@ def test_matmul_weights_are_packed_in_panels_of_the_tiles_lanes(target):
         return found
 
     with target:
-        packed = packed_convolutions(target)(_projection(14))
-        symbolic = packed_convolutions(target)(_projection("n"))
+        packed = packed_weights(target)(_projection(14))
+        symbolic = packed_weights(target)(_projection("n"))
     width, registers = vector_width(target), vector_registers(target)
-    lanes = tile_shape(96, [14], width, registers)[0]
-    assert lanes == (48 if width == 16 else 32)
+    assert tile_shape(96, [14], width, registers)[0] == (48 if width == 16 else 32)
+    lanes = tile_shape(96, [14], width, registers, paddable=True)[0]
+    assert lanes == (48 if width == 16 else 24)
     assert (96 // lanes, 64, lanes) in constants(packed) and (64, 96) not in constants(packed)
     assert tile_shape(96, [None], width, registers)[:2] == ((48, 5) if width == 16 else (24, 3))
     lanes = tile_shape(96, [None], width, registers)[0]
     assert (96 // lanes, 64, lanes) in constants(symbolic)
     assert (64, 96) not in constants(symbolic)
-    for rows, mod in ((14, _projection(14)), (14, _projection("n")), (5, _projection("n"))):
+    # 13 rows (a prime, as ViT's 197 tokens): padded to the tile where that loads less an FMA
+    # unpadded, the only rows are all 13: 13 x 2 zmm (0.58 loads an FMA, against 5 x 3 over 15
+    # padded rows: 0.62), 13 x 1 ymm (1.08, against 3 x 3 over 15: 0.77)
+    assert tile_shape(96, [13], width, registers)[1] == 13
+    assert tile_shape(96, [13], width, registers, paddable=True)[:2] == (
+        (32, 13) if width == 16 else (24, 3))
+    with target:
+        prime = packed_weights(target)(_projection(13))
+    lanes = tile_shape(96, [13], width, registers, paddable=True)[0]
+    assert (96 // lanes, 64, lanes) in constants(prime)
+    for rows, mod in ((14, _projection(14)), (14, _projection("n")), (5, _projection("n")),
+                      (13, _projection(13))):
         x = np.random.default_rng(4).standard_normal((rows, 64)).astype("float32")
         plain, tiled = (relay_amp.execution.run(relay_amp.compile_module(mod, None, schedules),
                                                 [x])[0] for schedules in (False, True))
@@ -141,14 +154,15 @@ def test_matmul_weights_are_packed_in_panels_of_the_tiles_lanes(target):
 
 
 @pytest.mark.parametrize(("target", "width"), [(AVX512, 16), (AVX2, 8)])
-def test_a_symbolic_row_count_runs_on_the_register_tile(target, width):
-    """A projection over a symbolic row count (a transformer's sequence) runs on the
-    register tile, its rows padded: every multiply-accumulate a vector FMA of the target's
-    width, each row's scalar a broadcast, and a tile step loads at most 0.55 vectors a FMA
-    with AVX-512 (5 x 3 zmm: 8 loads for 15 FMAs), 0.67 with AVX2 (3 x 3 ymm: 6 for 9): the
-    sums stay in registers."""
+@pytest.mark.parametrize("rows", ["n", 13])
+def test_a_symbolic_or_prime_row_count_runs_on_the_register_tile(target, width, rows):
+    """A projection over a symbolic row count (a transformer's sequence) or a prime one
+    (ViT's 197 tokens) runs on the register tile, its rows padded: every multiply-accumulate a
+    vector FMA of the target's width, each row's scalar a broadcast, and a tile step loads at
+    most 0.55 vectors a FMA with AVX-512 (5 x 3 zmm: 8 loads for 15 FMAs; 13 x 2 for 13 rows:
+    0.58), 0.67 with AVX2 (3 x 3 ymm: 6 for 9): the sums stay in registers."""
     # the module's one kernel; TVM runs its tiles in a local parallel lambda, not `_compute_`
-    asm = _assembly(_projection("n"), target)
+    asm = _assembly(_projection(rows), target)
     fmas = re.findall(VECTOR_FMA[width], asm)
     assert len(fmas) >= 9 and not re.findall(SCALAR_FMA, asm)
     assert re.findall(BROADCAST, asm)
