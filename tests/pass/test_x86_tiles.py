@@ -159,8 +159,9 @@ def test_a_symbolic_or_prime_row_count_runs_on_the_register_tile(target, width, 
     """A projection over a symbolic row count (a transformer's sequence) or a prime one
     (ViT's 197 tokens) runs on the register tile, its rows padded: every multiply-accumulate a
     vector FMA of the target's width, each row's scalar a broadcast, and a tile step loads at
-    most 0.55 vectors a FMA with AVX-512 (5 x 3 zmm: 8 loads for 15 FMAs; 13 x 2 for 13 rows:
-    0.58), 0.67 with AVX2 (3 x 3 ymm: 6 for 9): the sums stay in registers."""
+    most 0.55 vectors a FMA with AVX-512 (5 x 3 zmm: 8 loads for 15 FMAs; 13 rows take 13 x 2,
+    whose broadcasts LLVM folds into FMAs), 0.67 with AVX2 (3 x 3 ymm: 6 for 9): the sums stay
+    in registers."""
     # the module's one kernel; TVM runs its tiles in a local parallel lambda, not `_compute_`
     asm = _assembly(_projection(rows), target)
     fmas = re.findall(VECTOR_FMA[width], asm)
