@@ -25,7 +25,7 @@ import tvm
 from ..relax_utils import TVM_ERRORS, mutate_functions
 from .bfdot import _window
 from .constants import constant_value
-from .x86_tiles import tile_shape, vector_registers, vector_width
+from .x86_tiles import TILE_VECTORS, tile_shape, vector_registers, vector_width
 
 
 def _conv2d(x, packed, strides, padding, dilation):
@@ -47,28 +47,39 @@ def _conv2d(x, packed, strides, padding, dilation):
         name="conv2d_nhwc_packed")
 
 
-def _matmul(x, packed):
+def _matmul(x, packed, outputs: int):
     from tvm import te
 
     blocks, depth, lanes = packed.shape
     k = te.reduce_axis((0, depth), "k")
     # the sums as [rows, panel, lanes], each index one iterator, which TVM's pad_einsum needs
-    # to pad a symbolic row count; the second stage, a view of them, is the kernel's output
+    # to pad a symbolic row count; the second stage, a view of their first ``outputs`` columns,
+    # is the kernel's output
     sums = te.compute(
         (*x.shape[:-1], blocks, lanes),
         lambda *i: te.sum(x[(*i[:-2], k)] * packed[i[-2], k, i[-1]], axis=k),
         name="matmul_packed")
-    return te.compute((*x.shape[:-1], blocks * lanes),
+    return te.compute((*x.shape[:-1], outputs),
                       lambda *i: sums[(*i[:-1], i[-1] // lanes, i[-1] % lanes)],
                       name="matmul_unpacked")
 
 
+def padded_outputs(outputs: int, width: int) -> int:
+    """A weight's ``outputs`` columns, or, where they are not a multiple of the vector
+    ``width`` (GPT-2's 50,257-word head), the next multiple of :data:`TILE_VECTORS`'s widest
+    lanes: the weight gets zero columns, whose sums the kernel computes and never writes, so
+    that every tile of lanes is whole."""
+    lanes = max(TILE_VECTORS) * width
+    return outputs if outputs % width == 0 else -(-outputs // lanes) * lanes
+
+
 def matmul_panel_lanes(call, target) -> int | None:
-    """The lanes of the tile that will compute ``call`` (a matmul by a ``[K, N]`` weight), by
-    :func:`relay_amp.builds.x86_tiles.tile_shape` over its rows as the schedule rule sees them
-    (the constant row axes where one takes :data:`~relay_amp.builds.cpu_pipeline.BLOCK_ROWS`,
-    else a symbolic one; either padded to the tile's rows where that loads less an FMA);
-    None where no tile fits or the target has none."""
+    """The lanes of the tile that will compute ``call`` (a matmul by a ``[K, N]`` weight, N
+    padded by :func:`padded_outputs`), by :func:`relay_amp.builds.x86_tiles.tile_shape` over
+    its rows as the schedule rule sees them (the constant row axes where one takes
+    :data:`~relay_amp.builds.cpu_pipeline.BLOCK_ROWS`, else a symbolic one; either padded to
+    the tile's rows where that loads less an FMA); None where no tile fits or the target has
+    none."""
     from .cpu_pipeline import BLOCK_ROWS
 
     width = vector_width(target)
@@ -79,7 +90,8 @@ def matmul_panel_lanes(call, target) -> int | None:
     symbolic = len(constant) < len(shape) - 1
     rows = constant if not symbolic or any(
         n % r == 0 for r in BLOCK_ROWS for n in constant) else [None]
-    tile = tile_shape(int(shape[-1]), rows, width, vector_registers(target), paddable=True)
+    tile = tile_shape(padded_outputs(int(shape[-1]), width), rows, width,
+                      vector_registers(target), paddable=True)
     return None if tile is None else tile[0]
 
 
@@ -107,9 +119,11 @@ def _rewrite_matmul(builder, call, weight, target):
     if lanes is None:
         return None
     depth, outputs = weight.shape
-    panels = weight.reshape(depth, outputs // lanes, lanes).transpose(1, 0, 2)
+    padded = np.pad(weight, [(0, 0), (0, padded_outputs(outputs, vector_width(target))
+                                      - outputs)])
+    panels = padded.reshape(depth, -1, lanes).transpose(1, 0, 2)
     return builder.call_te(_matmul, call.args[0], relax.const(np.ascontiguousarray(panels)),
-                           primfunc_name_hint="matmul_packed")
+                           outputs, primfunc_name_hint="matmul_packed")
 
 
 def _rewrite(builder, call, weight, target):
@@ -172,4 +186,4 @@ def packed_weights(target) -> tvm.transform.Pass:
     return _pack_module
 
 
-__all__ = ["matmul_panel_lanes", "packed_weights", "panel_lanes"]
+__all__ = ["matmul_panel_lanes", "packed_weights", "padded_outputs", "panel_lanes"]

@@ -14,7 +14,7 @@ from tvm import relax
 import relay_amp
 from relay_amp.builds.cpu_pipeline import cpu_pipeline
 from relay_amp.builds.nhwc import nhwc_convolutions
-from relay_amp.builds.packed_weights import packed_weights
+from relay_amp.builds.packed_weights import packed_weights, padded_outputs
 from relay_amp.builds.x86_tiles import tile_shape, vector_registers, vector_width
 
 AVX512 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"}
@@ -262,3 +262,31 @@ def test_a_conversions_casts_stay_in_nhwc(dtype):
                      for m in (mod, converted))
     # the same products summed in float32 in NHWC's order: reordering rounds only
     np.testing.assert_allclose(after, before, rtol=0, atol=1e-4 * np.abs(before).max())
+
+
+@pytest.mark.parametrize(("target", "width"), [(AVX512, 16), (AVX2, 8)])
+def test_a_weight_whose_columns_no_vector_divides_is_padded_with_zeros(target, width):
+    """A ``[64, 77]`` weight (as GPT-2's 50,257-word head) is packed with zero columns up to a
+    multiple of four vectors, runs on the register tile (before, no lanes divided 77 and the
+    kernel kept TVM's scalar loops), and writes its 77 columns: the unpacked build's."""
+    target = tvm.target.Target(target)
+    mod = projection(13, 64, 77, seed=5)
+    with target:
+        packed = packed_weights(target)(mod)
+    shapes = [tuple(e.value.shape) for e in _constants(packed)]
+    (panel,) = [s for s in shapes if len(s) == 3]
+    assert panel[0] * panel[2] == padded_outputs(77, width) == 4 * width * -(-77 // (4 * width))
+    assert panel[1] == 64 and packed["main"].ret_ty.shape[-1] == 77
+    asm = _assembly(mod, target)
+    assert len(re.findall(VECTOR_FMA[width], asm)) >= 8 and not re.findall(SCALAR_FMA, asm)
+    x = np.random.default_rng(6).standard_normal((13, 64)).astype("float32")
+    plain, tiled = (relay_amp.execution.run(relay_amp.compile_module(mod, None, schedules),
+                                            [x])[0] for schedules in (False, True))
+    np.testing.assert_allclose(tiled, plain, rtol=0, atol=64 * 2.0**-23 * np.abs(plain).max())
+
+
+def _constants(mod):
+    found = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(e) if isinstance(
+        e, tvm.ir.expr.Constant) and hasattr(e.value, "numpy") else None)
+    return found
