@@ -16,6 +16,11 @@ contiguous. The sum keeps TOPI's order (``kh``, ``kw``, ``ci``): the outputs are
 build's bit for bit. A float32 matmul by a constant ``[K, N]`` weight (a transformer's
 projections) is packed the same way, ``W'[n // lanes, k, n % lanes]``: unpacked, its tile read
 128 bytes of each 12-kilobyte row of a 768 x 3072 weight per step (BERT-base's feed-forward).
+Its kernel computes the sums as ``[rows, n // lanes, n % lanes]``, each index one iterator, so
+that TVM's ``pad_einsum`` can pad the rows to the tile's where their count is symbolic (a
+sequence) or has no divisor that suits the tile (ViT's 197 tokens); a weight whose ``N`` is
+not a multiple of a vector (GPT-2's 50,257-word head) gets zero columns
+(:func:`padded_outputs`). Either way the kernel writes only the real outputs.
 """
 
 from __future__ import annotations
