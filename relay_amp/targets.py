@@ -83,12 +83,12 @@ subtraction keeps.
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
 import tvm
 
+from .builds.cpu_features import cpu_has
 from .op_registry import LOW_CATEGORIES, Category
 from .policy import Decision
 from .reasons import Reason
@@ -133,22 +133,6 @@ def as_target(target) -> tvm.target.Target | None:
             raise ValueError(f"invalid target {target!r}: {str(err).splitlines()[-1]}") from None
     raise TypeError("target must be a tvm.target.Target, a dict or None; "
                     f"got {type(target).__name__}")
-
-
-@functools.lru_cache(maxsize=256)
-def _llvm_has(feature: str, target_json: str) -> bool:
-    return bool(tvm.target.codegen.llvm_cpu_has_features(feature, tvm.target.Target(
-        target_json)))
-
-
-def cpu_has(feature: str, target) -> bool:
-    """Whether the ``llvm`` target ``target`` (its ``mcpu`` and ``mattr``) has ``feature``
-    (an LLVM feature name: ``avx512f``, ``fp16fml``, ``bf16``...), asked of LLVM once per
-    target and feature: ``llvm_cpu_has_features`` builds an LLVM target machine on every call
-    (about 0.2 ms), and a CPU build asks a few features for each of its kernels (438 times for
-    resnet18_v2)."""
-    target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    return _llvm_has(feature, str(target))
 
 
 def target_caps(target: tvm.target.Target) -> TargetCaps:

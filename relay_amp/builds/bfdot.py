@@ -31,8 +31,8 @@ from __future__ import annotations
 import tvm
 
 from ..relax_utils import TVM_ERRORS, mutate_functions
-from ..targets import cpu_has
 from .constants import constant_value
+from .cpu_features import cpu_has
 from .neon_tiles import _loads, _row_step, is_aarch64
 from .tir_script import script
 

@@ -610,7 +610,8 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
         layouts.append(packed_bfloat16_weights())
     if relay_amp_schedules:
         # exp after the layouts: ConvertLayout sees relax.sigmoid, not a kernel
-        layouts = [inference_batch_norms(), elementwise_prelu(), *layouts, vector_math(),
+        layouts = [inference_batch_norms(), elementwise_prelu(), *layouts,
+                   vector_math(polynomial_erf_tanh=not is_aarch64(target)),
                    numpy_layout_constants()]
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)

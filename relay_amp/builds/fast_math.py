@@ -11,8 +11,8 @@ vector arithmetic instead (Cephes' ``expf``, as TVM's ``topi.fast_exp``: a range
 degree-6 polynomial, the kind of kernel ONNX Runtime's and XNNPACK's logistic and softmax
 run), which LLVM vectorizes like any other arithmetic. A NaN stays a NaN, as with ``expf``.
 
-The same holds for ``erf`` (TVM lowers ``relax.nn.gelu`` to it, in float32 for a float16
-GELU too: BERT's and ViT's feed-forward layers; measured on this x86 host, 20 ns an element,
+The same holds for ``erf`` (TVM lowers ``relax.nn.gelu`` to it: BERT's and ViT's feed-forward
+layers; measured on this x86 host, 20 ns an element,
 as long as the matmul before it) and ``tanh`` (GPT-2's GELU, 6 ns): TVM's own ``fast_erf`` and
 ``fast_tanh`` (Eigen's rational polynomials) compute them in vector arithmetic (0.4 and 0.5 ns),
 a NaN kept a NaN. A ``power`` by a constant 2 or 3 (GPT-2's GELU, LLaMA's RMSNorm) becomes
@@ -118,13 +118,11 @@ def _tanh(x):
 
 
 def _gelu(x):
-    """``x (1/2 + erf(x / sqrt 2) / 2)`` as TVM legalizes ``relax.nn.gelu``, its erf in float32
-    (a float16 GELU's too, as TVM's) by :func:`_erf`."""
+    """``x (1/2 + erf(x / sqrt 2) / 2)`` as TVM legalizes a float32 ``relax.nn.gelu``, its erf
+    by :func:`_erf`."""
     from tvm import te, topi
 
-    f32 = "float32"
-    scaled = topi.cast(x, f32) * tvm.tirx.const(0.5 ** 0.5, f32)
-    erf = topi.cast(_erf(scaled), x.dtype)
+    erf = _erf(topi.multiply(x, tvm.tirx.const(0.5 ** 0.5, x.dtype)))
     half = tvm.tirx.const(0.5, x.dtype)
     return te.compute(x.shape, lambda *i: x(*i) * (half + erf(*i) * half), name="gelu")
 
@@ -172,12 +170,26 @@ def _scalar_exponent(mutator, call) -> int | None:
     return int(exponent) if exponent in PRODUCT_EXPONENTS else None
 
 
-def vector_math() -> tvm.transform.Pass:
+def vector_math(polynomial_erf_tanh: bool = True) -> tvm.transform.Pass:
     """The pass: each float32 ``relax.sigmoid`` and ``relax.nn.softmax`` of a module written
-    with the ``exp`` of :func:`_exp`; each float32 ``relax.erf``, ``relax.tanh`` and
-    ``relax.nn.gelu_tanh`` and each float32 or float16 ``relax.nn.gelu`` with TVM's
-    ``fast_erf`` and ``fast_tanh``; each float32 or float16 ``relax.power`` by a constant 2
-    or 3 as products."""
+    with the ``exp`` of :func:`_exp`; each float32 ``relax.erf``, ``relax.tanh``,
+    ``relax.nn.gelu`` and ``relax.nn.gelu_tanh`` with TVM's ``fast_erf`` and ``fast_tanh``;
+    each float32 or float16 ``relax.power`` by a constant 2 or 3 as products. A float16 GELU
+    keeps TVM's ``erff`` in float32: written with ``fast_erf`` its float32 polynomial, folded
+    into a matmul's write-back, ran as scalar FMAs on aarch64 (not looked into further).
+
+    Parameters
+    ----------
+    polynomial_erf_tanh : bool
+        False: erf, tanh and the GELUs are left to TVM (``cpu_pipeline`` on aarch64, where a
+        float32 GELU's polynomial folded into a matmul's write-back ran as 704 scalar
+        ``fmadd`` in a BERT layer's kernel: as many instructions as ``erff``'s calls, not
+        measured further).
+
+    Returns
+    -------
+    tvm.transform.Pass
+    """
     from tvm import relax
 
     ops = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
@@ -190,10 +202,11 @@ def vector_math() -> tvm.transform.Pass:
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            name = next((n for n, op in ops.items() if call.op.same_as(op)), None)
+            name = next((n for n, op in ops.items() if call.op.same_as(op)
+                         and (polynomial_erf_tanh or n not in ("nn.gelu", *elementwise))), None)
             dtype = str(call.args[0].ty.dtype) if name else None
             if name is None or dtype not in ("float32", "float16") \
-                    or dtype == "float16" and name not in ("nn.gelu", "power"):
+                    or dtype == "float16" and name != "power":
                 return call
             te_call = self.builder_.call_te
             if name == "sigmoid":

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import tvm
 
-from ..targets import cpu_has
+from .cpu_features import cpu_has
 from .tir_script import script
 
 #: The tensor intrinsics registered so far: (lanes, operands, scope) -> name.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import tvm
 
-from ..targets import cpu_has
+from .cpu_features import cpu_has
 from .neon_tiles import _operands, operand_dtype, scalar_reduction, tensorized_tile
 from .tir_script import script
 

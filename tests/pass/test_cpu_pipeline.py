@@ -362,12 +362,18 @@ def test_a_strided_operand_keeps_the_widening_kernel():
 @pytest.mark.parametrize("rows", [1, 5, 8])
 def test_a_symbolic_extent_is_padded_to_blocks_of_rows(rows):
     """A sequence length (symbolic) cannot be split exactly: the rule pads it to a multiple of
-    ``BLOCK_ROWS[0]`` (zeros, computed and never written out), so each loaded vector still
-    serves 4 rows; the write-back writes the rows that exist, the bias add folded in."""
+    the rows of the x86 tile that loads least per FMA (3 x 24 lanes on AVX2: zeros, computed and
+    never written out), so each loaded vector still serves every row; the write-back writes
+    the rows that exist, the bias add folded in."""
+    from relay_amp.builds.x86_tiles import tile_shape
+
     (script,) = [s for n, s in _scheduled(SymbolicRows, AVX2).items() if "matmul" in n]
+    tile_rows = tile_shape(48, [None], 8, 16)[1]
+    assert tile_rows == 3
     assert "T.if_then_else(" in script and "T.where(" in script
-    assert "(n + T.int64(3)) // T.int64(4) * T.int64(4)" in script
-    assert "for r in T.unroll(T.int64(4))" in script  # the x86 tile's 4 rows
+    assert f"(n + T.int64({tile_rows - 1})) // T.int64({tile_rows}) * T.int64({tile_rows})" \
+        in script
+    assert f"for r in T.unroll(T.int64({tile_rows}))" in script  # the x86 tile's rows
     assert 'T.sblock("T_add"' not in script
     rng = np.random.default_rng(rows)
     inputs = [rng.standard_normal(shape).astype("float32") for shape in
@@ -786,12 +792,12 @@ def test_tiles_of_a_weights_lanes_run_over_all_rows_before_the_next_lanes(groups
     """A convolution's tiles (x86: one parallel loop) take one block of output channels over
     every output pixel, then the next: that block's weights stay in cache while the pixels
     stream. A depthwise convolution, whose lanes index its input, keeps the pixels outer."""
-    from relay_amp.builds.packed_weights import packed_convolutions
+    from relay_amp.builds.packed_weights import packed_weights
 
     target = tvm.target.Target(AVX2)
     passes = tvm.transform.Sequential(
         cpu_generic.library_dispatch_passes(target)
-        + [nhwc_convolutions(), packed_convolutions(target)]
+        + [nhwc_convolutions(), packed_weights(target)]
         + cpu_generic.legalize_passes(target) + [dl.ApplyDefaultSchedule(VectorizeDotProduct())])
     with target:
         mod = passes(_nhwc_conv(groups))

@@ -189,19 +189,29 @@ def test_a_nan_stays_a_nan_through_erf_tanh_and_gelu():
             assert out[1] == 1.0 and out[2] == -1.0, (name, out)
 
 
-def test_float16_gelu_and_powers_are_rewritten_other_float16_ops_and_exponents_not():
-    """A float16 GELU computes its erf in float32 (as TVM's legalization does): rewritten;
-    float16 erf and tanh are TVM's; a power by 2.5 or by a tensor stays ``R.power``."""
+def test_float16_powers_are_rewritten_other_float16_ops_and_exponents_not():
+    """A float16 power by 2 is written as products; a float16 GELU, erf and tanh stay TVM's
+    (its erf in float32, ``erff``); a power by 2.5 or by a tensor stays ``R.power``."""
     for op, text, dtype, rewritten in (
-            (relax.op.nn.gelu, "R.nn.gelu", "float16", True),
-            (lambda x: relax.op.power(x, relax.const(2.0, "float16")), "R.power", "float16", True),
+            (lambda x: relax.op.power(x, relax.const(2.0, "float16")), "R.power", "float16",
+             True),
+            (relax.op.nn.gelu, "R.nn.gelu", "float16", False),
             (relax.op.erf, "R.erf", "float16", False), (relax.op.tanh, "R.tanh", "float16", False),
             (lambda x: relax.op.power(x, relax.const(2.5)), "R.power", "float32", False),
             (lambda x: relax.op.power(x, x), "R.power", "float32", False)):
         mod = vector_math()(_module(op, (4, 8), dtype))
         assert (text not in mod.script()) == rewritten, mod.script()
     x = np.linspace(-8, 8, 32).astype("float16").reshape(4, 8)
-    mod = _module(relax.op.nn.gelu, (4, 8), "float16")
-    # float16's own rounding (1/2 + erf / 2 cancels below -2) is TVM's build's too
-    np.testing.assert_allclose(_run(vector_math()(mod), x), _run(mod, x), rtol=2.0 ** -10,
-                               atol=2.0 ** -24)
+    mod = _module(lambda v: relax.op.power(v, relax.const(2.0, "float16")), (4, 8), "float16")
+    np.testing.assert_array_equal(_run(vector_math()(mod), x), x * x)
+
+
+def test_without_polynomial_erf_and_tanh_only_those_stay_tvms():
+    """``cpu_pipeline`` on aarch64 leaves erf, tanh and the GELUs to TVM; sigmoid and powers
+    are still rewritten."""
+    for op, text, rewritten in ((relax.op.nn.gelu, "R.nn.gelu", False),
+                                (relax.op.tanh, "R.tanh", False),
+                                (relax.op.sigmoid, "R.sigmoid", True),
+                                (TRANSCENDENTALS["cube"][0], "R.power", True)):
+        mod = vector_math(polynomial_erf_tanh=False)(_module(op, (4, 8)))
+        assert (text not in mod.script()) == rewritten, mod.script()

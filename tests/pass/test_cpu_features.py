@@ -1,9 +1,9 @@
-"""relay_amp.targets.cpu_has: LLVM's answer, asked once per target and feature."""
+"""relay_amp.builds.cpu_features: LLVM's answer, asked once per target and feature."""
 
 import tvm
 
-from relay_amp import targets
-from relay_amp.targets import cpu_has
+from relay_amp.builds import cpu_features
+from relay_amp.builds.cpu_features import cpu_has
 
 TARGETS = [{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+bf16"]},
            {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"},
@@ -30,7 +30,7 @@ def test_the_same_question_reaches_llvm_once(monkeypatch):
         return real(feature, target)
 
     monkeypatch.setattr(tvm.target.codegen, "llvm_cpu_has_features", counting)
-    targets._llvm_has.cache_clear()
+    cpu_features._has.cache_clear()
     target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver3"})
     answers = {cpu_has("avx2", target) for _ in range(5)}
     assert answers == {True} and asked == ["avx2"]
