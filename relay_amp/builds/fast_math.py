@@ -192,9 +192,16 @@ def vector_math(polynomial_erf_tanh: bool = True) -> tvm.transform.Pass:
     """
     from tvm import relax
 
-    ops = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
-        "sigmoid", "nn.softmax", "erf", "tanh", "nn.gelu", "nn.gelu_tanh", "power")}
-    elementwise = {"erf": _erf, "tanh": _tanh, "nn.gelu_tanh": _gelu_tanh}
+    # op name -> the TE function and its arguments after the tensor, None to keep the op
+    forms = {"sigmoid": lambda mutator, call: (_sigmoid, mutator.bind),
+             "nn.softmax": lambda mutator, call: (_softmax, int(call.attrs.axis), mutator.bind),
+             "power": lambda mutator, call: (
+                 None if (exponent := _scalar_exponent(mutator, call)) is None
+                 else (_power, exponent))}
+    if polynomial_erf_tanh:
+        forms.update({"erf": lambda *_: (_erf,), "tanh": lambda *_: (_tanh,),
+                      "nn.gelu": lambda *_: (_gelu,), "nn.gelu_tanh": lambda *_: (_gelu_tanh,)})
+    ops = [(tvm.ir.Op.get(f"relax.{name}"), name) for name in forms]
 
     @relax.expr_functor.mutator
     class Vector(relax.PyExprMutator):
@@ -202,27 +209,14 @@ def vector_math(polynomial_erf_tanh: bool = True) -> tvm.transform.Pass:
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            name = next((n for n, op in ops.items() if call.op.same_as(op)
-                         and (polynomial_erf_tanh or n not in ("nn.gelu", *elementwise))), None)
-            dtype = str(call.args[0].ty.dtype) if name else None
-            if name is None or dtype not in ("float32", "float16") \
-                    or dtype == "float16" and name != "power":
+            name = next((name for op, name in ops if call.op.same_as(op)), None)
+            dtypes = ("float32", "float16") if name == "power" else ("float32",)
+            form = forms[name](self, call) if name is not None \
+                and str(call.args[0].ty.dtype) in dtypes else None
+            if form is None:
                 return call
-            te_call = self.builder_.call_te
-            if name == "sigmoid":
-                return te_call(_sigmoid, call.args[0], self.bind, primfunc_name_hint="sigmoid")
-            if name == "nn.softmax":
-                return te_call(_softmax, call.args[0], int(call.attrs.axis), self.bind,
-                               primfunc_name_hint="softmax")
-            if name == "nn.gelu":
-                return te_call(_gelu, call.args[0], primfunc_name_hint="gelu")
-            if name == "power":
-                exponent = _scalar_exponent(self, call)
-                if exponent is None:
-                    return call
-                return te_call(_power, call.args[0], exponent, primfunc_name_hint="power")
-            return te_call(elementwise[name], call.args[0],
-                           primfunc_name_hint=name.replace("nn.", ""))
+            return self.builder_.call_te(form[0], call.args[0], *form[1:],
+                                         primfunc_name_hint=name.replace("nn.", ""))
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.vector_math")
     def _rewrite(mod, context):

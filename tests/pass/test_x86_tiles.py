@@ -116,11 +116,7 @@ def test_matmul_weights_are_packed_in_panels_of_the_tiles_lanes(target):
     target = tvm.target.Target(target)
 
     def constants(mod):
-        found = []
-        relax.analysis.post_order_visit(mod["main"], lambda e: found.append(
-            tuple(e.value.shape)) if isinstance(e, tvm.ir.expr.Constant)
-            and hasattr(e.value, "numpy") else None)
-        return found
+        return [tuple(e.value.shape) for e in _constants(mod)]
 
     with target:
         packed = packed_weights(target)(_projection(14))
