@@ -1,9 +1,12 @@
-"""Build time of relay_amp's CPU pipeline beside TVM's, on every registry model (issue 44 item 5).
+"""Build time of relay_amp's CPU pipeline beside TVM's, on every registry model (issue 44 item 5),
+and whether the two builds' outputs agree within float32 rounding of reordered sums (item 2).
 
 Each model is imported once (batch 1, float32) and built for this host by TVM's CPU pipeline
 and by ``relay_amp.cpu_pipeline``, one after the other in one process, the order alternating
 from model to model; a build is ``tvm.compile`` + ``export_library``, as a user's is. Both
 pipelines are warmed up on a small model first, so neither pays the process's first compile.
+Both builds then run the registry's first batch, and each output's largest difference is
+checked against :func:`relay_amp.eval.rounding.reordering_bound` (``--no-outputs``: times only).
 
     python scripts/bench_build_time.py --json build_times.json --markdown build_times.md
     python scripts/bench_build_time.py --models yolov8n_320,resnet50_v1
@@ -33,33 +36,65 @@ def build_seconds(mod, target, relay_amp_schedules: bool, workdir: str) -> float
     return _build(mod, target, relay_amp_schedules, workdir)[1]
 
 
-def _row(name: str, index: int, target) -> dict:
-    from relay_amp.eval import models, transformers_zoo
+def _outputs(function, inputs) -> list:
+    import tvm
+
+    from relay_amp.execution import flatten_outputs
+
+    return [x.copy() for x in flatten_outputs(function(*(tvm.runtime.tensor(x)
+                                                         for x in inputs)))]
+
+
+def _row(name: str, index: int, target, outputs: bool = True) -> dict:
+    from bench_peers import _build
+
+    from relay_amp.eval import models, rounding, transformers_zoo
 
     spec = models.get_spec(name)
     order = (False, True) if index % 2 == 0 else (True, False)
     with tempfile.TemporaryDirectory(prefix="bench_build_") as workdir:  # hundreds of MB
         if spec.family == "transformers":
-            mod = transformers_zoo.to_relax(transformers_zoo.build(name))
+            built = transformers_zoo.build(name)
+            mod, inputs = transformers_zoo.to_relax(built), built.batches[0]
         else:
-            mod = models.load(name, workdir, batch_size=1).mod
-        seconds = {ours: build_seconds(mod, target, ours, workdir) for ours in order}
-    return {"model": name, "status": "ok", "tvm_build_s": round(seconds[False], 2),
-            "relay_amp_build_s": round(seconds[True], 2),
-            "ratio": round(seconds[True] / seconds[False], 3), "first": "relay_amp" if order[0]
-            else "tvm"}
+            loaded = models.load(name, workdir, batch_size=1)
+            mod, inputs = loaded.mod, loaded.batches[0]
+        seconds, results = {}, {}
+        for ours in order:
+            function, seconds[ours] = _build(mod, target, ours, workdir)
+            if outputs:
+                results[ours] = _outputs(function, inputs)
+            del function
+    row = {"model": name, "status": "ok", "tvm_build_s": round(seconds[False], 2),
+           "relay_amp_build_s": round(seconds[True], 2),
+           "ratio": round(seconds[True] / seconds[False], 3), "first": "relay_amp" if order[0]
+           else "tvm"}
+    if outputs:
+        terms = rounding.reduction_terms(mod)
+        compared = rounding.compare(results[True], results[False], terms)
+        row.update(terms=terms, outputs=compared,
+                   within=all(c["within"] for c in compared),
+                   relative=max((c["relative"] for c in compared), default=0.0))
+    return row
 
 
 def table(rows: list[dict]) -> str:
     """The markdown table of ``rows``, slowest ratio first."""
-    lines = ["| model | TVM's build (s) | relay_amp's build (s) | relay_amp ÷ TVM's |",
-             "|---|---:|---:|---:|"]
+    from relay_amp.eval import rounding
+
+    lines = ["| model | TVM's build (s) | relay_amp's build (s) | relay_amp ÷ TVM's | "
+             "max \\|Δ\\| ÷ max \\|y\\| | bound ÷ max \\|y\\| | outputs within |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for row in sorted(rows, key=lambda r: -r.get("ratio", float("inf"))):
         if row["status"] != "ok":
-            lines.append(f"| {row['model']} | {row['status']} | | |")
+            lines.append(f"| {row['model']} | {row['status']} | | | | | |")
             continue
+        checked = "| | | not run |"
+        if "within" in row:
+            checked = (f"| {row['relative']:.1e} | {rounding.EPSILON * row['terms']:.1e} | "
+                       f"{'yes' if row['within'] else '**no**'} |")
         lines.append(f"| {row['model']} | {row['tvm_build_s']:.1f} | "
-                     f"{row['relay_amp_build_s']:.1f} | {row['ratio']:.2f} × |")
+                     f"{row['relay_amp_build_s']:.1f} | {row['ratio']:.2f} × {checked}")
     return "\n".join(lines)
 
 
@@ -75,6 +110,8 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="", help="comma-separated (default: the registry)")
     parser.add_argument("--json", default="", help="rows, kept across runs (resume)")
     parser.add_argument("--markdown", default="", help="also write the table here")
+    parser.add_argument("--no-outputs", action="store_true",
+                        help="time the builds only; do not run and compare their outputs")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n] or sorted(models.REGISTRY)
     for name in names:
@@ -92,7 +129,7 @@ def main(argv=None) -> int:
                                              unit="model")):
         bar.set_description(name)
         try:
-            rows.append(_row(name, index, target))
+            rows.append(_row(name, index, target, not args.no_outputs))
         except Exception as error:  # noqa: BLE001 - one model's failure is a row, not the end
             traceback.print_exc()
             rows.append({"model": name, "status": f"fails: {type(error).__name__}: "

@@ -1,0 +1,109 @@
+"""Whether two float32 builds of one model differ by no more than float32 rounding of
+reordered sums (issue 44 item 2), on a whole model.
+
+A dot product of ``K`` terms summed in another order (a register tile, a split reduction)
+moves by at most ``K * 2**-23 * sum|a * b|``. Through a model each kernel's difference is
+carried into the next; :func:`reordering_bound` states the model's bound as the sum of that
+per-kernel factor over every reduction the model executes, relative to the output's largest
+magnitude::
+
+    max |ours - plain| <= 2**-23 * sum(K over the model's reductions) * max |plain|
+
+It is loose (a network's rounding differences do not add up in the worst case), so the
+comparison also reports the measured difference beside it; a build that reads a wrong weight
+or a wrong row differs by the outputs' own magnitude and fails it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: float32's machine epsilon (twice its unit roundoff): one addition's relative rounding, bounded.
+EPSILON = 2.0 ** -23
+#: ``IterVar.iter_type`` of a reduction axis (TVM's ``kCommReduce``).
+_REDUCE = 2
+
+
+def _reduction_length(func) -> int:
+    """The terms summed per output, added over ``func``'s reduction blocks (a symbolic extent
+    counts as 1: the bound then misses that block's part)."""
+    import tvm
+
+    from ..relax_utils import prim_func_blocks
+
+    total = 0
+    for block in prim_func_blocks(func):
+        reduced = [var.dom.extent for var in block.iter_vars if int(var.iter_type) == _REDUCE]
+        if reduced:
+            total += int(np.prod([int(e) if isinstance(e, tvm.tirx.IntImm) else 1
+                                  for e in reduced]))
+    return total
+
+
+def reduction_terms(mod) -> int:
+    """``sum(K)``: every reduction's terms per output, over every kernel call of ``mod``'s
+    ``main`` (a Relax module as imported; it is legalized here, not changed)."""
+    import tvm
+    from tvm import relax
+
+    legal = relax.transform.LegalizeOps()(mod)
+    lengths = {gvar: _reduction_length(func) for gvar, func in legal.functions.items()
+               if isinstance(func, tvm.tirx.PrimFunc)}
+    total = 0
+
+    def visit(expr):
+        nonlocal total
+        if isinstance(expr, relax.Call) and expr.args and isinstance(expr.args[0],
+                                                                     tvm.ir.GlobalVar):
+            total += lengths.get(expr.args[0], 0)
+
+    for func in legal.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return total
+
+
+def reordering_bound(terms: int, plain: np.ndarray) -> float:
+    """The largest difference :mod:`this module's <relay_amp.eval.rounding>` bound allows
+    from ``plain``, one output, for a model of ``terms`` summed terms (:func:`reduction_terms`)."""
+    finite = np.abs(plain[np.isfinite(plain)]) if plain.size else np.zeros(0)
+    return EPSILON * terms * (float(finite.max()) if finite.size else 0.0)
+
+
+def compare(ours, plain, terms: int) -> list[dict]:
+    """Per output: the largest difference of ``ours`` from ``plain``, the bound, the
+    difference relative to the output's largest magnitude, and whether it holds (an
+    integer output must be equal; a NaN or infinity must be where the other build has one).
+
+    Raises
+    ------
+    ValueError
+        If the two builds give different numbers of outputs or shapes.
+    """
+    if len(ours) != len(plain):
+        raise ValueError(f"{len(ours)} outputs against {len(plain)}")
+    rows = []
+    for index, (a, b) in enumerate(zip(ours, plain)):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            raise ValueError(f"output {index}: shape {a.shape} against {b.shape}")
+        if b.dtype.kind != "f":
+            equal = bool(np.array_equal(a, b))
+            rows.append({"output": index, "max_abs": 0.0 if equal else float("inf"),
+                         "bound": 0.0, "relative": 0.0 if equal else float("inf"),
+                         "within": equal})
+            continue
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        finite = np.isfinite(b64)
+        same_specials = bool(np.array_equal(np.isnan(a64), np.isnan(b64))
+                             and np.array_equal(a64[~finite & ~np.isnan(b64)],
+                                                b64[~finite & ~np.isnan(b64)]))
+        both = finite & np.isfinite(a64)
+        diff = float(np.abs(a64[both] - b64[both]).max()) if both.any() else 0.0
+        bound = reordering_bound(terms, b64)
+        scale = float(np.abs(b64[finite]).max()) if finite.any() else 0.0
+        rows.append({"output": index, "max_abs": diff, "bound": bound,
+                     "relative": diff / scale if scale else 0.0,
+                     "within": same_specials and bool(np.array_equal(finite, np.isfinite(a64)))
+                     and diff <= bound})
+    return rows
