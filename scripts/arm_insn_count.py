@@ -69,7 +69,7 @@ def build(loaded, variant: str, workdir: str) -> str:
     return export_for(executable, os.path.join(workdir, f"{variant}.so"), target)
 
 
-def measure(name: str, variants: tuple, warmup: int = 0) -> dict:
+def measure(name: str, variants: tuple, warmup: int = 0, kernels: int = 0) -> dict:
     import relay_amp
     from relay_amp.eval import models
     from relay_amp.eval.arm_emulator import ArmEmulator
@@ -79,8 +79,8 @@ def measure(name: str, variants: tuple, warmup: int = 0) -> dict:
     inputs = loaded.batches[0]
     row["inputs"] = [list(x.shape) for x in inputs]
     reference = None
-    with tempfile.TemporaryDirectory() as workdir, ArmEmulator(count_instructions=True,
-                                                               session_timeout=7200) as emulator:
+    with tempfile.TemporaryDirectory() as workdir, ArmEmulator(
+            count_instructions=True, session_timeout=7200, count_kernels=kernels > 0) as emulator:
         for variant in variants:
             start = time.perf_counter()
             try:
@@ -99,6 +99,9 @@ def measure(name: str, variants: tuple, warmup: int = 0) -> dict:
                 "error_vs_float32": (relay_amp.agreement(reference, count.outputs).relative_l2
                                      if reference is not None else None),
                 "build_s": built - start, "count_s": time.perf_counter() - built}
+            if kernels:
+                row["variants"][variant]["kernels"] = dict(
+                    sorted(count.kernels.items(), key=lambda kv: -kv[1])[:kernels])
     return row
 
 
@@ -148,13 +151,16 @@ def main(argv=None) -> int:
                         help="runs before the counted one: 0 counts the first run's one-time "
                              "work in; 1 is the steady state bench_arm_peers.py counts")
     parser.add_argument("--markdown", default=None, help="also write the table here")
+    parser.add_argument("--kernels", type=int, default=0,
+                        help="also record the N functions that execute most, per variant")
     args = parser.parse_args(argv)
     names = args.models.split(",")
     variants = tuple(args.variants.split(","))
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
-    rows = measure_each(names, measure, args.out, args.timeout, _failed, (variants, args.warmup))
+    rows = measure_each(names, measure, args.out, args.timeout, _failed,
+                        (variants, args.warmup, args.kernels))
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as handle:
             handle.write(markdown(rows, names) + "\n")

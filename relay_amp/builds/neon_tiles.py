@@ -35,6 +35,9 @@ _REGISTERED: dict = {}
 #: How far apart in the scalar operand a register tile's rows may be: adjacent, or every other
 #: row (a convolution of stride 2).
 STEPS = (1, 2)
+#: Reduction steps a float16 register tile adds per call, by preference: a power of two is one
+#: load a row; 7, 5 or 3 (an RGB image's channels) two overlapping ones.
+FLOAT16_DEPTHS = (8, 4, 2, 7, 5, 3)
 #: The vector registers a register tile may hold at once: its sums, one step's vectors of the
 #: lanes and its rows' scalars (NEON has 32; two are left to LLVM, which spills past them).
 TILE_REGISTERS = 30
@@ -197,6 +200,34 @@ def _intrinsic(lanes: int, operands: tuple, scope: str) -> str:
     return name
 
 
+def _row_loads(A, row, depth: int, dtype: str) -> tuple[list, list]:
+    """The loads of ``depth`` scalars of ``A``'s ``row`` and the lanes of their concatenation
+    that hold them: one load, or for a depth no power of two two overlapping loads of the
+    power below it (3: lanes 0-1 and 1-2), each at an immediate offset (a lane loaded alone is
+    an ``ld1r``, whose address takes an instruction of its own)."""
+    part = _load_lanes(depth)
+    if part == depth:
+        return [A.vload([row, 0], f"{dtype}x{depth}")], list(range(depth))
+    return ([A.vload([row, 0], f"{dtype}x{part}"), A.vload([row, depth - part], f"{dtype}x{part}")],
+            [*range(part), *(part + k - (depth - part) for k in range(part, depth))])
+
+
+def _all_rows(A, rows: int, step: int, depth: int, dtype: str):
+    """Every row's ``depth`` scalars of the tile's ``rows`` (``step`` rows of ``A`` apart),
+    each row's loads those of :func:`_row_loads`, in one value."""
+    loads, lanes = [], []
+    for r in range(rows):
+        vectors, picked = _row_loads(A, r * step, depth, dtype)
+        lanes += [len(loads) * _load_lanes(depth) + i for i in picked]
+        loads += vectors
+    return tvm.tirx.Shuffle(loads, lanes)
+
+
+def _load_lanes(depth: int) -> int:
+    """The lanes of each load :func:`_row_loads` makes for ``depth`` scalars."""
+    return 1 << (depth.bit_length() - 1)
+
+
 def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str,
                        step: int = 1) -> str:
     """The name of the register-tile intrinsic: ``rows`` x ``lanes`` float32 sums in a
@@ -228,13 +259,8 @@ def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str
         return tvm.tirx.Shuffle([scalars] * max(1, width // count), [index] * width)
 
     def row_lane(scalars, r, k):
-        """Lane ``k`` of row ``r`` of :func:`all_rows`, in every lane."""
+        """Lane ``k`` of row ``r`` of :func:`_all_rows`, in every lane."""
         return lane(scalars, rows * depth, r * depth + k)
-
-    def all_rows(A):
-        """Every row's ``depth`` scalars, one vector load a row, in one value."""
-        return tvm.tirx.Shuffle([A.vload([r * step, 0], vector) for r in range(rows)],
-                                list(range(rows * depth)))
 
     def weights(B, k, offset, count):
         loaded = B.vload([k, offset], f"{dtype}x{count}")
@@ -281,7 +307,7 @@ def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str
                 # every row's scalars one value that all products read: a row loaded for each
                 # k, of which one lane is read, LLVM narrowed into loads per lane (BERT-base's
                 # matmuls: ld1r, ldr d, ld1 {v.s}[2] beside each row's ldr)
-                scalars = T.bind(all_rows(A))
+                scalars = T.bind(_all_rows(A, rows, step, depth, dtype))
                 for k in T.unroll(depth):
                     for r in T.unroll(rows):
                         for g in T.unroll(whole):
@@ -447,7 +473,7 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
     if reduction is None:
         return None
     n, extent, step = reduction
-    depth = next((d for d in ((8, 4, 2) if dtype == "float16" else (4, 2))
+    depth = next((d for d in (FLOAT16_DEPTHS if dtype == "float16" else (4, 2))
                   if isinstance(extent, tvm.tirx.IntImm) and int(extent) % d == 0), None)
     if depth is None or step not in STEPS:
         return None

@@ -20,6 +20,7 @@ Emulated times say nothing about a board's speed.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import gc
@@ -122,11 +123,15 @@ class ArmEmulator:
         may serve. Not with ``count_instructions`` (the counts are this server's).
     key : str, optional
         The key to register under; needs ``tracker``.
+    count_kernels : bool, optional
+        With ``count_instructions``, also count per function of the counted library
+        (:attr:`InstructionCount.kernels`): the plugin then records each translated block.
     """
 
     def __init__(self, cpu: str | None = None, arm_dir: str | os.PathLike | None = None,
                  start_timeout: float = 120.0, session_timeout: float = 600.0,
-                 count_instructions: bool = False, tracker=None, key: str | None = None):
+                 count_instructions: bool = False, tracker=None, key: str | None = None,
+                 count_kernels: bool = False):
         if (tracker is None) != (key is None):
             raise ValueError("tracker and key go together: the server registers with the "
                              "tracker under the key")
@@ -138,6 +143,9 @@ class ArmEmulator:
         self.cpu = cpu
         self.arm_dir = pathlib.Path(arm_dir or ARM_DIR)
         self.count_instructions = count_instructions
+        if count_kernels and not count_instructions:
+            raise ValueError("count_kernels needs count_instructions")
+        self.count_kernels = count_kernels
         self._counts_dir: str | None = None
         self.server = server_path(arm_dir)
         self.start_timeout = start_timeout
@@ -161,7 +169,8 @@ class ArmEmulator:
         if self.count_instructions:
             self._counts_dir = tempfile.mkdtemp(prefix="insn_counts_")
             qemu = [QEMU_PLUGINS, "-plugin",
-                    f"{counter_path(self.arm_dir)},out={self._counts_dir}/counts"]
+                    f"{counter_path(self.arm_dir)},out={self._counts_dir}/counts"
+                    + (",blocks=1" if self.count_kernels else "")]
             # the plugin's counters are not atomic: one thread of TVM's runtime
             env = {**os.environ, "TVM_NUM_THREADS": "1"}
         tracking = []
@@ -264,24 +273,34 @@ class ArmEmulator:
                                 "ArmEmulator(count_instructions=True)")
         if warmup < 0 or runs < 1:
             raise ValueError(f"warmup must be 0 or more and runs 1 or more, got {warmup}, {runs}")
-        loaded, _ = self._session_counts(lib_path, inputs, func, warmup)
-        ran, outputs = self._session_counts(lib_path, inputs, func, warmup + runs)
+        loaded, _, loaded_blocks = self._session_counts(lib_path, inputs, func, warmup)
+        ran, outputs, ran_blocks = self._session_counts(lib_path, inputs, func, warmup + runs)
+        kernels = {}
+        if self.count_kernels:
+            before = function_counts(loaded_blocks, lib_path)
+            after = function_counts(ran_blocks, lib_path)
+            kernels = {name: round((number - before.get(name, 0)) / runs)
+                       for name, number in after.items() if number != before.get(name, 0)}
         return InstructionCount({kind: round((ran[kind] - loaded.get(kind, 0)) / runs)
                                  for kind in ran if ran[kind] != loaded.get(kind, 0)},
-                                tuple(outputs))
+                                tuple(outputs), kernels)
 
     def _session_counts(self, lib_path, inputs, func: str,
-                        repeat: int) -> tuple[dict[str, int], list[np.ndarray]]:
+                        repeat: int) -> tuple[dict[str, int], list[np.ndarray], str | None]:
         """What one session that runs ``func`` ``repeat`` times executed, from the file its
-        process wrote at exit, and the outputs."""
+        process wrote at exit, the outputs, and the path of its blocks' counts (with
+        ``count_kernels``, else None)."""
         before = set(os.listdir(self._counts_dir))
         outputs = self.run(lib_path, inputs, func, repeat=repeat)
         gc.collect()  # the session closes, and its process exits, when its last reference goes
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            written = sorted(set(os.listdir(self._counts_dir)) - before)
+            written = sorted(name for name in set(os.listdir(self._counts_dir)) - before
+                             if not name.endswith(".blocks"))
             if written and not _running(int(written[0].rsplit(".", 1)[1])):
-                return read_counts(os.path.join(self._counts_dir, written[0])), outputs
+                path = os.path.join(self._counts_dir, written[0])
+                blocks = path + ".blocks" if self.count_kernels else None
+                return read_counts(path), outputs, blocks
             time.sleep(0.05)
         raise EmulatorError(f"the session's process wrote no instruction counts within 60 s: "
                             f"{self.log()}")
@@ -469,6 +488,10 @@ class InstructionCount:
 
     kinds: dict[str, int]
     outputs: tuple = dataclasses.field(default=(), compare=False, repr=False)
+    #: With ``ArmEmulator(count_kernels=True)``: instructions per function of the counted
+    #: library (its kernels: ``fused_conv2d_add_relu_compute_``), per other library by file
+    #: name (``libc.so.6``), and ``"?"`` for code outside any file.
+    kernels: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def total(self) -> int:
@@ -495,6 +518,56 @@ def read_counts(path: str) -> dict[str, int]:
         for line in lines:
             number, _, kind = line.rstrip("\n").partition("\t")
             counts[kind] = counts.get(kind, 0) + int(number)
+    return counts
+
+
+def _functions(library: str) -> tuple[list, list]:
+    """The function symbols of the aarch64 ``library`` (sorted addresses and names) and its
+    loadable segments (file offset, address), read with the cross binutils."""
+    names = subprocess.run(["aarch64-linux-gnu-nm", "-n", "--defined-only", library],
+                           capture_output=True, text=True, check=True).stdout
+    symbols = [(int(fields[0], 16), fields[2]) for fields in map(str.split, names.splitlines())
+               if len(fields) == 3 and fields[1] in "tT"]
+    headers = subprocess.run(["aarch64-linux-gnu-readelf", "-lW", library],
+                             capture_output=True, text=True, check=True).stdout
+    segments = sorted((int(fields[1], 16), int(fields[2], 16))
+                      for fields in map(str.split, headers.splitlines())
+                      if fields and fields[0] == "LOAD")
+    return symbols, segments
+
+
+def function_counts(path: str, library: str | os.PathLike) -> dict[str, int]:
+    """Instructions per function of ``library`` from a blocks file of
+    ``scripts/arm/insn_count.c`` (``blocks=1``: each block's executions, instructions and host
+    address, and the file mappings), other files' code summed by file name. The library the
+    session loaded is matched to ``library`` by file name."""
+    blocks, mappings = [], []
+    with open(path) as lines:
+        for line in lines:
+            if line.startswith("map\t"):
+                fields = line[4:].split()
+                if len(fields) >= 6:
+                    low, high = (int(x, 16) for x in fields[0].split("-"))
+                    mappings.append((low, high, int(fields[2], 16), fields[5]))
+            else:
+                executed, size, host = line.split("\t")
+                blocks.append((int(executed) * int(size), int(host, 16)))
+    name = os.path.basename(str(library))
+    symbols, segments = _functions(str(library))
+    addresses = [address for address, _ in symbols]
+    counts: dict[str, int] = {}
+    for number, host in blocks:
+        mapping = next((m for m in mappings if m[0] <= host < m[1]), None)
+        if mapping is None:
+            key = "?"
+        elif os.path.basename(mapping[3]) != name:
+            key = os.path.basename(mapping[3])
+        else:
+            offset = host - mapping[0] + mapping[2]
+            start, address = max((s for s in segments if s[0] <= offset), default=(0, 0))
+            index = bisect.bisect_right(addresses, offset - start + address) - 1
+            key = symbols[index][1] if index >= 0 else "?"
+        counts[key] = counts.get(key, 0) + number
     return counts
 
 

@@ -35,6 +35,56 @@ typedef struct {
 
 static Slot slots[SLOTS];
 static int used;
+
+// With "blocks=1": each translated block's executions too, written with its host address and
+// the process's memory map, so that a count can be laid on the functions of a library
+// (scripts/arm_kernel_counts.py).
+typedef struct Block {
+    uint64_t count;
+    uint64_t host;
+    uint32_t insns;
+    struct Block *next;
+} Block;
+
+static int by_block;
+static Block *blocks;
+
+// The file mappings seen so far: a library may be unloaded before the process exits, so the
+// map is read again whenever a block lies outside every range known.
+typedef struct Mapping {
+    uint64_t low, high;
+    char line[512];
+    struct Mapping *next;
+} Mapping;
+
+static Mapping *mappings;
+
+static int mapped(uint64_t host) {
+    for (Mapping *m = mappings; m; m = m->next)
+        if (m->low <= host && host < m->high) return 1;
+    return 0;
+}
+
+static void read_maps(void) {
+    FILE *maps = fopen("/proc/self/maps", "r");
+    char line[512];
+    while (maps && fgets(line, sizeof line, maps)) {
+        unsigned long long low, high;
+        if (sscanf(line, "%llx-%llx", &low, &high) != 2 || !strchr(line, '/')) continue;
+        int known = 0;
+        for (Mapping *m = mappings; m && !known; m = m->next)
+            known = m->low == low && strcmp(m->line, line) == 0;
+        if (known) continue;
+        Mapping *m = calloc(1, sizeof *m);
+        if (!m) break;
+        m->low = low;
+        m->high = high;
+        snprintf(m->line, sizeof m->line, "%s", line);
+        m->next = mappings;
+        mappings = m;
+    }
+    if (maps) fclose(maps);
+}
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static char out_prefix[4096];
 
@@ -151,6 +201,19 @@ static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb) {
         qemu_plugin_register_vcpu_insn_exec_inline(insn, QEMU_PLUGIN_INLINE_ADD_U64,
                                                    counter(kind), 1);
     }
+    if (by_block && n) {
+        Block *block = calloc(1, sizeof *block);
+        if (block) {
+            block->host = (uint64_t)(uintptr_t)qemu_plugin_insn_haddr(
+                qemu_plugin_tb_get_insn(tb, 0));
+            if (!mapped(block->host)) read_maps();
+            block->insns = (uint32_t)n;
+            block->next = blocks;
+            blocks = block;
+            qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64,
+                                                     &block->count, 1);
+        }
+    }
     pthread_mutex_unlock(&lock);
 }
 
@@ -163,6 +226,7 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, uint
 static void on_syscall_return(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, int64_t ret) {
     if (num == AARCH64_CLONE && ret == 0 && vcpu < MAX_VCPUS && !(clone_flags[vcpu] & CLONE_VM)) {
         for (size_t i = 0; i < SLOTS; i++) slots[i].count = 0;  // the forked child's own work
+        for (Block *block = blocks; block; block = block->next) block->count = 0;
     }
 }
 
@@ -176,6 +240,17 @@ static void write_counts(qemu_plugin_id_t id, void *data) {
             fprintf(file, "%llu\t%s\n", (unsigned long long)slots[i].count, slots[i].kind);
     }
     fclose(file);
+    if (!by_block) return;
+    snprintf(path, sizeof path, "%s.%d.blocks", out_prefix, (int)getpid());
+    file = fopen(path, "w");
+    if (!file) return;
+    for (Block *block = blocks; block; block = block->next) {
+        if (block->count)
+            fprintf(file, "%llu\t%u\t%llx\n", (unsigned long long)block->count, block->insns,
+                    (unsigned long long)block->host);
+    }
+    for (Mapping *m = mappings; m; m = m->next) fprintf(file, "map\t%s", m->line);
+    fclose(file);
 }
 
 QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info,
@@ -183,6 +258,8 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
     for (int i = 0; i < argc; i++) {
         if (strncmp(argv[i], "out=", 4) == 0) {
             strncpy(out_prefix, argv[i] + 4, sizeof out_prefix - 1);
+        } else if (strcmp(argv[i], "blocks=1") == 0) {
+            by_block = 1;
         }
     }
     if (!out_prefix[0]) {
