@@ -317,18 +317,38 @@ def _input_copies(sch, block_rv, parallel: bool) -> None:
             continue
 
 
-def _fold(sch, consumer) -> bool:
-    """Fold ``consumer`` into the block it reads, in place; False where it is not elementwise in
-    that block's output."""
+def _covers(sch, consumer, producer) -> bool:
+    """Whether ``consumer`` reads ``producer``'s output at an iterator on every axis of more
+    than one point. TVM's ``reverse_compute_inline`` takes a read at a constant for
+    elementwise too (a matmul's one real column of 32 computed, ``sums[0, 0, 0]``: its index
+    simplified to 0), and the inlined block then wrote every computed column into the one
+    output, the last, a zero, winning; a read at an iterator over fewer points (a padded
+    result's copy) it guards with a predicate."""
+    buffer = sch.get(producer).writes[0].source
+    for region in sch.get(consumer).reads:
+        if region.source.same_as(buffer) and any(
+                isinstance(span.min, tvm.tirx.IntImm) and not (
+                    isinstance(extent, tvm.tirx.IntImm) and int(extent) == 1)
+                for span, extent in zip(region.region, buffer.shape)):
+            return False
+    return True
+
+
+def _fold(sch, consumer, producer) -> bool:
+    """Fold ``consumer`` into ``producer``, the block it reads, in place; False where it is not
+    elementwise in that block's output."""
     from tvm import s_tir
 
-    try:
-        sch.reverse_compute_inline(consumer)
-    except s_tir.ScheduleError:  # not elementwise in the tile's output: it stays a loop
-        try:  # the copy out of a padded result: the epilogue reads the padded one
-            sch.compute_inline(consumer)
-        except s_tir.ScheduleError:
-            return False
+    if _covers(sch, consumer, producer):
+        try:
+            sch.reverse_compute_inline(consumer)
+            return True
+        except s_tir.ScheduleError:  # not elementwise in the tile's output
+            pass
+    try:  # the copy out of a padded result: the epilogue reads the padded one
+        sch.compute_inline(consumer)
+    except s_tir.ScheduleError:  # it stays a loop
+        return False
     return True
 
 
@@ -344,9 +364,10 @@ def _inline_epilogue(sch, write_back) -> None:
     while consumers := sch.get_consumers(write_back):
         if len(consumers) == 1:
             trial = sch.copy()
-            if not _fold(trial, consumers[0]) or _flops(trial, write_back) > EPILOGUE_FLOPS:
+            if not _fold(trial, consumers[0], write_back) or _flops(trial, write_back) \
+                    > EPILOGUE_FLOPS:
                 return
-            _fold(sch, consumers[0])
+            _fold(sch, consumers[0], write_back)
             continue
         inlined = next((c for c in consumers if _inline_into_readers(sch.copy(), c)), None)
         if inlined is None:

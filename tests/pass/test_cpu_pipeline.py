@@ -201,6 +201,38 @@ def test_the_schedule_keeps_the_numbers(dtype):
     np.testing.assert_allclose(outputs[True], outputs[False], rtol=0, atol=1e-5 * scale)
 
 
+@pytest.mark.parametrize("columns", [1, 2, 63])
+def test_a_matmul_with_fewer_columns_than_a_tile_writes_the_real_ones(columns):
+    """A weight of 1 column is padded to a tile's 32 lanes: the kernel computes 32 sums and
+    its output keeps the first. TVM's ``reverse_compute_inline`` took that one-column copy for
+    elementwise and wrote every sum into it, so the last, a zero, came out (hand_landmark's
+    presence and handedness heads, 2026-11-29); the copy now stays a loop of its own."""
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((1, 672), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            weight = relax.const(rng.standard_normal((672, columns)).astype("float32") / 16)
+            bias = relax.const(rng.standard_normal((columns,)).astype("float32"))
+            y = builder.emit(relax.op.add(relax.op.matmul(x, weight), bias))
+            out = builder.emit_output(relax.op.sigmoid(y))
+        builder.emit_func_output(out)
+    mod = builder.get()
+    target = relay_amp.host_target()
+    inputs = [rng.standard_normal((1, 672)).astype("float32")]
+    outputs = {}
+    for schedules in (False, True):
+        executable = tvm.compile(mod, target=tvm.target.Target(target),
+                                 relax_pipeline=relay_amp.cpu_pipeline(target, schedules))
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        outputs[schedules] = vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+    np.testing.assert_allclose(outputs[True], outputs[False], rtol=0, atol=1e-5)
+    with tvm.target.Target(target):
+        lowered = relay_amp.cpu_pipeline(target)(mod)
+    kernel = next(f for gv, f in lowered.functions.items() if "matmul" in gv.name_hint)
+    assert "T.vectorized" in kernel.script() and "T.parallel" in kernel.script()
+
+
 def test_aarch64_dot_products_are_vector_fmas():
     """TVM's build multiplies one lane at a time (``fmadd s``); the scheduled one in ``fmla
     v.4s`` (float32 and the float16 default, which accumulates in float32) and ``fmla v.8h``
