@@ -184,19 +184,25 @@ def test_other_reductions_and_odd_axes_are_left_alone():
         assert "T.vectorized(" not in script and "T.parallel(" not in script, name
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_the_schedule_keeps_the_numbers(dtype):
-    """Each output sums in the same order: on this host the scheduled build agrees with TVM's
-    to float32 rounding (FMA contraction aside), in every dtype."""
-    target = relay_amp.host_target()
-    mod = ConvMatmul if dtype == "float32" else _convert(ConvMatmul, dtype, target)
-    inputs = _inputs(ConvMatmul)
+def _both_builds(mod, target, inputs) -> dict:
+    """``mod``'s output on ``inputs`` built by TVM's CPU pipeline (False) and relay_amp's
+    (True) for ``target``, on this host."""
     outputs = {}
     for schedules in (False, True):
         executable = tvm.compile(mod, target=tvm.target.Target(target),
                                  relax_pipeline=relay_amp.cpu_pipeline(target, schedules))
         vm = relax.VirtualMachine(executable, tvm.cpu())
         outputs[schedules] = vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+    return outputs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_schedule_keeps_the_numbers(dtype):
+    """Each output sums in the same order: on this host the scheduled build agrees with TVM's
+    to float32 rounding (FMA contraction aside), in every dtype."""
+    target = relay_amp.host_target()
+    mod = ConvMatmul if dtype == "float32" else _convert(ConvMatmul, dtype, target)
+    outputs = _both_builds(mod, target, _inputs(ConvMatmul))
     scale = np.abs(outputs[False]).max()
     np.testing.assert_allclose(outputs[True], outputs[False], rtol=0, atol=1e-5 * scale)
 
@@ -219,13 +225,7 @@ def test_a_matmul_with_fewer_columns_than_a_tile_writes_the_real_ones(columns):
         builder.emit_func_output(out)
     mod = builder.get()
     target = relay_amp.host_target()
-    inputs = [rng.standard_normal((1, 672)).astype("float32")]
-    outputs = {}
-    for schedules in (False, True):
-        executable = tvm.compile(mod, target=tvm.target.Target(target),
-                                 relax_pipeline=relay_amp.cpu_pipeline(target, schedules))
-        vm = relax.VirtualMachine(executable, tvm.cpu())
-        outputs[schedules] = vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+    outputs = _both_builds(mod, target, [rng.standard_normal((1, 672)).astype("float32")])
     np.testing.assert_allclose(outputs[True], outputs[False], rtol=0, atol=1e-5)
     from relay_amp.builds.schedule_rules import RuleLog
 
