@@ -277,8 +277,9 @@ class ArmEmulator:
         ran, outputs, ran_blocks = self._session_counts(lib_path, inputs, func, warmup + runs)
         kernels = {}
         if self.count_kernels:
-            before = function_counts(loaded_blocks, lib_path)
-            after = function_counts(ran_blocks, lib_path)
+            functions = _functions(str(lib_path))
+            before = function_counts(loaded_blocks, lib_path, functions)
+            after = function_counts(ran_blocks, lib_path, functions)
             kernels = {name: round((number - before.get(name, 0)) / runs)
                        for name, number in after.items() if number != before.get(name, 0)}
         return InstructionCount({kind: round((ran[kind] - loaded.get(kind, 0)) / runs)
@@ -536,11 +537,13 @@ def _functions(library: str) -> tuple[list, list]:
     return symbols, segments
 
 
-def function_counts(path: str, library: str | os.PathLike) -> dict[str, int]:
+def function_counts(path: str, library: str | os.PathLike,
+                    functions: tuple | None = None) -> dict[str, int]:
     """Instructions per function of ``library`` from a blocks file of
     ``scripts/arm/insn_count.c`` (``blocks=1``: each block's executions, instructions and host
     address, and the file mappings), other files' code summed by file name. The library the
-    session loaded is matched to ``library`` by file name."""
+    session loaded is matched to ``library`` by file name; ``functions``: its symbols and
+    segments as :func:`_functions` reads them, where already read."""
     blocks, mappings = [], []
     with open(path) as lines:
         for line in lines:
@@ -553,7 +556,7 @@ def function_counts(path: str, library: str | os.PathLike) -> dict[str, int]:
                 executed, size, host = line.split("\t")
                 blocks.append((int(executed) * int(size), int(host, 16)))
     name = os.path.basename(str(library))
-    symbols, segments = _functions(str(library))
+    symbols, segments = functions or _functions(str(library))
     addresses = [address for address, _ in symbols]
     counts: dict[str, int] = {}
     for number, host in blocks:

@@ -66,7 +66,7 @@ def reduction_terms(mod) -> int:
 def reordering_bound(terms: int, plain: np.ndarray) -> float:
     """The largest difference :mod:`this module's <relay_amp.eval.rounding>` bound allows
     from ``plain``, one output, for a model of ``terms`` summed terms (:func:`reduction_terms`)."""
-    finite = np.abs(plain[np.isfinite(plain)]) if plain.size else np.zeros(0)
+    finite = np.abs(plain[np.isfinite(plain)])
     return EPSILON * terms * (float(finite.max()) if finite.size else 0.0)
 
 
@@ -95,15 +95,12 @@ def compare(ours, plain, terms: int) -> list[dict]:
             continue
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         finite = np.isfinite(b64)
-        same_specials = bool(np.array_equal(np.isnan(a64), np.isnan(b64))
-                             and np.array_equal(a64[~finite & ~np.isnan(b64)],
-                                                b64[~finite & ~np.isnan(b64)]))
-        both = finite & np.isfinite(a64)
-        diff = float(np.abs(a64[both] - b64[both]).max()) if both.any() else 0.0
+        same_specials = bool(np.array_equal(finite, np.isfinite(a64))
+                             and np.array_equal(a64[~finite], b64[~finite], equal_nan=True))
+        diff = float(np.abs(a64[finite] - b64[finite]).max()) if same_specials and finite.any() \
+            else 0.0 if same_specials else float("inf")
         bound = reordering_bound(terms, b64)
         scale = float(np.abs(b64[finite]).max()) if finite.any() else 0.0
         rows.append({"output": index, "max_abs": diff, "bound": bound,
-                     "relative": diff / scale if scale else 0.0,
-                     "within": same_specials and bool(np.array_equal(finite, np.isfinite(a64)))
-                     and diff <= bound})
+                     "relative": diff / scale if scale else 0.0, "within": diff <= bound})
     return rows
