@@ -404,12 +404,16 @@ def onnx_cuda(runs, work):
             "accuracy": json.loads(files["accuracy.json"])}
 
 
-def _no_partial_folders(folder: Path):
+def _no_partial_folders(folder: Path, runs: dict):
+    """No command left a half-written or replaced output behind, once every command started
+    beside this test has ended (a running one's partial folder is not a leftover)."""
+    for run in runs.values():
+        (run.run if isinstance(run, ForkedCases) else run).result()
     assert not [p.name for p in folder.iterdir() if ".partial-" in p.name or ".old-" in p.name]
 
 
 # ------------------------------------------------------------------------------ conversions
-def test_onnx_for_cuda_with_images_tolerance_and_fp32_ops(onnx_cuda, work):
+def test_onnx_for_cuda_with_images_tolerance_and_fp32_ops(onnx_cuda, runs, work):
     assert set(onnx_cuda["files"]) == OUTPUTS | {"accuracy.json"}
     assert b"__global__" in onnx_cuda["files"]["model.so"]  # CUDA source for the GPU host
     report = onnx_cuda["report"]
@@ -454,7 +458,7 @@ def test_onnx_for_cuda_with_images_tolerance_and_fp32_ops(onnx_cuda, work):
                         r"\(Relax passes \S+ s, TIR passes \S+ s, code generation \S+ s, "
                         r"export \S+ s\), accuracy \S+ s, total \S+ s", line), line
     assert f"| time | {line.removeprefix('time: ')} |" in markdown
-    _no_partial_folders(work)
+    _no_partial_folders(work, runs)
 
 
 def test_tflite_for_this_cpu_with_npz_and_the_library_runs(runs, work):
@@ -557,7 +561,8 @@ def after_onnx_cuda(onnx_cuda, work):
     return cases.results()
 
 
-def test_policy_round_trip_replaces_the_earlier_output(onnx_cuda, after_onnx_cuda, work):
+def test_policy_round_trip_replaces_the_earlier_output(onnx_cuda, after_onnx_cuda, runs,
+                                                       work):
     """``--policy OUT/policy.json`` converts as the search did, without the search; writing to the
     same OUT replaces the earlier output as a whole."""
     code, out, err = after_onnx_cuda[0]
@@ -571,7 +576,7 @@ def test_policy_round_trip_replaces_the_earlier_output(onnx_cuda, after_onnx_cud
     assert [(r["name"], r["op"], r["compute_dtype"]) for r in
             report["conversion"]["rows"]] == before
     assert report["conversion"]["search"] is None
-    _no_partial_folders(work)
+    _no_partial_folders(work, runs)
 
 
 def test_report_command_prints_and_filters(onnx_cuda, after_onnx_cuda):
@@ -605,7 +610,7 @@ def test_every_bad_argument_is_one_line_exit_2_and_nothing_written(runs, work):
         assert out == ""
     assert not (work / "never").exists()
     assert sorted(p.name for p in (work / "foreign").iterdir()) == ["keep.txt"]
-    _no_partial_folders(work)
+    _no_partial_folders(work, runs)
 
 
 def test_a_bad_argument_found_after_import_through_python_m(runs, work):
@@ -620,7 +625,7 @@ def test_a_bad_argument_found_after_import_through_python_m(runs, work):
 
 
 # ------------------------------------------------------------------------------ in process
-def test_a_failure_after_the_build_leaves_nothing(work, monkeypatch):
+def test_a_failure_after_the_build_leaves_nothing(runs, work, monkeypatch):
     def broken(*_args, **_kwargs):
         raise arguments.ConvertFailure("accuracy run failed")
 
@@ -631,7 +636,7 @@ def test_a_failure_after_the_build_leaves_nothing(work, monkeypatch):
     with pytest.raises(arguments.ConvertFailure, match="accuracy run failed"):
         convert.convert_model(options)
     assert not out.exists()
-    _no_partial_folders(work)
+    _no_partial_folders(work, runs)
 
 
 def test_uint8_images_straight_in(work):
