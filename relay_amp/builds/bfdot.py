@@ -34,6 +34,7 @@ from ..relax_utils import TVM_ERRORS, mutate_functions
 from .constants import constant_value
 from .cpu_features import cpu_has
 from .neon_tiles import _loads, _row_step, is_aarch64
+from .schedule_rules import decide
 from .tir_script import script
 
 #: The functions the kernels call: ``relay_amp_bfdot(sums, pairs, row, j)`` is ``bfdot
@@ -514,13 +515,15 @@ def bfdot_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, rows:
         steps = (step,) if step in STEPS else ()
     for step in steps:
         trial = sch.copy()
+        name = _intrinsic(rows if rows_loop is not None else 0, depth, lanes, scope, stored,
+                          paired, step)
         try:
             _, inner = trial.split(reduce_loops[-2], [None, depth])
-            trial.tensorize(inner, _intrinsic(rows if rows_loop is not None else 0, depth,
-                                              lanes, scope, stored, paired, step))
+            trial.tensorize(inner, name)
             trial.annotate(tile, "pragma_import_llvm", LLVM_IR)
         except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
             continue
+        decide(f"update: tensor intrinsic {name}")
         return trial
     return None
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import tvm
 
+from ..relax_utils import last_line
 from .batch_norm import inference_batch_norms
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
 from .constants import numpy_layout_constants
@@ -41,7 +42,7 @@ from .neon_tiles import (
 from .nhwc import nhwc_convolutions
 from .packed_weights import packed_weights
 from .prelu import elementwise_prelu
-from .schedule_rules import apply_rules
+from .schedule_rules import apply_rules, decide
 from .x86_tiles import register_tile as x86_register_tile
 from .x86_tiles import tile_shape as x86_tile_shape
 from .x86_tiles import vector_registers, vector_width
@@ -334,25 +335,28 @@ def _covers(sch, consumer, producer) -> bool:
     return True
 
 
-def _fold(sch, consumer, producer) -> bool:
-    """Fold ``consumer`` into ``producer``, the block it reads, in place; False where it is not
-    elementwise in that block's output."""
+def _fold(sch, consumer, producer) -> str | None:
+    """Fold ``consumer`` into ``producer``, the block it reads, in place; the reason it is not
+    folded, None where it is."""
     from tvm import s_tir
 
     if _covers(sch, consumer, producer):
         try:
             sch.reverse_compute_inline(consumer)
-            return True
+            return None
         except s_tir.ScheduleError:  # not elementwise in the tile's output
             pass
+    else:
+        return ("it reads the tile's result at a constant index on an axis of more than one "
+                "point")
     try:  # the copy out of a padded result: the epilogue reads the padded one
         sch.compute_inline(consumer)
     except s_tir.ScheduleError:  # it stays a loop
-        return False
-    return True
+        return "it is not elementwise in the tile's result"
+    return None
 
 
-def _inline_epilogue(sch, write_back) -> None:
+def _inline_epilogue(sch, write_back) -> tuple:
     """Fold the elementwise blocks that read the tile's result (a bias, an activation, a
     residual add: the epilogue TVM fused into the kernel) into its write-back, one consumer at a
     time while each is the only reader and the write-back's arithmetic stays within
@@ -360,19 +364,30 @@ def _inline_epilogue(sch, write_back) -> None:
     parallel, and no intermediate buffer is left for it to load back. Where several blocks read
     the result (a SiLU's ``x * sigmoid(x)``), one of them is first inlined into its own readers,
     within the same bound, until one is left. The rest stays in loops of its own, as TVM leaves
-    it."""
+    it. Returns ``(the blocks folded or inlined, why the rest was not)``, the reason None where
+    nothing is left."""
+    folded = []
     while consumers := sch.get_consumers(write_back):
+        names = [sch.get(c).name_hint for c in consumers]
         if len(consumers) == 1:
             trial = sch.copy()
-            if not _fold(trial, consumers[0], write_back) or _flops(trial, write_back) \
-                    > EPILOGUE_FLOPS:
-                return
+            reason = _fold(trial, consumers[0], write_back)
+            if reason is None and _flops(trial, write_back) > EPILOGUE_FLOPS:
+                reason = (f"folded, the write-back would take {_flops(trial, write_back):.0f} "
+                          f"float operations an output, over {EPILOGUE_FLOPS}")
+            if reason is not None:
+                return folded, f"{names[0]}: {reason}"
             _fold(sch, consumers[0], write_back)
+            folded.append(names[0])
             continue
-        inlined = next((c for c in consumers if _inline_into_readers(sch.copy(), c)), None)
+        inlined = next((n for n, c in enumerate(consumers)
+                        if _inline_into_readers(sch.copy(), c)), None)
         if inlined is None:
-            return
-        _inline_into_readers(sch, inlined)
+            return folded, (f"{', '.join(names)} read the result, and none inlines into its "
+                            f"readers within {EPILOGUE_FLOPS} float operations an output")
+        _inline_into_readers(sch, consumers[inlined])
+        folded.append(names[inlined])
+    return folded, None
 
 
 def _inline_into_readers(sch, block) -> bool:
@@ -442,6 +457,22 @@ def _rows_beside_lanes(sch, block_rv, row_axis) -> None:
     sch.transform_layout(block_rv, ("write", 0), lambda *dims: [dims[n] for n in order])
 
 
+def _tile_text(block, axis, lanes: int, rows: int, row_axis, pad_lanes: bool,
+               pad_rows: bool) -> str:
+    """The tile's shape as the report gives it: output axes by position."""
+    position = {r.min.name if hasattr(r.min, "name") else None: n
+                for n, r in enumerate(block.writes[0].region)}
+
+    def where(it, count, what, padded):
+        extent = it.dom if isinstance(it.dom, (int, tvm.tirx.IntImm)) else f"{it.dom} (symbolic)"
+        text = f"{count} {what} of output axis {position.get(it.var.name, '?')} ({extent})"
+        return text + (f", padded to a multiple of {count}" if padded else "")
+
+    text = f"tile: {where(axis, lanes, 'lanes', pad_lanes)}"
+    return text + (f" x {where(row_axis, rows, 'rows', pad_rows)}" if row_axis is not None
+                   else "")
+
+
 def _flops(sch, block) -> float:
     """Float operations per output of ``block``'s body, an expression read twice counted twice
     (:func:`~relay_amp.builds.flops.expanded_flops`)."""
@@ -505,9 +536,11 @@ class VectorizeDotProduct:
         spatial = [it for it in info.iters if it.kind == "S"]
         reduce = [it for it in info.iters if it.kind == "R"]
         if not all(it.kind in "SR" for it in info.iters) or not spatial:
+            decide("its dot product's loops are not one per spatial or reduction iterator")
             return None
         axis = next((it for it in spatial if last.min.same_as(it.var)), None)
         if axis is None:
+            decide("its output's last axis is not one of the dot product's loops")
             return None
         dtype = operand_dtype(block)
         fmlal = has_fmlal(target) and dtype == "float16"
@@ -520,6 +553,8 @@ class VectorizeDotProduct:
         lanes = VECTOR_LANES[0] if pad_lanes else lanes_for(
             int(axis.dom), 8 if bfdot and _lanes_in_pairs(block) else 4 if fmlal or bfdot else 1)
         if lanes is None:
+            decide(f"its output's last axis ({axis.dom}) has no divisor from {MIN_LANES} to "
+                   f"{MAX_LANES}")
             return None
         in_registers = registers_hold_the_sums(target)
         _input_copies(sch, info.block_rv, in_registers)
@@ -538,6 +573,10 @@ class VectorizeDotProduct:
             if pad_rows and bfdot:  # the padded copy would be a bfloat16 buffer of the
                 # kernel's own, which TVM stores in float32: bfdot reads one row at a time
                 rows, row_axis, pad_rows = 1, None, False
+                decide("one row a tile: BFDOT cannot read a padded bfloat16 copy")
+            decide(_tile_text(block, axis, lanes, rows, row_axis, pad_lanes, pad_rows))
+            decide("sums in registers, tiles in parallel" if in_registers else
+                   "sums in a local buffer, tiles in order (registers_hold_the_sums)")
             if pad_rows or pad_lanes:
                 # a symbolic extent (a sequence length), or a constant one no tile divides,
                 # is padded to a multiple of the rows or lanes: the padded outputs are zeros
@@ -570,7 +609,11 @@ class VectorizeDotProduct:
             write_back = sch.cache_write(info.block_rv, 0, "global" if in_registers else "local")
             _rows_beside_lanes(sch, info.block_rv, row_axis)
             sch.reverse_compute_at(write_back, tile)
-            _inline_epilogue(sch, write_back)
+            folded, refused = _inline_epilogue(sch, write_back)
+            if folded:
+                decide(f"epilogue folded into the write-back: {', '.join(folded)}")
+            if refused:
+                decide(f"left in loops of their own: {refused}")
             init = sch.decompose_reduction(info.block_rv, reduce[0].loop_rv)
             sch.vectorize(sch.get_loops(init)[-1])
             _vectorize_by_registers(sch, write_back, target)
@@ -582,12 +625,18 @@ class VectorizeDotProduct:
                                    else None, width)
             if tiled is not None:
                 return tiled
-            if not (fmlal and tensorize_fmlal(sch, inner, lanes, scope)
-                    or bfdot and tensorize_bfmlal(sch, tile, inner, lanes, scope)):
+            if fmlal and tensorize_fmlal(sch, inner, lanes, scope):
+                decide("update: FMLAL on each row")
+            elif bfdot and tensorize_bfmlal(sch, tile, inner, lanes, scope):
+                decide("update: BFMLALB/BFMLALT on each row")
+            else:
                 sch.unroll(inner)
+                decide("update: rows and lanes unrolled for LLVM's vectorizer (no register "
+                       "tile reads this update)")
             if row_inner is not None:
                 sch.unroll(row_inner)
-        except s_tir.ScheduleError:  # a kernel this cannot schedule keeps TVM's loops
+        except s_tir.ScheduleError as err:  # a kernel this cannot schedule keeps TVM's loops
+            decide(f"not scheduled: {last_line(err)}")
             return None
         return sch
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import tvm
 
 from .cpu_features import cpu_has
+from .schedule_rules import decide
 from .tir_script import script
 
 #: The tensor intrinsics registered so far: (lanes, operands, scope) -> name.
@@ -456,6 +457,7 @@ def tensorized_tile(sch, rows_loop, reduce_loops, n: int, depth: int, intrinsic:
         trial.tensorize(inner, intrinsic)
     except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
         return None
+    decide(f"update: tensor intrinsic {intrinsic}")
     return trial
 
 

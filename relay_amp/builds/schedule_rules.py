@@ -1,5 +1,5 @@
 """Schedule rules that cannot cost the user the library: a rule that raises on a kernel passes
-it to the next rule.
+it to the next rule; and what each rule decided, for the build's report.
 
 dlight's ``ApplyDefaultSchedule`` gives each PrimFunc to its rules in order and takes the first
 schedule one returns. A rule that raises on a kernel it misjudged fails the whole build: TVM
@@ -8,13 +8,28 @@ schedule one returns. A rule that raises on a kernel it misjudged fails the whol
 library, in float32 as well. :func:`apply_rules` wraps each rule: its error is recorded in a
 :class:`RuleLog` and the kernel goes on to the next rule (on CUDA down to dlight's
 ``Fallback``; on a CPU, where nothing follows, TVM's unscheduled loop nest).
+
+A rule explains its choices with :func:`decide` (a tile's shape, an epilogue it left in a loop
+of its own, why it passed a kernel on); the log keeps them by kernel
+(:attr:`RuleLog.schedules`), and ``relay-amp convert`` writes them into its report.
 """
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass
 
 from ..relax_utils import last_line
+
+_DECISIONS: contextvars.ContextVar = contextvars.ContextVar("relay_amp_decisions", default=None)
+
+
+def decide(text: str) -> None:
+    """Record one decision of the rule now scheduling a kernel under :func:`apply_rules`
+    (outside one, nothing is recorded)."""
+    decisions = _DECISIONS.get()
+    if decisions is not None:
+        decisions.append(text)
 
 
 @dataclass(frozen=True)
@@ -45,13 +60,42 @@ class RuleError:
         return f"{self.kernel}: schedule rule {self.rule} raised ({self.error}); {instead}"
 
 
+@dataclass(frozen=True)
+class KernelSchedule:
+    """How one kernel was scheduled.
+
+    Attributes
+    ----------
+    kernel : str
+        The kernel (its PrimFunc's name).
+    rule : str or None
+        The rule that scheduled it; None where none did.
+    decisions : tuple of str
+        What that rule decided, in order (:func:`decide`).
+    passed_on : tuple of str
+        Why earlier rules that considered the kernel passed it on: ``"Rule: reason"``.
+    """
+
+    kernel: str
+    rule: str | None
+    decisions: tuple
+    passed_on: tuple
+
+    def text(self) -> str:
+        by = f"scheduled by {self.rule}" if self.rule else "left as TVM legalized it"
+        parts = [*self.passed_on, *self.decisions]
+        return f"{self.kernel}: {by}" + (f" ({'; '.join(parts)})" if parts else "")
+
+
 class RuleLog:
-    """What the guarded rules of one build saw: which raised, on which kernel, and which rule
-    scheduled that kernel after."""
+    """What the guarded rules of one build saw: which raised, on which kernel, which rule
+    scheduled each kernel, and what it decided."""
 
     def __init__(self):
         self._raised: list = []  # (kernel, rule, error), in order
         self._scheduled: dict = {}  # kernel -> the rule that scheduled it
+        self._decisions: dict = {}  # kernel -> what that rule decided
+        self._passed_on: dict = {}  # kernel -> ["Rule: why", ...] of rules that declined it
         self._names: dict = {}  # a PrimFunc's handle -> its name in the module being scheduled
 
     def name_kernels(self, mod) -> None:
@@ -68,12 +112,21 @@ class RuleLog:
         """Forget what was recorded (a build that starts again)."""
         self._raised.clear()
         self._scheduled.clear()
+        self._decisions.clear()
+        self._passed_on.clear()
 
     def raised(self, kernel: str, rule: str, error: str) -> None:
         self._raised.append((kernel, rule, error))
 
-    def scheduled(self, kernel: str, rule: str) -> None:
-        self._scheduled.setdefault(kernel, rule)
+    def scheduled(self, kernel: str, rule: str, decisions=()) -> None:
+        if kernel not in self._scheduled:
+            self._scheduled[kernel] = rule
+            self._decisions[kernel] = tuple(decisions)
+
+    def passed_on(self, kernel: str, rule: str, reasons) -> None:
+        """``rule`` considered ``kernel`` and returned no schedule, for ``reasons``."""
+        if kernel not in self._scheduled:
+            self._passed_on.setdefault(kernel, []).extend(f"{rule}: {r}" for r in reasons)
 
     @property
     def rules(self) -> dict:
@@ -85,6 +138,14 @@ class RuleLog:
         """Every :class:`RuleError`, in the order the rules raised."""
         return [RuleError(kernel, rule, error, self._scheduled.get(kernel))
                 for kernel, rule, error in self._raised]
+
+    @property
+    def schedules(self) -> list:
+        """A :class:`KernelSchedule` for every kernel a rule scheduled or explained passing
+        on, in the order the rules first saw them."""
+        kernels = list(dict.fromkeys([*self._passed_on, *self._scheduled]))
+        return [KernelSchedule(k, self._scheduled.get(k), self._decisions.get(k, ()),
+                               tuple(self._passed_on.get(k, ()))) for k in kernels]
 
 
 def _check_lowers(space) -> None:
@@ -140,6 +201,8 @@ def apply_rules(rules, log: RuleLog | None = None):
 
         def apply(self, func, target, tunable):
             kernel = log.kernel_name(func)
+            decisions = []
+            token = _DECISIONS.set(decisions)
             try:
                 space = self.rule.apply(func, target, tunable)
                 if "gpu" in target.keys:  # a CPU schedule binds no threads to reduce across
@@ -148,8 +211,12 @@ def apply_rules(rules, log: RuleLog | None = None):
                 kind, text = type(err).__name__, last_line(err)
                 log.raised(kernel, self.name, text if text == kind else f"{kind}: {text}")
                 return None
+            finally:
+                _DECISIONS.reset(token)
             if space is not None:
-                log.scheduled(kernel, self.name)
+                log.scheduled(kernel, self.name, decisions)
+            elif decisions:
+                log.passed_on(kernel, self.name, decisions)
             return space
 
         def is_target_available(self, target) -> bool:
@@ -159,4 +226,4 @@ def apply_rules(rules, log: RuleLog | None = None):
         [name_kernels, dl.ApplyDefaultSchedule(*[Guarded(rule) for rule in rules])])
 
 
-__all__ = ["RuleError", "RuleLog", "apply_rules"]
+__all__ = ["KernelSchedule", "RuleError", "RuleLog", "apply_rules", "decide"]

@@ -318,8 +318,9 @@ def _cross_compiler(target: dict):
 
 def _build(mod, target: dict, folder: str, timings: dict):
     """Compile for ``target`` and export; returns ``(executable, library file name, note,
-    schedule rule errors)`` (:class:`relay_amp.builds.schedule_rules.RuleError`: a rule that
-    raised on a kernel, and the rule that scheduled it instead).
+    rule log)`` (:class:`relay_amp.builds.schedule_rules.RuleLog`: which rule scheduled each
+    kernel and what it decided, a rule that raised on a kernel and the rule that scheduled it
+    instead).
     ``timings`` gets the seconds of the build's stages (``build_relax_passes_s``,
     ``build_tir_passes_s``, ``build_codegen_s``: :func:`relay_amp.builds.pipeline.build`) and of the
     export (``build_export_s``)."""
@@ -342,7 +343,7 @@ def _build(mod, target: dict, folder: str, timings: dict):
     else:
         executable.export_library(path)
     timings["build_export_s"] = time.perf_counter() - start
-    return executable, library, note, rule_log.errors
+    return executable, library, note, rule_log
 
 
 def _runs_here(target: dict) -> bool:
@@ -665,14 +666,15 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
     start = time.perf_counter()
     with _stage(f"build for {checked.target.get('kind')}", progress):
         try:
-            executable, library, build_note, rule_errors = _build(converted, checked.target,
-                                                                  work, timings)
+            executable, library, build_note, rule_log = _build(converted, checked.target,
+                                                               work, timings)
         except (*TVM_ERRORS, OSError) as err:  # TVM rejects the module, or the library's files
             raise ConvertFailure(f"compiling for {options.target} failed: {one_line(err)}") \
                 from None
     timings["build_s"] = time.perf_counter() - start
     if build_note:
         notes.append(build_note)
+    rule_errors = rule_log.errors
     notes.extend(error.text() for error in rule_errors)
     notes.extend(build_notes(converted, checked.target))
 
@@ -742,6 +744,7 @@ def _convert_into(options: Options, checked: Checked, work: str) -> dict:
                                                   "summary": summary_line(dump)},
         "timings_s": timings,
         "schedule_rule_errors": [asdict(error) for error in rule_errors],
+        "kernel_schedules": [asdict(schedule) for schedule in rule_log.schedules],
         "notes": notes,
         "advice": advice,
         "conversion": report.to_dict(),

@@ -142,6 +142,17 @@ def markdown_report(saved: dict, dump: dict | None = None) -> str:
         lines += [f"- {_md_cell(n)}" for n in saved.get("notes", []) + conversion["notes"]]
         lines.append("")
     lines += ["## Load it", ""] + loading_snippet(saved) + [""]
+    if saved.get("kernel_schedules"):
+        lines += ["## Every kernel's schedule", "",
+                  "How the build's schedule rules ran each kernel: the rule that scheduled it "
+                  "(none: as TVM legalized it), what it decided, and why rules before it "
+                  "passed it on.", "",
+                  "| kernel | rule | decisions | passed on |", "|---|---|---|---|"]
+        for row in saved["kernel_schedules"]:
+            lines.append("| " + " | ".join(_md_cell(v) for v in (
+                row["kernel"], row["rule"] or "none", "; ".join(row["decisions"]),
+                "; ".join(row["passed_on"]))) + " |")
+        lines.append("")
     lines += ["## Every binding", "",
               "| function | binding | op | inputs | compute | acc | output | casts | rule |",
               "|---|---|---|---|---|---|---|---|---|"]

@@ -481,6 +481,14 @@ def test_tflite_for_this_cpu_with_npz_and_the_library_runs(runs, work):
     assert report["model"]["inputs"][0]["shape"] == [1, 8, 8, 3]
     assert report["calibration"] == {"kind": "npz", "path": str(work / "tflite.npz"),
                                      "batches": 3}
+    # every kernel's schedule, and the dot products' tiles, in report.json and report.md
+    schedules = report["kernel_schedules"]
+    convs = [s for s in schedules if "conv2d" in s["kernel"]]
+    assert convs and all(s["rule"] == "VectorizeDotProduct" for s in convs)
+    assert all(any(d.startswith("tile: ") for d in s["decisions"]) for s in convs)
+    markdown = (folder / "report.md").read_text()
+    assert "## Every kernel's schedule" in markdown
+    assert all(f"| {s['kernel']} | {s['rule'] or 'none'} |" in markdown for s in schedules)
     accuracy = json.loads((folder / "accuracy.json").read_text())
     assert accuracy["ran_on"].startswith("the built library") and accuracy["batches"] == 3
     assert accuracy["relative_l2"] < 1e-2

@@ -235,6 +235,59 @@ def test_a_matmul_with_fewer_columns_than_a_tile_writes_the_real_ones(columns):
     assert not log.errors, [error.text for error in log.errors]
     kernel = next(f for gv, f in lowered.functions.items() if "matmul" in gv.name_hint)
     assert "T.vectorized" in kernel.script() and "T.parallel" in kernel.script()
+    (schedule,) = [s for s in log.schedules if "matmul" in s.kernel]  # the refusal, reported
+    assert schedule.rule == "VectorizeDotProduct"
+    refused = [d for d in schedule.decisions if d.startswith("left in loops of their own")]
+    assert (columns == 1) == bool(refused) and (not refused or "constant index" in refused[0])
+
+
+@pytest.mark.parametrize("target, dtype, tile", [
+    (AVX2, "float32", "relay_amp_x86_tile_"), (NEON, "float32", "relay_amp_tile_float32_"),
+    (FP16FML, "float16", "relay_amp_tile_float16_"),
+    # bfloat16 operands that are not constants have no packed pairs for BFDOT to read
+    ({**NEON, "mattr": ["+neon", "+bf16"]}, "bfloat16", None)])
+def test_every_dot_product_kernel_reports_its_tile_and_update(target, dtype, tile):
+    """The build's decisions are data (``RuleLog.schedules``, in ``relay-amp convert``'s
+    report): each dot-product kernel names the rule that scheduled it, its tile's shape, where
+    its sums live, its epilogue and the update's intrinsic, or that it has none."""
+    from relay_amp.builds.schedule_rules import RuleLog
+
+    mod = ConvMatmul if dtype == "float32" else _convert(ConvMatmul, dtype, target)
+    log = RuleLog()
+    with tvm.target.Target(target):
+        relay_amp.cpu_pipeline(target, rule_log=log)(mod)
+    dots = {s.kernel: s for s in log.schedules if "conv2d" in s.kernel or "matmul" in s.kernel}
+    assert len(dots) == 2 and not log.errors
+    conv = next(s for name, s in dots.items() if "conv2d" in name)
+    assert conv.rule == "VectorizeDotProduct" and "relu" in conv.kernel
+    assert any(d.startswith("tile: 16 lanes of output axis 3 (16) x") for d in conv.decisions)
+    assert any(d.startswith("epilogue folded into the write-back") for d in conv.decisions)
+    in_registers = target is AVX2
+    assert ("sums in registers, tiles in parallel" in conv.decisions) == in_registers
+    update = f"update: tensor intrinsic {tile}" if tile else "update: rows and lanes unrolled"
+    for schedule in dots.values():
+        assert any(d.startswith(update) for d in schedule.decisions), schedule.text()
+
+
+def test_a_dot_product_without_lanes_says_why_it_is_passed_on():
+    """A matmul of two inputs into 17 columns (no divisor from 4 to 16, no constant weight to
+    pad): VectorizeDotProduct passes it to the next rule and says why."""
+    from relay_amp.builds.schedule_rules import RuleLog
+
+    x = relax.Var("x", relax.TensorType((8, 64), "float32"))
+    y = relax.Var("y", relax.TensorType((64, 17), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x, y]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.matmul(x, y))
+        builder.emit_func_output(out)
+    log = RuleLog()
+    with tvm.target.Target(AVX2):
+        relay_amp.cpu_pipeline(AVX2, rule_log=log)(builder.get())
+    (schedule,) = log.schedules
+    assert schedule.rule != "VectorizeDotProduct"
+    assert schedule.passed_on == ("VectorizeDotProduct: its output's last axis (17) has no "
+                                  "divisor from 4 to 16",)
 
 
 def test_aarch64_dot_products_are_vector_fmas():

@@ -9,7 +9,7 @@ from tvm import relax
 import relay_amp
 from relay_amp import execution
 from relay_amp.builds import pipeline
-from relay_amp.builds.schedule_rules import RuleError, RuleLog, apply_rules
+from relay_amp.builds.schedule_rules import RuleError, RuleLog, apply_rules, decide
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 
@@ -86,6 +86,56 @@ def test_on_a_cpu_a_raising_rule_leaves_the_kernel_as_tvm_legalized_it():
     got = execution.run(relax.VirtualMachine(executable, tvm.cpu()), [x])[0]
     want = execution.run(relay_amp.compile_module(mod, relay_amp_schedules=False), [x])[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+class _Declines:
+    """A rule that explains why it passes every kernel on."""
+
+    def apply(self, func, target, tunable):
+        decide("not mine")
+        return None
+
+    def is_target_available(self, target):
+        return True
+
+
+class _Schedules:
+    """A rule that schedules every kernel as it is and says so."""
+
+    def apply(self, func, target, tunable):
+        decide("kept as legalized")
+        decide("twice")
+        return tvm.s_tir.Schedule(func)
+
+    def is_target_available(self, target):
+        return True
+
+
+def test_each_kernel_says_which_rule_scheduled_it_what_it_decided_and_who_passed_it_on():
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    target = tvm.target.Target("llvm")
+    log = RuleLog()
+
+    def legalized():  # dlight marks the module it schedules in place
+        return tvm.transform.Sequential(cpu.legalize_passes(target))(complex_magnitude())
+
+    with target:
+        apply_rules([_Declines(), _Schedules()], log)(legalized())
+    (schedule,) = log.schedules
+    assert schedule.kernel == "fused_multiply_multiply1_sum"
+    assert schedule.rule == "_Schedules"
+    assert schedule.decisions == ("kept as legalized", "twice")
+    assert schedule.passed_on == ("_Declines: not mine",)
+    assert schedule.text() == ("fused_multiply_multiply1_sum: scheduled by _Schedules "
+                               "(_Declines: not mine; kept as legalized; twice)")
+    decide("outside a rule: recorded nowhere")
+    log.reset()
+    with target:
+        apply_rules([_Declines()], log)(legalized())
+    (schedule,) = log.schedules
+    assert schedule.rule is None and schedule.decisions == ()
+    assert schedule.text().endswith("left as TVM legalized it (_Declines: not mine)")
 
 
 def test_a_rule_error_is_plain_data():
