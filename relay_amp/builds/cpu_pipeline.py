@@ -43,6 +43,7 @@ from .nhwc import nhwc_convolutions
 from .packed_weights import packed_weights
 from .prelu import elementwise_prelu
 from .schedule_rules import apply_rules, decide
+from .x86_tiles import lane_rows as x86_lane_rows
 from .x86_tiles import register_tile as x86_register_tile
 from .x86_tiles import tile_shape as x86_tile_shape
 from .x86_tiles import vector_registers, vector_width
@@ -224,8 +225,9 @@ def _x86_tile(block, spatial, axis, shape, width: int, registers: int, pad_lanes
     """``(lanes, rows, row iterator)`` of an x86 register tile of ``width``-lane vectors
     (:func:`relay_amp.builds.x86_tiles.tile_shape`) over the constant row axes (padded to the
     tile's rows where the block is an :func:`_einsum` and that loads less an FMA), or over the
-    symbolic one (padded to whatever rows the tile takes); ``shape`` itself where none fits or
-    the lanes are padded."""
+    symbolic one (padded to whatever rows the tile takes); without either, rows that share the
+    weight vectors (:func:`_weight_rows`); ``shape`` itself where none fits or the lanes are
+    padded."""
     lanes, rows, row_axis = shape
     if pad_lanes:
         return shape
@@ -236,23 +238,26 @@ def _x86_tile(block, spatial, axis, shape, width: int, registers: int, pad_lanes
                       if isinstance(it.dom, (int, tvm.tirx.IntImm))]
         extents = [int(it.dom) for it in candidates]
     tile = x86_tile_shape(int(axis.dom), extents, width, registers, paddable=_einsum(block))
-    if tile is None:
-        return shape
-    return tile[0], tile[1], candidates[tile[2]]
+    if tile is None and row_axis is None:  # a depthwise convolution: rows share its weight
+        return _weight_rows(block, spatial, axis, *shape,
+                            lambda extent, channels: x86_lane_rows(extent, channels, width,
+                                                                   registers))
+    return shape if tile is None else (tile[0], tile[1], candidates[tile[2]])
 
 
-def _weight_rows(block, spatial, axis, lanes, rows, row_axis):
+def _weight_rows(block, spatial, axis, lanes, rows, row_axis, shape_of=lane_rows):
     """``(lanes, rows, row iterator)`` where no row shares both vector operands but one does
     not depend on a constant spatial axis (a depthwise convolution's weight, the same for every
-    output pixel): that axis's rows (:func:`lane_rows`) load each weight vector once for all of
-    them; else the ones given."""
+    output pixel): that axis's rows (``shape_of(extent, channels)``: NEON's
+    :func:`~relay_amp.builds.neon_tiles.lane_rows`, or x86's) load each weight vector once for
+    all of them; else the ones given."""
     vector_reads = _vector_reads(block, axis)
     candidates = [it for it in reversed(spatial) if it is not axis
                   and isinstance(it.dom, (int, tvm.tirx.IntImm)) and any(
                       not any(_uses(r.min, it.var) for r in region.region)
                       for region in vector_reads)]
     for it in candidates:
-        shape = lane_rows(int(it.dom), int(axis.dom))
+        shape = shape_of(int(it.dom), int(axis.dom))
         if shape is not None:
             return (*shape, it)
     return lanes, rows, row_axis

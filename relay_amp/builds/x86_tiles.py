@@ -101,6 +101,23 @@ def tile_shape(extent: int, row_extents, width: int, registers: int,
     return -lanes, -rows, n
 
 
+def lane_rows(extent: int, channels: int, width: int, registers: int) -> tuple | None:
+    """``(lanes, rows)`` for a dot product whose operands are both vectors of the lanes (a
+    depthwise convolution: input and weight): ``rows`` adjacent outputs of an axis of
+    ``extent`` share each weight vector, so a reduction step loads ``rows`` input vectors (an
+    FMA's memory operand) and one weight vector for ``rows`` FMAs. The most rows whose sums and
+    weight vectors fit ``registers`` (one left for LLVM), ties to more lanes; None where no two
+    rows divide the axis or no vectors of ``width`` divide ``channels``."""
+    options = [(-rows, -vectors * width) for vectors in TILE_VECTORS
+               if channels % (vectors * width) == 0
+               for rows in range(TILE_ROWS, 1, -1)
+               if extent % rows == 0 and rows * vectors + vectors <= registers - 1]
+    if not options:
+        return None
+    rows, lanes = min(options)
+    return -lanes, -rows
+
+
 def _intrinsic(rows: int, depth: int, lanes: int, width: int, scope: str, step: int) -> str:
     """The name of the tile intrinsic: ``rows`` x ``lanes`` float32 sums in a ``scope`` buffer,
     each adding ``depth`` products of a row's scalar, broadcast, and a row of the lanes; the
@@ -182,5 +199,5 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
                            _intrinsic(rows, depth, lanes, width, scope, step))
 
 
-__all__ = ["STEPS", "PADDED_SUMS_BYTES", "TILE_ROWS", "register_tile", "tile_shape",
-           "vector_registers", "vector_width"]
+__all__ = ["STEPS", "PADDED_SUMS_BYTES", "TILE_ROWS", "lane_rows", "register_tile",
+           "tile_shape", "vector_registers", "vector_width"]

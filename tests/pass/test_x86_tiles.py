@@ -15,6 +15,7 @@ import relay_amp
 from relay_amp.builds.cpu_pipeline import cpu_pipeline
 from relay_amp.builds.nhwc import nhwc_convolutions
 from relay_amp.builds.packed_weights import packed_weights, padded_outputs
+from relay_amp.builds.x86_tiles import lane_rows as x86_lane_rows
 from relay_amp.builds.x86_tiles import tile_shape, vector_registers, vector_width
 
 AVX512 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"}
@@ -197,6 +198,45 @@ def test_outputs_are_tvms_own_builds(size, stride, outputs):
                                             [x])[0] for schedules in (False, True))
     scale = np.abs(plain).max()
     np.testing.assert_allclose(tiled, plain, rtol=0, atol=32 * 9 * 2.0**-23 * scale)
+
+
+def _depthwise(channels=96, size=28):
+    """A depthwise 3 x 3 convolution (MobileNetV2's) with a constant weight and bias."""
+    rng = np.random.default_rng(5)
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    w = relax.const((rng.standard_normal((channels, 1, 3, 3)) / 4).astype("float32"))
+    b = relax.const(rng.standard_normal((1, channels, 1, 1)).astype("float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            conv = builder.emit(relax.op.nn.conv2d(x, w, padding=1, groups=channels))
+            out = builder.emit_output(relax.op.add(conv, b))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def test_a_depthwise_convolutions_rows_share_each_weight_vector():
+    """Both operands are vectors of the channels: no broadcast tile reads it. Rows of output
+    pixels along the width share each weight vector (x86 ``lane_rows``: 14 rows of one ymm
+    vector on AVX2, 14 of 16 sums and a weight in registers), so the kernel loads a weight
+    vector per 14 FMAs, the inputs as the FMAs' memory operands: 126 FMAs and 35 other vector
+    loads in the kernel, where one row had 18 FMAs and 30 loads. The outputs are TVM's build's
+    (this host)."""
+    assert x86_lane_rows(28, 96, 8, 16) == (8, 14)
+    assert x86_lane_rows(7, 960, 8, 16) == (8, 7)
+    assert x86_lane_rows(14, 96, 16, 32) == (32, 14)
+    assert x86_lane_rows(17, 96, 8, 16) is None and x86_lane_rows(28, 12, 8, 16) is None
+    asm = asm_kernel(_assembly(_depthwise(), AVX2), "conv2d")
+    fmas = re.findall(VECTOR_FMA[8], asm)
+    with_memory = re.findall(r"\bvfmadd\d+ps\s+-?(?:0x)?[0-9a-f]*\(", asm)
+    assert len(fmas) >= 9 * 14 and not re.findall(SCALAR_FMA, asm)
+    loads = re.findall(VECTOR_LOAD, asm)
+    assert len(with_memory) >= 9 * 12 and len(loads) <= len(fmas) / 3, (len(loads), len(fmas))
+    mod = _depthwise(channels=48, size=14)
+    x = np.random.default_rng(6).standard_normal((1, 48, 14, 14)).astype("float32")
+    plain, tiled = (relay_amp.execution.run(relay_amp.compile_module(mod, None, schedules),
+                                            [x])[0] for schedules in (False, True))
+    np.testing.assert_allclose(tiled, plain, rtol=0, atol=9 * 2.0**-23 * np.abs(plain).max())
 
 
 def _clipped_convs(seed=0, activation="clip"):
