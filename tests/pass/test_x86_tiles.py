@@ -200,6 +200,24 @@ def test_outputs_are_tvms_own_builds(size, stride, outputs):
     np.testing.assert_allclose(tiled, plain, rtol=0, atol=32 * 9 * 2.0**-23 * scale)
 
 
+def test_an_rgb_images_three_channels_run_on_the_tile():
+    """A first layer's 3 input channels a pixel: the tile adds 3 reduction steps a call (a
+    depth of 1 does not tensorize; the kernel was left to LLVM's vectorizer, YOLOv8n's first
+    convolution among them). Outputs against TVM's build on this host."""
+    from relay_amp.builds.schedule_rules import RuleLog
+
+    mod = _conv(channels=3, outputs=16, size=32, stride=2)
+    log = RuleLog()
+    with tvm.target.Target(AVX2):
+        cpu_pipeline(AVX2, rule_log=log)(mod)
+    (conv,) = [s for s in log.schedules if "conv2d" in s.kernel]
+    assert "update: tensor intrinsic relay_amp_x86_tile_4x16_w8_k3_s2_global" in conv.decisions
+    x = np.random.default_rng(7).standard_normal((1, 3, 32, 32)).astype("float32")
+    plain, tiled = (relay_amp.execution.run(relay_amp.compile_module(mod, None, schedules),
+                                            [x])[0] for schedules in (False, True))
+    np.testing.assert_allclose(tiled, plain, rtol=0, atol=27 * 2.0**-23 * np.abs(plain).max())
+
+
 def _depthwise(channels=96, size=28):
     """A depthwise 3 x 3 convolution (MobileNetV2's) with a constant weight and bias."""
     rng = np.random.default_rng(5)
