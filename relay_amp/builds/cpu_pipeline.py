@@ -43,10 +43,10 @@ from .nhwc import nhwc_convolutions
 from .packed_weights import packed_weights
 from .prelu import elementwise_prelu
 from .schedule_rules import apply_rules, decide
+from .x86_tiles import UNROLLED_WIDTH, vector_registers, vector_width
 from .x86_tiles import lane_rows as x86_lane_rows
 from .x86_tiles import register_tile as x86_register_tile
 from .x86_tiles import tile_shape as x86_tile_shape
-from .x86_tiles import vector_registers, vector_width
 
 #: Output lanes one vector of partial sums holds: the widest of these that divides the output's
 #: last axis (16 float32 sums are four 128-bit NEON registers) ...
@@ -240,8 +240,8 @@ def _x86_tile(block, spatial, axis, shape, width: int, registers: int, pad_lanes
     tile = x86_tile_shape(int(axis.dom), extents, width, registers, paddable=_einsum(block))
     if tile is None and row_axis is None:  # a depthwise convolution: rows share its weight
         return _weight_rows(block, spatial, axis, *shape,
-                            lambda extent, channels: x86_lane_rows(extent, channels, width,
-                                                                   registers))
+                            lambda extent, channels: x86_lane_rows(extent, channels,
+                                                                   UNROLLED_WIDTH, registers))
     return shape if tile is None else (tile[0], tile[1], candidates[tile[2]])
 
 

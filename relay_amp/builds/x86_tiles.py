@@ -102,6 +102,13 @@ def tile_shape(extent: int, row_extents, width: int, registers: int,
     return -lanes, -rows, n
 
 
+#: Float32 lanes of the vectors LLVM's SLP vectorizer makes of an update left unrolled (no
+#: tile intrinsic): 256 bits, on AVX-512 cores too, where LLVM prefers them. A depthwise
+#: convolution's rows sized for zmm registers (14 rows of 32 lanes) became ymm vectors that
+#: did not fit in the registers: each FMA loaded and stored its sum.
+UNROLLED_WIDTH = 8
+
+
 def lane_rows(extent: int, channels: int, width: int, registers: int) -> tuple | None:
     """``(lanes, rows)`` for a dot product whose operands are both vectors of the lanes (a
     depthwise convolution: input and weight): ``rows`` adjacent outputs of an axis of
@@ -200,5 +207,5 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
                            _intrinsic(rows, depth, lanes, width, scope, step))
 
 
-__all__ = ["STEPS", "PADDED_SUMS_BYTES", "TILE_ROWS", "lane_rows", "register_tile",
-           "tile_shape", "vector_registers", "vector_width"]
+__all__ = ["STEPS", "PADDED_SUMS_BYTES", "TILE_ROWS", "UNROLLED_WIDTH", "lane_rows",
+           "register_tile", "tile_shape", "vector_registers", "vector_width"]

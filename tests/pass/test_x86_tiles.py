@@ -233,23 +233,27 @@ def _depthwise(channels=96, size=28):
     return builder.get()
 
 
-def test_a_depthwise_convolutions_rows_share_each_weight_vector():
+@pytest.mark.parametrize(("target", "width"), [(AVX2, 8), (AVX512, 16)])
+def test_a_depthwise_convolutions_rows_share_each_weight_vector(target, width):
     """Both operands are vectors of the channels: no broadcast tile reads it. Rows of output
-    pixels along the width share each weight vector (x86 ``lane_rows``: 14 rows of one ymm
-    vector on AVX2, 14 of 16 sums and a weight in registers), so the kernel loads a weight
-    vector per 14 FMAs, the inputs as the FMAs' memory operands: 126 FMAs and 35 other vector
-    loads in the kernel, where one row had 18 FMAs and 30 loads. The outputs are TVM's build's
-    (this host)."""
+    pixels along the width share each weight vector (x86 ``lane_rows``, sized for the 256-bit
+    vectors LLVM makes of the unrolled update: 14 rows of one ymm vector on AVX2, of 16 lanes
+    on AVX-512), so the kernel loads a weight vector per 14 FMAs, the inputs as the FMAs'
+    memory operands. On AVX2, 126 FMAs and 35 other vector loads in the kernel, where one row
+    had 18 FMAs and 30 loads; on AVX-512, rows sized for zmm registers (14 x 32 lanes) made
+    56 ymm FMAs and 141 stores of their sums. The outputs are TVM's build's (this host)."""
     assert x86_lane_rows(28, 96, 8, 16) == (8, 14)
+    assert x86_lane_rows(28, 96, 8, 32) == (16, 14)
     assert x86_lane_rows(7, 960, 8, 16) == (8, 7)
-    assert x86_lane_rows(14, 96, 16, 32) == (32, 14)
     assert x86_lane_rows(17, 96, 8, 16) is None and x86_lane_rows(28, 12, 8, 16) is None
-    asm = asm_kernel(_assembly(_depthwise(), AVX2), "conv2d")
-    fmas = re.findall(VECTOR_FMA[8], asm)
+    asm = asm_kernel(_assembly(_depthwise(), target), "conv2d")
+    fmas = re.findall(VECTOR_FMA[width], asm)
     with_memory = re.findall(r"\bvfmadd\d+ps\s+-?(?:0x)?[0-9a-f]*\(", asm)
     assert len(fmas) >= 9 * 14 and not re.findall(SCALAR_FMA, asm)
     loads = re.findall(VECTOR_LOAD, asm)
+    stores = re.findall(r"\bvmov[au]ps\s+%[yz]mm\d+, ", asm)
     assert len(with_memory) >= 9 * 12 and len(loads) <= len(fmas) / 3, (len(loads), len(fmas))
+    assert len(stores) <= len(fmas) / 2  # the padded input and the write-back
     mod = _depthwise(channels=48, size=14)
     x = np.random.default_rng(6).standard_normal((1, 48, 14, 14)).astype("float32")
     plain, tiled = (relay_amp.execution.run(relay_amp.compile_module(mod, None, schedules),
