@@ -377,9 +377,10 @@ def _inline_epilogue(sch, write_back) -> tuple:
         if len(consumers) == 1:
             trial = sch.copy()
             reason = _fold(trial, consumers[0], write_back)
-            if reason is None and _flops(trial, write_back) > EPILOGUE_FLOPS:
-                reason = (f"folded, the write-back would take {_flops(trial, write_back):.0f} "
-                          f"float operations an output, over {EPILOGUE_FLOPS}")
+            flops = _flops(trial, write_back) if reason is None else 0
+            if flops > EPILOGUE_FLOPS:
+                reason = (f"folded, the write-back would take {flops:.0f} float operations an "
+                          f"output, over {EPILOGUE_FLOPS}")
             if reason is not None:
                 return folded, f"{names[0]}: {reason}"
             _fold(sch, consumers[0], write_back)

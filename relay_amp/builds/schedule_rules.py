@@ -93,8 +93,7 @@ class RuleLog:
 
     def __init__(self):
         self._raised: list = []  # (kernel, rule, error), in order
-        self._scheduled: dict = {}  # kernel -> the rule that scheduled it
-        self._decisions: dict = {}  # kernel -> what that rule decided
+        self._scheduled: dict = {}  # kernel -> (the rule that scheduled it, what it decided)
         self._passed_on: dict = {}  # kernel -> ["Rule: why", ...] of rules that declined it
         self._names: dict = {}  # a PrimFunc's handle -> its name in the module being scheduled
 
@@ -112,16 +111,13 @@ class RuleLog:
         """Forget what was recorded (a build that starts again)."""
         self._raised.clear()
         self._scheduled.clear()
-        self._decisions.clear()
         self._passed_on.clear()
 
     def raised(self, kernel: str, rule: str, error: str) -> None:
         self._raised.append((kernel, rule, error))
 
     def scheduled(self, kernel: str, rule: str, decisions=()) -> None:
-        if kernel not in self._scheduled:
-            self._scheduled[kernel] = rule
-            self._decisions[kernel] = tuple(decisions)
+        self._scheduled.setdefault(kernel, (rule, tuple(decisions)))
 
     def passed_on(self, kernel: str, rule: str, reasons) -> None:
         """``rule`` considered ``kernel`` and returned no schedule, for ``reasons``."""
@@ -131,12 +127,12 @@ class RuleLog:
     @property
     def rules(self) -> dict:
         """The rule that scheduled each kernel a guarded rule scheduled, by kernel name."""
-        return dict(self._scheduled)
+        return {kernel: rule for kernel, (rule, _) in self._scheduled.items()}
 
     @property
     def errors(self) -> list:
         """Every :class:`RuleError`, in the order the rules raised."""
-        return [RuleError(kernel, rule, error, self._scheduled.get(kernel))
+        return [RuleError(kernel, rule, error, self._scheduled.get(kernel, (None,))[0])
                 for kernel, rule, error in self._raised]
 
     @property
@@ -144,7 +140,7 @@ class RuleLog:
         """A :class:`KernelSchedule` for every kernel a rule scheduled or explained passing
         on, in the order the rules first saw them."""
         kernels = list(dict.fromkeys([*self._passed_on, *self._scheduled]))
-        return [KernelSchedule(k, self._scheduled.get(k), self._decisions.get(k, ()),
+        return [KernelSchedule(k, *self._scheduled.get(k, (None, ())),
                                tuple(self._passed_on.get(k, ()))) for k in kernels]
 
 

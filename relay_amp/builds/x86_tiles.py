@@ -33,8 +33,9 @@ TILE_ROWS = 14
 TILE_VECTORS = (4, 3, 2, 1)
 #: How far apart in the scalar operand a tile's rows may be (a convolution's stride).
 STEPS = (1, 2)
-#: Reduction steps a tile adds per call, widest first (the loop's bookkeeping is per call);
-#: 3 for an RGB image's channels, where a depth of 1 does not tensorize.
+#: Reduction steps a tile adds per call, widest first (the loop's bookkeeping is per call).
+#: 3 takes an RGB image's channels, where a depth of 1 does not tensorize; it also takes any
+#: multiple of 3 that 4 does not divide (6 channels: 2 calls, not 3).
 DEPTHS = (4, 3, 2, 1)
 #: The most bytes of sums a tile over a padded row axis (symbolic, or constant without a
 #: divisor that suits the tile) holds: TVM allocates a smaller buffer on the stack, which LLVM
