@@ -81,10 +81,11 @@ def tile_shape(extent: int, row_extents, width: int, registers: int,
 
     Per reduction step a tile of ``rows`` x ``v`` vectors executes ``rows * v`` FMAs, ``rows``
     broadcasts and ``v`` loads: ``(rows + v) / (rows * v)`` loads an FMA (14 x 2 vectors 0.57,
-    7 x 3 0.48, 4 x 4 0.5). Ties go to more rows, then to more lanes, then to the first axis:
-    each weight vector a step loads then serves more FMAs, and a tile's panel of weights,
-    streamed from L2 where it outgrows L1, is narrower (AVX2, ResNet-50's 3 x 3 convolutions
-    alone at 56 and 28 wide: 4 x 2 vectors took 0.87-0.91 x the time of 2 x 4)."""
+    7 x 3 0.48, 4 x 4 0.5). Ties go to rows that need no padding (a padded copy of the input
+    is a workspace the cost does not count), then to more rows, then to more lanes, then to
+    the first axis: each weight vector a step loads then serves more FMAs, and a tile's panel
+    of weights, streamed from L2 where it outgrows L1, is narrower (AVX2, ResNet-50's 3 x 3
+    convolutions alone at 56 and 28 wide: 4 x 2 vectors took 0.87-0.91 x the time of 2 x 4)."""
     options = []
     for vectors in TILE_VECTORS:
         lanes = vectors * width
@@ -99,10 +100,10 @@ def tile_shape(extent: int, row_extents, width: int, registers: int,
                     continue
                 waste = 1 if rows_extent is None else -(-rows_extent // rows) * rows / rows_extent
                 cost = (rows + vectors) / (rows * vectors) * waste
-                options.append((round(cost, 9), -rows, -lanes, n))
+                options.append((round(cost, 9), waste > 1, -rows, -lanes, n))
     if not options:
         return None
-    _, rows, lanes, n = min(options)
+    _, _, rows, lanes, n = min(options)
     return -lanes, -rows, n
 
 
