@@ -82,6 +82,16 @@ def test_the_tile_loads_least_per_fma():
     assert tile_shape(256, [14, 14, 1], 8, 16) == (32, 2, 0)
 
 
+def test_a_tie_goes_to_rows_that_need_no_padding_then_to_more_rows():
+    """AVX2, 64 channels over a 56-wide map: 2 rows x 4 vectors and 4 rows x 2 vectors both
+    load 0.75 vectors an FMA; 4 rows use each weight vector twice as often. A 16-row matmul
+    of 32 lanes ties those with 6 rows x 2 vectors padded to 18 rows, whose padded copy is a
+    workspace the cost does not count: 4 rows."""
+    assert tile_shape(64, [56, 56, 1], 8, 16) == (16, 4, 0)
+    assert tile_shape(32, [16], 8, 16, paddable=True) == (16, 4, 0)
+    assert tile_shape(32, [18], 8, 16, paddable=True) == (16, 6, 0)
+
+
 def test_convolution_weights_are_packed_in_panels_of_the_tiles_lanes():
     """After the NHWC layout, the convolution's HWIO weight becomes one constant
     ``[outputs / lanes, kh, kw, channels, lanes]``: each tile's panel contiguous."""
