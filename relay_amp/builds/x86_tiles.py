@@ -82,10 +82,10 @@ def tile_shape(extent: int, row_extents, width: int, registers: int,
     Per reduction step a tile of ``rows`` x ``v`` vectors executes ``rows * v`` FMAs, ``rows``
     broadcasts and ``v`` loads: ``(rows + v) / (rows * v)`` loads an FMA (14 x 2 vectors 0.57,
     7 x 3 0.48, 4 x 4 0.5). Ties go to rows that need no padding (a padded copy of the input
-    is a workspace the cost does not count), then to more rows, then to more lanes, then to
-    the first axis: each weight vector a step loads then serves more FMAs, and a tile's panel
-    of weights, streamed from L2 where it outgrows L1, is narrower (AVX2, ResNet-50's 3 x 3
-    convolutions alone at 56 and 28 wide: 4 x 2 vectors took 0.87-0.91 x the time of 2 x 4)."""
+    is a workspace the cost does not count), then to more rows (each weight vector a step
+    loads serves more FMAs; measured on AVX2, ResNet-50's 3 x 3 convolutions alone at 56 and
+    28 wide: 4 x 2 vectors took 0.87-0.91 x the time of 2 x 4, likely as the narrower panel
+    streams less from L2), then to more lanes, then to the first axis."""
     options = []
     for vectors in TILE_VECTORS:
         lanes = vectors * width
