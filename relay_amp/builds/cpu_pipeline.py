@@ -237,7 +237,14 @@ def _x86_tile(block, spatial, axis, shape, width: int, registers: int, pad_lanes
         candidates = [it for it in _shared_rows(block, spatial, axis)
                       if isinstance(it.dom, (int, tvm.tirx.IntImm))]
         extents = [int(it.dom) for it in candidates]
-    tile = x86_tile_shape(int(axis.dom), extents, width, registers, paddable=_einsum(block))
+    outputs = int(axis.dom)
+    for it in spatial:  # a packed weight's panels: the lanes of a row's other tiles
+        if it is not axis and isinstance(it.dom, (int, tvm.tirx.IntImm)) and any(
+                _uses(r.min, it.var) for region in _vector_reads(block, axis)
+                for r in region.region):
+            outputs *= int(it.dom)
+    tile = x86_tile_shape(int(axis.dom), extents, width, registers, paddable=_einsum(block),
+                          outputs=outputs)
     if tile is None and row_axis is None:  # a depthwise convolution: rows share its weight
         return _weight_rows(block, spatial, axis, *shape,
                             lambda extent, channels: x86_lane_rows(extent, channels,
@@ -494,7 +501,7 @@ def _register_tile(sch, loops, lanes: int, rows: int, scope: str, kind: str | No
     if kind == "bfdot":
         return bfdot_tile(sch, tile, inner, row_inner, reduce, lanes, rows, scope)
     if kind == "x86":
-        return x86_register_tile(sch, inner, row_inner, reduce, lanes, rows, width, scope)
+        return x86_register_tile(sch, tile, inner, row_inner, reduce, lanes, rows, width, scope)
     if kind == "tile":
         return register_tile(sch, inner, row_inner, reduce, lanes, rows, scope)
     return None

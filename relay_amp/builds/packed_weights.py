@@ -83,7 +83,7 @@ def matmul_panel_lanes(call, target) -> int | None:
     padded by :func:`padded_outputs`), by :func:`relay_amp.builds.x86_tiles.tile_shape` over
     its rows as the schedule rule sees them (the constant row axes where one takes
     :data:`~relay_amp.builds.cpu_pipeline.BLOCK_ROWS`, else a symbolic one; either padded to
-    the tile's rows where that loads less an FMA); None where no tile fits or the target has
+    the tile's rows where that costs less an FMA); None where no tile fits or the target has
     none."""
     from .cpu_pipeline import BLOCK_ROWS
 

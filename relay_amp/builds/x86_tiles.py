@@ -12,9 +12,12 @@ half the multiply-accumulates an instruction, and a tile sized for 32 registers 
 (:func:`vector_width`: 16 float32 lanes with ``avx512f``, 8 with ``avx2``), each row's scalar
 broadcast from memory into one register (``vbroadcastss``) and each vector of weights loaded
 once for all rows: per reduction step ``rows`` broadcasts and ``lanes / width`` loads feed
-``rows * lanes / width`` FMAs. :func:`tile_shape` chooses the rows and lanes that load least per
-FMA within the target's vector registers (:func:`vector_registers`). LLVM legalizes explicit
-512-bit vector arithmetic as such whatever width it prefers for its own vectorizers.
+``rows * lanes / width`` FMAs. Where the sums leave too few registers for the weight vectors
+(AVX2's 16 at 7 rows x 2 vectors), the ones that do not fit are read by each row's FMA as its
+memory operand, as MLAS's kernels read their filters (:func:`held_vectors`, :data:`LLVM_IR`).
+:func:`tile_shape` chooses the rows and lanes that cost least per FMA within the target's
+vector registers (:func:`vector_registers`, :func:`tile_cost`). LLVM legalizes explicit 512-bit
+vector arithmetic as such whatever width it prefers for its own vectorizers.
 
 Every output's sum keeps its order; the numbers are the plain build's up to FMA contraction.
 """
@@ -25,6 +28,7 @@ import tvm
 
 from .cpu_features import cpu_has
 from .neon_tiles import _operands, operand_dtype, scalar_reduction, tensorized_tile
+from .schedule_rules import decide
 from .tir_script import script
 
 #: The most rows a tile computes.
@@ -43,8 +47,35 @@ DEPTHS = (4, 3, 2, 1)
 #: input's, and each FMA then loads and stores its sum (AVX-512, a projection over a sequence:
 #: 6 x 48 lanes did, 5 x 48 did not).
 PADDED_SUMS_BYTES = 1024
+#: What :func:`tile_cost` counts a broadcast (``vbroadcastss`` from memory) and a weight vector
+#: streamed from L2 as, in loads: the two weights that order the measured tiles as their times.
+BROADCAST_LOADS = 2
+STREAMED_LOADS = 2
+#: What :func:`tile_shape` counts the padded copy of the input a padded row axis takes, in
+#: loads an input element (its load and its store), over the FMAs that read it.
+PADDED_COPY_LOADS = 2
+#: The register files in which a tile reads weights as the FMAs' memory operands: AVX2's 16,
+#: where LLVM keeps 7 x 2 ymm sums, a weight vector and a broadcast in registers. In AVX-512's
+#: 32 it spilled 7 x 4 zmm sums beside 2 or 3 held vectors (the assembly for skylake-avx512),
+#: and no AVX-512 host was at hand to time the tiles that fit.
+MEMORY_OPERAND_REGISTERS = 16
+
+#: ``relay_amp_x86_fma{8,16}(sums, broadcast, weights)``: ``vfmadd231ps`` with the weights
+#: as the instruction's memory operand. LLVM would load a weight vector once into a register for
+#: all of a tile's rows; in inline assembly it is read by each FMA, which frees the register
+#: for a sum. Linked into the library by TVM's ``pragma_import_llvm`` and inlined.
+LLVM_IR = "\n".join(line for width in (8, 16) for line in (
+    f"define linkonce_odr <{width} x float> @relay_amp_x86_fma{width}(<{width} x float> %acc, "
+    f"<{width} x float> %a, ptr %b) alwaysinline {{",
+    f'  %r = call <{width} x float> asm "vfmadd231ps $2, $1, $0", "=v,v,*m,0"'
+    f"(<{width} x float> %a, ptr elementtype(<{width} x float>) %b, <{width} x float> %acc) "
+    "nounwind memory(none)",
+    f"  ret <{width} x float> %r",
+    "}"))
 
 _REGISTERED: dict = {}
+#: Vector registers by float32 lanes a vector: AVX-512's 32, AVX2's 16.
+_REGISTERS = {16: 32, 8: 16}
 
 
 def _x86(target) -> bool:
@@ -66,26 +97,59 @@ def vector_width(target) -> int | None:
 
 def vector_registers(target) -> int:
     """Vector registers the target has: 32 with AVX-512, else 16."""
-    return 32 if vector_width(target) == 16 else 16
+    return _REGISTERS.get(vector_width(target), 16)
+
+
+def held_vectors(rows: int, vectors: int, registers: int) -> int:
+    """How many of a tile's ``vectors`` weight vectors a reduction step holds in registers
+    beside its ``rows * vectors`` sums and one broadcast, within ``registers``: all, where one
+    register is left spare; else, in register files of at most
+    :data:`MEMORY_OPERAND_REGISTERS`, as many as fit but one, the others read by each row's
+    FMA as its memory operand (:data:`LLVM_IR`). Negative where the tile does not fit.
+
+    Both as LLVM allocated them (AVX2): 4 x 3 ymm sums with their 3 weight vectors and a
+    broadcast filled the 16 registers and spilled a sum; 7 x 2 sums, one held vector and a
+    broadcast filled them and did not."""
+    free = registers - rows * vectors - 1
+    if free > vectors:
+        return vectors
+    if registers > MEMORY_OPERAND_REGISTERS or free < 0:
+        return -1
+    return min(free, vectors - 1)
+
+
+def tile_cost(rows: int, vectors: int, registers: int) -> float:
+    """Loads per FMA of a tile of ``rows`` x ``vectors`` sums, a broadcast and a weight vector
+    streamed from L2 counted as two loads each (:func:`tile_shape`)."""
+    held = held_vectors(rows, vectors, registers)
+    fmas = rows * vectors
+    return (held + BROADCAST_LOADS * rows + rows * (vectors - held)) / fmas \
+        + STREAMED_LOADS / rows
 
 
 def tile_shape(extent: int, row_extents, width: int, registers: int,
-               paddable: bool = False) -> tuple | None:
+               paddable: bool = False, outputs: int | None = None) -> tuple | None:
     """``(lanes, rows, n)``: the register tile for an output axis of ``extent`` lanes and row
     axes of ``row_extents`` (``n`` the one taken; None for a symbolic extent, which the
-    schedule pads to the rows) that loads least per FMA, among those whose lanes are 1 to 4
-    vectors of ``width`` and whose sums, one step's weight vectors and one broadcast fit
-    ``registers``. The rows divide their axis or, where it is symbolic or ``paddable`` (a
-    matmul: the schedule pads it), the axis is padded to them, the padded rows' FMAs counted
-    as cost and the sums within :data:`PADDED_SUMS_BYTES`. None where no axis takes 2 rows.
+    schedule pads to the rows) that costs least per FMA (:func:`tile_cost`), among those whose
+    lanes are 1 to 4 vectors of ``width`` and whose sums and one broadcast fit ``registers``
+    (the weight vectors that do not fit beside them are the FMAs' memory operands:
+    :func:`held_vectors`). The rows divide their axis or, where it is symbolic or ``paddable``
+    (a matmul: the schedule pads it), the axis is padded to them, the padded rows' FMAs and the
+    padded copy of the input (:data:`PADDED_COPY_LOADS` for each element, over the
+    ``outputs / width`` FMAs that read it; ``outputs``: the lanes of all the tiles in a row,
+    ``extent`` unless a packed weight's panels split them) counted as cost and the sums within
+    :data:`PADDED_SUMS_BYTES`. None where no axis takes 2 rows.
 
-    Per reduction step a tile of ``rows`` x ``v`` vectors executes ``rows * v`` FMAs, ``rows``
-    broadcasts and ``v`` loads: ``(rows + v) / (rows * v)`` loads an FMA (14 x 2 vectors 0.57,
-    7 x 3 0.48, 4 x 4 0.5). Ties go to rows that need no padding (a padded copy of the input
-    is a workspace the cost does not count), then to more rows (each weight vector a step
-    loads serves more FMAs; measured on AVX2, ResNet-50's 3 x 3 convolutions alone at 56 and
-    28 wide: 4 x 2 vectors took 0.87-0.91 x the time of 2 x 4, likely as the narrower panel
-    streams less from L2), then to more lanes, then to the first axis."""
+    Per reduction step a tile of ``rows`` x ``v`` vectors executes ``rows * v`` FMAs,
+    ``rows`` broadcasts, a load of each weight vector it holds and a memory operand for each
+    row's FMA on the others; each weight vector is streamed once from L2 (a panel outgrows
+    L1). The cost counts a broadcast and a streamed vector as :data:`BROADCAST_LOADS` and
+    :data:`STREAMED_LOADS` loads: measured on AVX2 (znver3), ResNet-50's convolutions alone,
+    this orders the tiles as their times do (at 14 and 7 wide, 7 rows x 2 vectors, one read
+    from memory, took 0.85-0.95 x the time of 2 x 4 and of 7 x 1; at 56 and 28 wide 4 x 2
+    took 0.87-0.91 x that of 2 x 4 and 0.90 x that of 7 x 2). Ties go to rows that need no
+    padding, then to more rows, then to more lanes, then to the first axis."""
     options = []
     for vectors in TILE_VECTORS:
         lanes = vectors * width
@@ -94,13 +158,14 @@ def tile_shape(extent: int, row_extents, width: int, registers: int,
         for n, rows_extent in enumerate(row_extents):
             for rows in range(TILE_ROWS, 1, -1):
                 padded = rows_extent is None or rows_extent % rows != 0
-                if rows * vectors + vectors + 1 > registers - 1 or padded and (
+                if held_vectors(rows, vectors, registers) < 0 or padded and (
                         rows_extent is not None and not paddable
                         or rows * lanes * 4 > PADDED_SUMS_BYTES):
                     continue
                 waste = 1 if rows_extent is None else -(-rows_extent // rows) * rows / rows_extent
-                cost = (rows + vectors) / (rows * vectors) * waste
-                options.append((round(cost, 9), waste > 1, -rows, -lanes, n))
+                cost = tile_cost(rows, vectors, registers) * waste \
+                    + (PADDED_COPY_LOADS * width / (outputs or extent) if padded else 0)
+                options.append((round(cost, 9), padded, -rows, -lanes, n))
     if not options:
         return None
     _, _, rows, lanes, n = min(options)
@@ -131,11 +196,13 @@ def lane_rows(extent: int, channels: int, width: int, registers: int) -> tuple |
     return -lanes, -rows
 
 
-def _intrinsic(rows: int, depth: int, lanes: int, width: int, scope: str, step: int) -> str:
+def _intrinsic(rows: int, depth: int, lanes: int, width: int, scope: str, step: int,
+               held: int) -> str:
     """The name of the tile intrinsic: ``rows`` x ``lanes`` float32 sums in a ``scope`` buffer,
     each adding ``depth`` products of a row's scalar, broadcast, and a row of the lanes; the
-    tile's rows ``step`` rows apart in the scalar operand."""
-    key = (rows, depth, lanes, width, scope, step)
+    tile's rows ``step`` rows apart in the scalar operand; the first ``held`` vectors of the
+    lanes loaded once for all rows, the others each FMA's memory operand."""
+    key = (rows, depth, lanes, width, scope, step, held)
     if key in _REGISTERED:
         return _REGISTERED[key]
     from tvm.s_tir import TensorIntrin
@@ -143,6 +210,12 @@ def _intrinsic(rows: int, depth: int, lanes: int, width: int, scope: str, step: 
 
     vectors = lanes // width
     span = (rows - 1) * step + 1
+
+    def fma_memory(C, A, B, r, k, g):
+        return T.call_pure_extern(f"float32x{width}", f"relay_amp_x86_fma{width}",
+                                  C[r, T.ramp(g * width, 1, width)],
+                                  tvm.tirx.Broadcast(A[r * step, k], width),
+                                  T.address_of(B[k, g * width]))
 
     def update(C, A, B, r, k, g):
         return T.call_llvm_pure_intrin(
@@ -177,19 +250,24 @@ def _intrinsic(rows: int, depth: int, lanes: int, width: int, scope: str, step: 
             T.writes(C[0:rows, 0:lanes])
             for k in T.unroll(depth):
                 for r in T.unroll(rows):
-                    for g in T.unroll(vectors):
+                    for g in T.unroll(held):
                         C[r, T.ramp(g * width, 1, width)] = update(C, A, B, r, k, g)
+                    for m in T.unroll(vectors - held):
+                        C[r, T.ramp((held + m) * width, 1, width)] = fma_memory(
+                            C, A, B, r, k, held + m)
 
-    name = f"relay_amp_x86_tile_{rows}x{lanes}_w{width}_k{depth}_s{step}_{scope}"
+    name = f"relay_amp_x86_tile_{rows}x{lanes}_w{width}_k{depth}_s{step}_h{held}_{scope}"
     TensorIntrin.register(name, desc, impl, override=True)
     _REGISTERED[key] = name
     return name
 
 
-def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: int,
+def register_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: int,
                   width: int, scope: str):
     """A copy of ``sch`` whose float32 tile runs on explicit vectors of ``width`` lanes
-    (:func:`_intrinsic`), or None where the update does not read so (no rows, lanes not a
+    (:func:`_intrinsic`), as many weight vectors held in registers as fit beside the sums
+    (:func:`held_vectors`; the ``tile`` loop links :data:`LLVM_IR` where
+    some do not), or None where the update does not read so (no rows, lanes not a
     multiple of ``width``, an operand other than a scalar per row and a contiguous vector of
     the lanes, strides :data:`STEPS` lacks): the reduction loop of the scalar operand's
     innermost axis is split by a depth of :data:`DEPTHS`, its inner part moved above the rows
@@ -208,9 +286,18 @@ def register_tile(sch, lanes_loop, rows_loop, reduce_loops, lanes: int, rows: in
         return None
     n, extent, step = reduction
     depth = next(d for d in DEPTHS if int(extent) % d == 0)
-    return tensorized_tile(sch, rows_loop, reduce_loops, n, depth,
-                           _intrinsic(rows, depth, lanes, width, scope, step))
+    held = held_vectors(rows, lanes // width, _REGISTERS[width])
+    held = lanes // width if held < 0 else held  # a tile no cost chose: LLVM allocates it
+    trial = tensorized_tile(sch, rows_loop, reduce_loops, n, depth,
+                            _intrinsic(rows, depth, lanes, width, scope, step, held))
+    if trial is not None and held < lanes // width:
+        trial.annotate(tile, "pragma_import_llvm", LLVM_IR)
+        decide(f"weights: {held} of {lanes // width} vectors held in registers, the others "
+               "each FMA's memory operand")
+    return trial
 
 
-__all__ = ["STEPS", "PADDED_SUMS_BYTES", "TILE_ROWS", "UNROLLED_WIDTH", "lane_rows",
-           "register_tile", "tile_shape", "vector_registers", "vector_width"]
+__all__ = ["BROADCAST_LOADS", "LLVM_IR", "MEMORY_OPERAND_REGISTERS", "PADDED_COPY_LOADS",
+           "PADDED_SUMS_BYTES", "STEPS", "STREAMED_LOADS", "TILE_ROWS", "UNROLLED_WIDTH",
+           "held_vectors", "lane_rows", "register_tile", "tile_cost", "tile_shape",
+           "vector_registers", "vector_width"]

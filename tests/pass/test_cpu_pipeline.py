@@ -451,8 +451,8 @@ def test_a_strided_operand_keeps_the_widening_kernel():
 @pytest.mark.parametrize("rows", [1, 5, 8])
 def test_a_symbolic_extent_is_padded_to_blocks_of_rows(rows):
     """A sequence length (symbolic) cannot be split exactly: the rule pads it to a multiple of
-    the rows of the x86 tile that loads least per FMA (6 x 16 lanes on AVX2, which ties with
-    3 x 24 and has more rows: zeros, computed and never written out), so each loaded vector
+    the rows of the x86 tile that costs least per FMA (6 x 16 lanes on AVX2: zeros, computed
+    and never written out), so each loaded vector
     still serves every row; the write-back writes the rows that exist, the bias add folded
     in."""
     from relay_amp.builds.x86_tiles import tile_shape
