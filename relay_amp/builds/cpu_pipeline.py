@@ -40,6 +40,7 @@ from .neon_tiles import (
     tile_shape,
 )
 from .nhwc import nhwc_convolutions
+from .outer_reduction import ReductionAlongOuterAxis
 from .packed_weights import packed_weights
 from .prelu import elementwise_prelu
 from .schedule_rules import apply_rules, decide
@@ -655,14 +656,15 @@ class VectorizeDotProduct:
 
 
 def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
-    """TVM's CPU compile pipeline with :class:`VectorizeDotProduct` after fusion, then dlight's
-    CPU ``Reduction`` rule (softmax, normalizations: rows in parallel, elementwise parts
-    vectorized, the sums in their order), :class:`~relay_amp.builds.elementwise.Elementwise`
-    (kernels of spatial blocks only: one parallel loop of vectors) and, before
-    legalization, inference batch_norm as elementwise ops (:mod:`relay_amp.builds.batch_norm`)
-    and, on aarch64 and on x86 with AVX2 or AVX-512, convolutions in NHWC
-    (:mod:`relay_amp.builds.nhwc`); on x86, their float32 weights packed in panels of the
-    tile's lanes (:mod:`relay_amp.builds.packed_weights`).
+    """TVM's CPU compile pipeline with :class:`VectorizeDotProduct` after fusion, then
+    :class:`~relay_amp.builds.outer_reduction.ReductionAlongOuterAxis` (softmax and
+    normalizations over an axis other than the innermost), dlight's CPU ``Reduction`` rule
+    (the others: rows in parallel, elementwise parts vectorized, the sums in their order),
+    :class:`~relay_amp.builds.elementwise.Elementwise` (kernels of spatial blocks only: one
+    parallel loop of vectors) and, before legalization, inference batch_norm as elementwise
+    ops (:mod:`relay_amp.builds.batch_norm`) and, on aarch64 and on x86 with AVX2 or
+    AVX-512, convolutions in NHWC (:mod:`relay_amp.builds.nhwc`); on x86, their float32
+    weights packed in panels of the tile's lanes (:mod:`relay_amp.builds.packed_weights`).
 
     Parameters
     ----------
@@ -683,7 +685,8 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     from tvm.s_tir.dlight import cpu as dlight_cpu
 
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    rules = [VectorizeDotProduct(), dlight_cpu.Reduction(), Elementwise()]
+    rules = [VectorizeDotProduct(), ReductionAlongOuterAxis(), dlight_cpu.Reduction(),
+             Elementwise()]
     schedules = [apply_rules(rules, rule_log)] if relay_amp_schedules else []
     layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and (
         is_aarch64(target) or vector_width(target)) else []
