@@ -43,7 +43,7 @@ from .nhwc import nhwc_convolutions
 from .outer_reduction import ReductionAlongOuterAxis
 from .packed_weights import packed_weights
 from .prelu import elementwise_prelu
-from .schedule_rules import apply_rules, decide
+from .schedule_rules import apply_rules, decide, llvm_blocks, uses
 from .x86_tiles import UNROLLED_WIDTH, vector_registers, vector_width
 from .x86_tiles import lane_rows as x86_lane_rows
 from .x86_tiles import register_tile as x86_register_tile
@@ -131,13 +131,6 @@ def _dot_product(block) -> bool:
     return accumulates and any(isinstance(uncast(t), prim.Mul) for t in terms)
 
 
-def _uses(expr, var) -> bool:
-    import tvm_ffi
-
-    found = []
-    tvm_ffi.structural_walk(expr, lambda node: found.append(node.same_as(var)))
-    return any(found)
-
 
 def _lanes_in_pairs(block) -> bool:
     """Whether ``block``'s product reads its second operand as a ``(.., C, 1)`` vector of the
@@ -154,7 +147,7 @@ def _lanes_in_pairs(block) -> bool:
 def _vector_reads(block, axis) -> list:
     """The regions ``block`` reads that the lanes (``axis``) index."""
     return [region for region in block.reads
-            if any(_uses(r.min, axis.var) for r in region.region)]
+            if any(uses(r.min, axis.var) for r in region.region)]
 
 
 def _weights_along_lanes(block, spatial, axis) -> list | None:
@@ -167,7 +160,7 @@ def _weights_along_lanes(block, spatial, axis) -> list | None:
     one 3 x 3 or 1 x 1 convolution of ResNet-50 alone: 0.78-1.0 x the time)."""
     vector_reads = _vector_reads(block, axis)
     used = [n for n, it in enumerate(spatial) if it is not axis and any(
-        _uses(r.min, it.var) for region in vector_reads for r in region.region)]
+        uses(r.min, it.var) for region in vector_reads for r in region.region)]
     return used if vector_reads and len(used) < len(spatial) - 1 else None
 
 
@@ -177,7 +170,7 @@ def _shared_rows(block, spatial, axis) -> list:
     first."""
     vector_reads = _vector_reads(block, axis)
     return [it for it in reversed(spatial) if it is not axis and not any(
-        _uses(r.min, it.var) for region in vector_reads for r in region.region)]
+        uses(r.min, it.var) for region in vector_reads for r in region.region)]
 
 
 def _row_block(block, spatial, axis):
@@ -241,7 +234,7 @@ def _x86_tile(block, spatial, axis, shape, width: int, registers: int, pad_lanes
     outputs = int(axis.dom)
     for it in spatial:  # a packed weight's panels: the lanes of a row's other tiles
         if it is not axis and isinstance(it.dom, (int, tvm.tirx.IntImm)) and any(
-                _uses(r.min, it.var) for region in _vector_reads(block, axis)
+                uses(r.min, it.var) for region in _vector_reads(block, axis)
                 for r in region.region):
             outputs *= int(it.dom)
     tile = x86_tile_shape(int(axis.dom), extents, width, registers, paddable=_einsum(block),
@@ -262,7 +255,7 @@ def _weight_rows(block, spatial, axis, lanes, rows, row_axis, shape_of=lane_rows
     vector_reads = _vector_reads(block, axis)
     candidates = [it for it in reversed(spatial) if it is not axis
                   and isinstance(it.dom, (int, tvm.tirx.IntImm)) and any(
-                      not any(_uses(r.min, it.var) for r in region.region)
+                      not any(uses(r.min, it.var) for r in region.region)
                       for region in vector_reads)]
     for it in candidates:
         shape = shape_of(int(it.dom), int(axis.dom))
@@ -535,12 +528,10 @@ class VectorizeDotProduct:
         from tvm import s_tir
         from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-        if not isinstance(func, tvm.tirx.PrimFunc) or target.kind.name != "llvm":
+        start = llvm_blocks(func, target)
+        if start is None:
             return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None:
-            return None
+        sch, infos = start
         reductions = [info for info in infos if any(it.kind == "R" for it in info.iters)]
         if len(reductions) != 1 or not _dot_product(sch.get(reductions[0].block_rv)):
             return None

@@ -28,7 +28,7 @@ from __future__ import annotations
 import tvm
 
 from .cpu_features import cpu_has
-from .schedule_rules import decide
+from .schedule_rules import decide, uses
 from .tir_script import script
 
 #: The tensor intrinsics registered so far: (lanes, operands, scope) -> name.
@@ -334,13 +334,6 @@ def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str
     return name
 
 
-def _uses(expr, var) -> bool:
-    import tvm_ffi
-
-    found = []
-    tvm_ffi.structural_walk(expr, lambda node: found.append(node.same_as(var)))
-    return any(found)
-
 
 def _bits(value):
     """The load under ``value``: itself, or the buffer of 16-bit patterns a
@@ -392,12 +385,12 @@ def _operands(sch, lanes_loop) -> tuple | None:
     if not isinstance(realize, tvm.s_tir.SBlockRealize):
         return None
     lanes = [iv.var for iv, value in zip(realize.block.iter_vars, realize.iter_values)
-             if _uses(value, loop.loop_var)]
+             if uses(value, loop.loop_var)]
     if len(lanes) != 1 or operand_dtype(realize.block) is None:
         return None
     operands = []
     for operand in _loads(realize.block):
-        axes = [n for n, index in enumerate(operand.indices) if _uses(index, lanes[0])]
+        axes = [n for n, index in enumerate(operand.indices) if uses(index, lanes[0])]
         if not axes:
             operands.append(None)
             continue
@@ -436,9 +429,9 @@ def scalar_reduction(sch, lanes_loop, rows_loop, reduce_loops) -> tuple | None:
     realize = sch.get(lanes_loop).body
     scalar = _loads(realize.block)[0]
     bound = [value for iv, value in zip(realize.block.iter_vars, realize.iter_values)
-             if _uses(scalar.indices[-1], iv.var)]
+             if uses(scalar.indices[-1], iv.var)]
     found = [n for n, loop in enumerate(reduce_loops)
-             if any(_uses(value, sch.get(loop).loop_var) for value in bound)]
+             if any(uses(value, sch.get(loop).loop_var) for value in bound)]
     if len(found) != 1:
         return None
     step = _row_step(realize, scalar, sch.get(rows_loop).loop_var)
@@ -488,8 +481,8 @@ def _row_step(realize, scalar, rows_var) -> int | None:
     the coefficient of the row's block iterator in the index it moves (a convolution's stride);
     None where that is not one constant."""
     rows = [iv.var for iv, value in zip(realize.block.iter_vars, realize.iter_values)
-            if _uses(value, rows_var)]
-    moved = [index for index in scalar.indices[:-1] if rows and _uses(index, rows[0])]
+            if uses(value, rows_var)]
+    moved = [index for index in scalar.indices[:-1] if rows and uses(index, rows[0])]
     if len(rows) != 1 or len(moved) != 1:
         return None
     coefficients = tvm.sym.detect_linear_equation(moved[0], [rows[0]])

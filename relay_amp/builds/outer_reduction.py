@@ -19,15 +19,7 @@ from __future__ import annotations
 import tvm
 
 from .elementwise import register_lanes
-from .schedule_rules import decide
-
-
-def _uses(expr, var) -> bool:
-    import tvm_ffi
-
-    found = []
-    tvm_ffi.structural_walk(expr, lambda node: found.append(node.same_as(var)))
-    return any(found)
+from .schedule_rules import decide, llvm_blocks, uses
 
 
 def _bindings(sch, block_rv) -> dict:
@@ -43,11 +35,11 @@ def _innermost_loop(sch, block_rv):
     block = sch.get(block_rv)
     last = block.writes[0].region[-1].min
     bindings = _bindings(sch, block_rv)
-    iters = [var for var in bindings if _uses(last, var)]
+    iters = [var for var in bindings if uses(last, var)]
     if len(iters) != 1:
         return None
     loops = [loop for loop in sch.get_loops(block_rv)
-             if _uses(bindings[iters[0]], sch.get(loop).loop_var)]
+             if uses(bindings[iters[0]], sch.get(loop).loop_var)]
     return loops[-1] if loops else None
 
 
@@ -75,13 +67,12 @@ class ReductionAlongOuterAxis:
 
     def apply(self, func, target, tunable):  # noqa: ARG002 - dlight's rule signature
         from tvm import s_tir
-        from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-        if not isinstance(func, tvm.tirx.PrimFunc) or target.kind.name != "llvm":
+        start = llvm_blocks(func, target)
+        if start is None:
             return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if not infos or len(infos) < 2 or not infos[-1].is_injective():
+        sch, infos = start
+        if len(infos) < 2 or not infos[-1].is_injective():
             return None
         reductions = [info for info in infos if not info.is_injective()]
         last = sch.get(infos[-1].block_rv)
@@ -93,7 +84,7 @@ class ReductionAlongOuterAxis:
             block = sch.get(info.block_rv)
             reduced = [iv.var for iv in block.iter_vars
                        if iv.iter_type == tvm.tirx.IterVar.CommReduce]
-            if any(_uses(read.region[-1].min, var) for read in block.reads for var in reduced):
+            if any(uses(read.region[-1].min, var) for read in block.reads for var in reduced):
                 return None  # along the innermost axis: dlight's Reduction
             shape = block.writes[0].source.shape
             if not isinstance(shape[-1], tvm.tirx.IntImm) or int(shape[-1]) != int(extent):
@@ -101,13 +92,13 @@ class ReductionAlongOuterAxis:
             outputs.append(block.writes[0].source)
         bindings = _bindings(sch, infos[-1].block_rv)
         reduced = {var for read in last.reads if any(read.source.same_as(b) for b in outputs)
-                   for var in bindings if not any(_uses(r.min, var) for r in read.region)}
+                   for var in bindings if not any(uses(r.min, var) for r in read.region)}
         loops = sch.get_loops(infos[-1].block_rv)
         inner = _innermost_loop(sch, infos[-1].block_rv)
         if not reduced or inner is None or not sch.get(inner).same_as(sch.get(loops[-1])):
             return None
         reduced_loops = [loop for loop in loops[:-1] if any(
-            _uses(bindings[var], sch.get(loop).loop_var) for var in reduced)]
+            uses(bindings[var], sch.get(loop).loop_var) for var in reduced)]
         spatial = [loop for loop in loops[:-1]
                    if not any(sch.get(loop).same_as(sch.get(r)) for r in reduced_loops)]
         lanes = vector_lanes(int(extent), last.writes[0].source.dtype.bits, target)

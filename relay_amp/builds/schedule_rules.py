@@ -222,4 +222,29 @@ def apply_rules(rules, log: RuleLog | None = None):
         [name_kernels, dl.ApplyDefaultSchedule(*[Guarded(rule) for rule in rules])])
 
 
-__all__ = ["KernelSchedule", "RuleError", "RuleLog", "apply_rules", "decide"]
+def uses(expr, var) -> bool:
+    """Whether the TIR expression ``expr`` mentions the variable ``var``."""
+    import tvm_ffi
+
+    found = []
+    tvm_ffi.structural_walk(expr, lambda node: found.append(node.same_as(var)))
+    return any(found)
+
+
+def llvm_blocks(func, target):
+    """``(schedule, blocks)``: what a CPU rule starts from, a schedule of ``func`` and its
+    blocks as dlight normalizes them (``normalize_prim_func``); None where ``func`` is not a
+    PrimFunc, ``target`` not an ``llvm`` one, or the blocks do not normalize."""
+    import tvm
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    if not isinstance(func, tvm.tirx.PrimFunc) or target.kind.name != "llvm":
+        return None
+    sch = s_tir.Schedule(func)
+    blocks = normalize_prim_func(sch)
+    return None if blocks is None else (sch, blocks)
+
+
+__all__ = ["KernelSchedule", "RuleError", "RuleLog", "apply_rules", "decide", "llvm_blocks",
+           "uses"]
