@@ -66,12 +66,7 @@ class ReductionAlongOuterAxis:
     """
 
     def apply(self, func, target, tunable):  # noqa: ARG002 - dlight's rule signature
-        from tvm import s_tir
-
-        start = llvm_blocks(func, target)
-        if start is None:
-            return None
-        sch, infos = start
+        sch, infos = llvm_blocks(func, target) or (None, ())
         if len(infos) < 2 or not infos[-1].is_injective():
             return None
         reductions = [info for info in infos if not info.is_injective()]
@@ -120,7 +115,7 @@ class ReductionAlongOuterAxis:
                         if not sch.get(other).same_as(sch.get(loop))]
                 sch.reorder(*rest, loop)
                 sch.vectorize(loop)
-        except s_tir.ScheduleError:
+        except tvm.s_tir.ScheduleError:
             return None
         decide(f"{len(reductions)} reductions over an outer axis, computed once for each "
                f"{lanes} of the innermost axis's {int(extent)} values, in parallel"
