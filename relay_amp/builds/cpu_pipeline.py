@@ -131,7 +131,6 @@ def _dot_product(block) -> bool:
     return accumulates and any(isinstance(uncast(t), prim.Mul) for t in terms)
 
 
-
 def _lanes_in_pairs(block) -> bool:
     """Whether ``block``'s product reads its second operand as a ``(.., C, 1)`` vector of the
     lanes (a depthwise weight), which BFMLALB/BFMLALT read eight lanes at a time."""
@@ -231,11 +230,11 @@ def _x86_tile(block, spatial, axis, shape, width: int, registers: int, pad_lanes
         candidates = [it for it in _shared_rows(block, spatial, axis)
                       if isinstance(it.dom, (int, tvm.tirx.IntImm))]
         extents = [int(it.dom) for it in candidates]
+    vector_reads = _vector_reads(block, axis)
     outputs = int(axis.dom)
     for it in spatial:  # a packed weight's panels: the lanes of a row's other tiles
         if it is not axis and isinstance(it.dom, (int, tvm.tirx.IntImm)) and any(
-                uses(r.min, it.var) for region in _vector_reads(block, axis)
-                for r in region.region):
+                uses(r.min, it.var) for region in vector_reads for r in region.region):
             outputs *= int(it.dom)
     tile = x86_tile_shape(int(axis.dom), extents, width, registers, paddable=_einsum(block),
                           outputs=outputs)

@@ -88,7 +88,6 @@ def has_fmlal(target) -> bool:
     return is_aarch64(target) and cpu_has("fp16fml", target)
 
 
-
 def lane_rows(extent: int, channels: int) -> tuple | None:
     """``(lanes, rows)`` for a dot product whose operands are both vectors of the lanes (a
     depthwise convolution: input and weight), ``rows`` adjacent outputs of an axis of ``extent``
@@ -332,7 +331,6 @@ def _blocked_intrinsic(rows: int, depth: int, lanes: int, scope: str, dtype: str
     TensorIntrin.register(name, desc, impl, override=True)
     _REGISTERED[key] = name
     return name
-
 
 
 def _bits(value):
