@@ -15,6 +15,7 @@ from __future__ import annotations
 import tvm
 
 from ..relax_utils import TVM_ERRORS, last_line, mutate_functions
+from .constants import array, const
 
 #: What ``relax.transform.ConvertLayout`` asks for: NHWC data, HWIO weights. A transposed
 #: convolution would follow its input into NHWC, for which TVM 0.27 has no kernel ("CodeGenVM
@@ -210,8 +211,7 @@ def _transpose_constants(mod):
             call = super().visit_call_(call)
             if call.op.same_as(permute) and isinstance(call.args[0], tvm.ir.expr.Constant):
                 axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
-                return relax.const(np.ascontiguousarray(
-                    np.transpose(call.args[0].value.numpy(), axes)))
+                return const(np.transpose(array(call.args[0]), axes))
             return call
 
     return mutate_functions(Transposed(mod))

@@ -29,7 +29,7 @@ import tvm
 
 from ..relax_utils import TVM_ERRORS, mutate_functions
 from .bfdot import _window
-from .constants import constant_value
+from .constants import const, constant_value
 from .x86_tiles import TILE_VECTORS, tile_shape, vector_registers, vector_width
 
 
@@ -115,7 +115,6 @@ def panel_lanes(call, target) -> int | None:
 
 def _rewrite_matmul(builder, call, weight, target):
     import numpy as np
-    from tvm import relax
 
     if weight is None or weight.ndim != 2 or str(weight.dtype) != "float32" \
             or str(call.ty.dtype) != "float32" or str(call.args[0].ty.dtype) != "float32":
@@ -124,17 +123,14 @@ def _rewrite_matmul(builder, call, weight, target):
     if lanes is None:
         return None
     depth, outputs = weight.shape
-    padded = np.pad(weight, [(0, 0), (0, padded_outputs(outputs, vector_width(target))
-                                      - outputs)])
+    padding = padded_outputs(outputs, vector_width(target)) - outputs
+    padded = np.pad(weight, [(0, 0), (0, padding)]) if padding else weight
     panels = padded.reshape(depth, -1, lanes).transpose(1, 0, 2)
-    return builder.call_te(_matmul, call.args[0], relax.const(np.ascontiguousarray(panels)),
-                           outputs, primfunc_name_hint="matmul_packed")
+    return builder.call_te(_matmul, call.args[0], const(panels), outputs,
+                           primfunc_name_hint="matmul_packed")
 
 
 def _rewrite(builder, call, weight, target):
-    import numpy as np
-    from tvm import relax
-
     if call.op.name == "relax.matmul":
         return _rewrite_matmul(builder, call, weight, target)
     attrs = call.attrs
@@ -148,8 +144,8 @@ def _rewrite(builder, call, weight, target):
         return None
     kh, kw, channels, outputs = weight.shape
     panels = weight.reshape(kh, kw, channels, outputs // lanes, lanes).transpose(3, 0, 1, 2, 4)
-    return builder.call_te(_conv2d, call.args[0], relax.const(np.ascontiguousarray(panels)),
-                           *_window(attrs), primfunc_name_hint="conv2d_nhwc_packed")
+    return builder.call_te(_conv2d, call.args[0], const(panels), *_window(attrs),
+                           primfunc_name_hint="conv2d_nhwc_packed")
 
 
 def packed_weights(target) -> tvm.transform.Pass:

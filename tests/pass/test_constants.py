@@ -3,6 +3,8 @@ build time, where TVM's FoldConstant compiles and runs a kernel for each."""
 
 import numpy as np
 import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -59,3 +61,38 @@ def test_a_reshape_of_an_input_stays():
             return gv
 
     assert "R.reshape" in numpy_layout_constants()(Input)["main"].script()
+
+
+def test_a_weight_is_read_in_place_and_read_only():
+    from relay_amp.builds.constants import array
+
+    weight = relax.const(np.arange(12, dtype="float32").reshape(3, 4))
+    value = array(weight)
+    np.testing.assert_array_equal(value, np.arange(12).reshape(3, 4))
+    assert np.shares_memory(value, array(weight))  # no copy per read
+    assert not value.flags.writeable  # the input module's weight
+    import ml_dtypes
+
+    bfloat16 = relax.const(np.ones(3, ml_dtypes.bfloat16))  # no DLPack dtype in numpy: a copy
+    assert array(bfloat16).dtype == ml_dtypes.bfloat16
+
+
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), data=st.data())
+@settings(max_examples=40, deadline=None)
+def test_a_transposed_weight_becomes_an_aligned_constant_of_the_same_values(shape, data):
+    from relay_amp.builds import constants
+
+    axes = data.draw(st.permutations(range(len(shape))))
+    value = np.random.default_rng(len(shape)).standard_normal(shape).astype("float32")
+    view = np.transpose(value, axes)
+    block = constants.COPY_BLOCK
+    constants.COPY_BLOCK = 4  # blocks smaller than the array, and uneven ones
+    try:
+        made = constants.const(view)
+    finally:
+        constants.COPY_BLOCK = block
+    held = np.from_dlpack(made.value)
+    np.testing.assert_array_equal(held, view)
+    assert held.ctypes.data % constants.ALIGNMENT == 0
+    assert not np.shares_memory(held, value)  # the model's own array is not the constant
+
