@@ -110,8 +110,7 @@ def _cases(name: str, tokens):
             yield f"{name} ({length} tokens)", mod, (
                 lambda threads, m=built.module: _torch_peer(m, threads)), inputs
         return
-    workdir = tempfile.mkdtemp(prefix="bench_peers_")
-    loaded = models.load(name, workdir, batch_size=1)
+    loaded = models.load(name, batch_size=1)  # its folder lives while this generator does
     path = loaded.extra.get("onnx_path")
     if path is None:
         raise SystemExit(f"{name}: no ONNX file to give ONNX Runtime (a {spec.family} model)")
@@ -179,9 +178,10 @@ def _child(args) -> int:
             ours = tvm.relax.VirtualMachine(library, tvm.cpu())["main"]
             build_s = tvm_build_s = None
         else:
-            workdir = tempfile.mkdtemp(prefix="bench_peers_build_")
-            ours, build_s = _build(mod, target, True, workdir)
-            tvm_build_s = (_build(mod, target, False, workdir)[1] if args.tvm_build else None)
+            with tempfile.TemporaryDirectory(prefix="bench_peers_build_") as workdir:
+                ours, build_s = _build(mod, target, True, workdir)  # loaded: the file can go
+                tvm_build_s = (_build(mod, target, False, workdir)[1] if args.tvm_build
+                               else None)
         peer, peer_run = peer_factory(threads)
         tvm_inputs = [tvm.runtime.tensor(x) for x in inputs]
         reference = [np.asarray(o) for o in peer_run(*inputs)]
@@ -230,8 +230,8 @@ def chain_build_times(lengths) -> list[dict]:
     rows = []
     for length in lengths:
         mod = elementwise_chain(length)
-        workdir = tempfile.mkdtemp(prefix="bench_peers_chain_")
-        seconds = {ours: _build(mod, target, ours, workdir)[1] for ours in (False, True)}
+        with tempfile.TemporaryDirectory(prefix="bench_peers_chain_") as workdir:
+            seconds = {ours: _build(mod, target, ours, workdir)[1] for ours in (False, True)}
         rows.append({"ops": length, "tvm_build_s": seconds[False],
                      "relay_amp_build_s": seconds[True]})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)

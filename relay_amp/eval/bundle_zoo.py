@@ -228,14 +228,13 @@ def _mediapipe_or_yolo(spec, batch: int) -> BenchModel:
 
 
 def _gluon(spec, batch: int) -> BenchModel:
-    import tempfile
 
     import onnx
     from onnx import numpy_helper
 
     from . import models
 
-    loaded = models.load(spec.name, tempfile.mkdtemp(prefix="relay_amp_"), batch_size=batch)
+    loaded = models.load(spec.name, batch_size=batch)
     graph = onnx.load(loaded.extra["onnx_path"]).graph
     table = WeightTable({init.name: numpy_helper.to_array(init) for init in graph.initializer})
     mod = loaded.mod

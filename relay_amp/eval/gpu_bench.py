@@ -117,14 +117,13 @@ TORCHVISION = {"resnet18_v1": "resnet18", "resnet34_v1": "resnet34", "resnet50_v
 
 def gluon_model(name="resnet50_v1", workdir=None, batch: int = 1) -> BenchModel:
     """A GluonCV model (the sweep's loader) through ONNX, its weights lifted to parameters."""
-    import tempfile
 
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
 
     from .models import load
 
-    loaded = load(name, workdir or tempfile.mkdtemp(prefix="relay_amp_"), batch_size=batch)
+    loaded = load(name, workdir, batch_size=batch)
     mod = from_onnx(drop_initializer_inputs(onnx.load(loaded.extra["onnx_path"])),
                     keep_params_in_input=True)
     data_name = mod["main"].params[0].name

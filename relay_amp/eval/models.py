@@ -47,6 +47,8 @@ class LoadedModel:
     batches: list
     notes: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+    #: the temporary folder :func:`load` made for the model's files, removed with this object
+    folder: object = field(default=None, repr=False, compare=False)
 
 
 GLUON_WEIGHTS = "Xavier init, BatchNorm re-estimated on real photos"
@@ -152,17 +154,23 @@ def load(name: str, workdir: str | None = None, batch_size: int | None = None,
     them (more photos, rendered lines, seeded token rows...; the model itself does not change),
     a loader that already gives as many keeps its own, and one that cannot says so in a note.
     ``len(result.batches)`` is what was given.
+
+    Without ``workdir`` the model's files (``extra["onnx_path"]``, hundreds of MB for some)
+    go to a temporary folder that is removed when the result is, or at exit: keep the result
+    while a file it names is read.
     """
     spec = get_spec(name)
     if batches is not None and batches < 1:
         raise ValueError(f"batches must be at least 1; got {batches}")
-    workdir = workdir or tempfile.mkdtemp(prefix="relay_amp_")
+    folder = None if workdir else tempfile.TemporaryDirectory(prefix="relay_amp_")
+    workdir = workdir or folder.name
     if spec.family == "gluoncv":
         loaded = _load_gluon(spec, workdir, batch_size, batches)
     else:
         loader = {"paddleocr": _load_paddleocr, "yolov8": _load_yolov8,
                   "mediapipe": _load_mediapipe, "transformers": _load_transformer}[spec.family]
         loaded = loader(spec, workdir, batches)
+    loaded.folder = folder
     if batches is not None:
         given = len(loaded.batches)
         loaded.notes.append(f"{given} input batches measured (--batches {batches}"

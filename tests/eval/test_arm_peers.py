@@ -114,7 +114,8 @@ def test_float16_hint_is_model_metadata_xnnpack_reads(tmp_path):
     tflite = pytest.importorskip("tflite")
     from relay_amp.eval import models
 
-    source = models.load("iris_landmark").extra["tflite_path"]
+    loaded = models.load("iris_landmark")  # its folder lives as long as it does
+    source = loaded.extra["tflite_path"]
     hinted = arm_peers.with_float16_hint(source, tmp_path / "hinted.tflite")
     model = tflite.Model.GetRootAsModel(open(hinted, "rb").read(), 0)
     metadata = {model.Metadata(i).Name().decode():

@@ -14,7 +14,6 @@ re-estimation that differ in the last bit between CPUs do not change it.
 import difflib
 import pathlib
 import sys
-import tempfile
 
 import cases
 import pytest
@@ -49,7 +48,7 @@ def _sweep_defaults():
     from relay_amp.eval import models
 
     for name in models.DEFAULT_MODELS:
-        loaded = models.load(name, tempfile.mkdtemp())
+        loaded = models.load(name)
         integer = loaded.extra["uint8"]
         options = {"calibration": relay_amp.calibrate(loaded.mod, loaded.batches),
                    "input_dtypes": {integer["input"]: "uint8"},
