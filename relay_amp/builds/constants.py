@@ -97,32 +97,39 @@ def _reshape(value, call):
     return value.reshape([int(n) for n in call.ty.shape])
 
 
+#: The layout ops of :data:`FOLDED`: what a value keeps bit for bit.
+LAYOUT_OPS = {"relax.permute_dims": _permute, "relax.reshape": _reshape}
+
 #: What a weight may pass through between its constant and the op, computed here with numpy:
 #: the casts the pass inserts (a float16 TFLite weight is widened, then narrowed to bfloat16),
 #: ``ConvertLayout``'s transpose and the frontends' reshapes (TFLite's depthwise weights).
-FOLDED = {"relax.astype": _astype, "relax.permute_dims": _permute, "relax.reshape": _reshape}
+FOLDED = {"relax.astype": _astype, **LAYOUT_OPS}
 
 
-def constant_value(mutator, expr, hops: int = 8):
-    """The numpy value of ``expr`` where it is a constant or :data:`FOLDED` ops of one, through
-    the variables ``mutator`` (a ``relax.PyExprMutator``) has bound them to; else None."""
+def constant_value(mutator, expr, hops: int = 8, folded=None):
+    """The numpy value of ``expr`` where it is a constant or ``folded`` ops (by default
+    :data:`FOLDED`) of one, through the variables ``mutator`` (a ``relax.PyExprMutator``) has
+    bound them to; else None."""
     from tvm import relax
 
     while isinstance(expr, relax.Var) and hops:
         expr, hops = mutator.lookup_binding(expr), hops - 1
     if isinstance(expr, tvm.ir.expr.GenericConst):
         return array(expr)
+    folded = FOLDED if folded is None else folded
     if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
-            and expr.op.name in FOLDED and hops:
-        value = constant_value(mutator, expr.args[0], hops - 1)
-        return None if value is None else FOLDED[expr.op.name](value, expr)
+            and expr.op.name in folded and hops:
+        value = constant_value(mutator, expr.args[0], hops - 1, folded)
+        return None if value is None else folded[expr.op.name](value, expr)
     return None
 
 
 def numpy_layout_constants() -> tvm.transform.Pass:
     """The Relax pass: every ``reshape`` and ``permute_dims`` of a constant (through the
     variables bound to it) replaced by the constant numpy computes, and the bindings left
-    unread removed. Casts are left to TVM (a bfloat16 constant has no numpy dtype TVM reads).
+    unread removed. A cast to bfloat16 on the way is left to TVM, whose rounding it is; a
+    bfloat16 weight's own transpose is folded (the layout pass leaves the weights' transposes
+    here).
 
     Returns
     -------
@@ -143,7 +150,9 @@ def numpy_layout_constants() -> tvm.transform.Pass:
                     value = constant_value(self, call)
                 except TVM_ERRORS:  # a symbolic shape: TVM's own folding, or none
                     value = None
-                if value is not None and str(value.dtype) != "bfloat16":
+                if value is not None and str(value.dtype) == "bfloat16":
+                    value = constant_value(self, call, folded=LAYOUT_OPS)  # None through a cast
+                if value is not None:
                     return const(value)
             return call
 
@@ -154,4 +163,5 @@ def numpy_layout_constants() -> tvm.transform.Pass:
     return _fold
 
 
-__all__ = ["ALIGNMENT", "FOLDED", "array", "const", "constant_value", "numpy_layout_constants"]
+__all__ = ["ALIGNMENT", "FOLDED", "LAYOUT_OPS", "array", "const", "constant_value",
+           "numpy_layout_constants"]

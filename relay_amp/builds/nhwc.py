@@ -15,7 +15,6 @@ from __future__ import annotations
 import tvm
 
 from ..relax_utils import TVM_ERRORS, last_line, mutate_functions
-from .constants import array, const
 
 #: What ``relax.transform.ConvertLayout`` asks for: NHWC data, HWIO weights. A transposed
 #: convolution would follow its input into NHWC, for which TVM 0.27 has no kernel ("CodeGenVM
@@ -56,7 +55,9 @@ def nhwc_convolutions(rule_log=None) -> tvm.transform.Pass:
                 rule_log.raised("<module>", "ConvertLayout", f"{', '.join(unlowered)} would "
                                 "become NHWC, which TVM does not lower: NCHW kept")
             return mod
-        return _transpose_constants(_elementwise_in_place(converted))
+        # the weights' transposes stay: a pass that packs a weight reads through its
+        # transpose (one copy, not two), and numpy_layout_constants folds the rest
+        return _elementwise_in_place(converted)
 
     return _convert
 
@@ -193,28 +194,6 @@ def _elementwise_in_place(mod):
 
     # the transposes the kernels no longer read
     return relax.transform.DeadCodeElimination()(mutate_functions(InPlace(mod)))
-
-
-def _transpose_constants(mod):
-    """``mod`` with each ``permute_dims`` of a constant (a weight ``ConvertLayout`` transposed)
-    replaced by the transposed constant: numpy's transpose at build time, where TVM's
-    ``FoldConstant`` would compile and run a kernel on the host per weight (8.6 of 14.6 s
-    building mobilenetv2_1.0)."""
-    import numpy as np
-    from tvm import relax
-
-    permute = tvm.ir.Op.get("relax.permute_dims")
-
-    @relax.expr_functor.mutator
-    class Transposed(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if call.op.same_as(permute) and isinstance(call.args[0], tvm.ir.expr.Constant):
-                axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
-                return const(np.transpose(array(call.args[0]), axes))
-            return call
-
-    return mutate_functions(Transposed(mod))
 
 
 __all__ = ["LAYOUTS", "nhwc_convolutions"]

@@ -11,7 +11,6 @@ import gc
 import json
 import os
 import statistics
-import tempfile
 import time
 from datetime import datetime, timezone
 
@@ -146,8 +145,7 @@ def model_benchmark(name: str, repeats: int = 5, latency: bool = False,
     variant; with ``latency``, the compiled CPU latency of float32 and every variant."""
     from . import models
 
-    workdir = workdir or tempfile.mkdtemp(prefix="relay_amp_bench_")
-    loaded = models.load(name, workdir)
+    loaded = models.load(name, workdir)  # no workdir: a folder that goes with ``loaded``
     mod, inputs = loaded.mod, loaded.batches[0]
     found = variants()
     row = {"model": name, "bindings": count_bindings(mod), "fp32": module_stats(mod)}

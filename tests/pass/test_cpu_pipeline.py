@@ -547,10 +547,13 @@ def _conv_with_constant_weight():
 
 
 def test_aarch64_convolutions_are_nhwc_with_weights_transposed_at_build_time():
-    """The NCHW convolution becomes NHWC with HWIO weights; the weight's transpose is folded
-    into a constant (no transpose of it left to run), and the module computes what it did."""
+    """The NCHW convolution becomes NHWC with HWIO weights; the weight's transpose, left by
+    the layout pass for the passes that pack weights, is folded into a constant by numpy (no
+    transpose of it left to run), and the module computes what it did."""
+    from relay_amp.builds.constants import numpy_layout_constants
+
     mod = _conv_with_constant_weight()
-    converted = nhwc_convolutions()(mod)
+    converted = numpy_layout_constants()(nhwc_convolutions()(mod))
     bindings = converted["main"].body.blocks[0].bindings
     calls = [b.value for b in bindings if isinstance(b.value, relax.Call)]
     (conv,) = [c for c in calls if c.op.name == "relax.nn.conv2d"]

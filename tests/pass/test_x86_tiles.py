@@ -12,6 +12,7 @@ from helpers import asm_kernel, projection
 from tvm import relax
 
 import relay_amp
+from relay_amp.builds.constants import numpy_layout_constants
 from relay_amp.builds.cpu_pipeline import cpu_pipeline
 from relay_amp.builds.nhwc import nhwc_convolutions
 from relay_amp.builds.packed_weights import packed_weights, padded_outputs
@@ -343,10 +344,10 @@ def _clipped_convs(seed=0, activation="clip"):
 def test_elementwise_kernels_between_convolutions_stay_in_nhwc(target, activation):
     """``ConvertLayout`` cannot see into a frontend's own elementwise kernels and wrapped each
     in transposes back to NCHW and again to NHWC: the kernels now compute in NHWC, and only
-    the model's input and output are transposed (the weights at build time)."""
+    the model's input and output are transposed (the weights at build time, by numpy)."""
     mod = _clipped_convs(activation=activation)
     with tvm.target.Target(target):
-        converted = nhwc_convolutions()(mod)
+        converted = numpy_layout_constants()(nhwc_convolutions()(mod))
     text = converted["main"].script()
     assert text.count("R.permute_dims") == 2, text
     assert text.count("R.call_tir") == {"clip": 2, "sigmoid": 1}[activation]
@@ -363,7 +364,7 @@ def test_a_conversions_casts_stay_in_nhwc(dtype):
     (MobileNetV2's float16 build on aarch64 kept 68 of them)."""
     mod, _ = relay_amp.convert(_clipped_convs(), dtype)
     with tvm.target.Target(NEON):
-        converted = nhwc_convolutions()(mod)
+        converted = numpy_layout_constants()(nhwc_convolutions()(mod))
     text = converted["main"].script()
     assert "R.astype" in text and text.count("R.permute_dims") == 2, text
     x = np.random.default_rng(2).standard_normal((1, 16, 8, 8)).astype("float32") * 4
