@@ -199,7 +199,7 @@ def _tile_function(body, a_shape, b_shape, c_shape, scope: str):
     """A tile intrinsic's ``desc`` or ``impl``: ``C (c_shape, in scope) += A (a_shape) x
     B (b_shape)``, strided rows, its root block's statements those ``body(A, B, C)`` builds.
     Built with TVMScript's IR builder, as its parser would build the same text, without the
-    parse: 25 ms a function parsed, 1-3 ms built (the first build of a model registers every
+    parse: 30-70 ms a function parsed, 1-3 ms built (the first build of a model registers every
     tile shape it uses)."""
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as builder
@@ -207,12 +207,15 @@ def _tile_function(body, a_shape, b_shape, c_shape, scope: str):
     with IRBuilder() as made:
         with builder.prim_func(s_tir=True):
             builder.func_name(body.__name__)
-            handles = [builder.arg(name, builder.handle()) for name in "abc"]
-            A, B, C = (IRBuilder.name(name, builder.match_buffer(
-                handle, shape, "float32", offset_factor=1,
-                strides=[IRBuilder.name(f"s{name.lower()}", builder.int64()), 1], scope=where))
-                for name, handle, shape, where in zip("ABC", handles, (a_shape, b_shape, c_shape),
-                                                      ("global", "global", scope)))
+            buffers = []
+            for name, shape, where in zip("ABC", (a_shape, b_shape, c_shape),
+                                          ("global", "global", scope)):
+                handle = builder.arg(name.lower(), builder.handle())
+                stride = IRBuilder.name(f"s{name.lower()}", builder.int64())
+                buffers.append(IRBuilder.name(name, builder.match_buffer(
+                    handle, shape, "float32", offset_factor=1, strides=[stride, 1],
+                    scope=where)))
+            A, B, C = buffers
             with builder.sblock("root"):
                 regions = [buffer[tuple(slice(0, n) for n in buffer.shape)]
                            for buffer in (C, A, B)]

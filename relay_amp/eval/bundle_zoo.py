@@ -228,7 +228,6 @@ def _mediapipe_or_yolo(spec, batch: int) -> BenchModel:
 
 
 def _gluon(spec, batch: int) -> BenchModel:
-
     import onnx
     from onnx import numpy_helper
 

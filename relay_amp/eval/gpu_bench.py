@@ -117,7 +117,6 @@ TORCHVISION = {"resnet18_v1": "resnet18", "resnet34_v1": "resnet34", "resnet50_v
 
 def gluon_model(name="resnet50_v1", workdir=None, batch: int = 1) -> BenchModel:
     """A GluonCV model (the sweep's loader) through ONNX, its weights lifted to parameters."""
-
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
 

@@ -95,4 +95,3 @@ def test_a_transposed_weight_becomes_an_aligned_constant_of_the_same_values(shap
     np.testing.assert_array_equal(held, view)
     assert held.ctypes.data % constants.ALIGNMENT == 0
     assert not np.shares_memory(held, value)  # the model's own array is not the constant
-
