@@ -40,12 +40,15 @@ STEPS = (1, 2)
 #: 3 takes an RGB image's channels, where a depth of 1 does not tensorize; it also takes any
 #: multiple of 3 that 4 does not divide (6 channels: 2 calls, not 3).
 DEPTHS = (4, 3, 2, 1)
-#: The most bytes of sums a tile over a padded row axis (symbolic, or constant without a
-#: divisor that suits the tile) holds: TVM allocates a smaller buffer on the stack, which LLVM
-#: keeps in registers; a larger one is a workspace that LLVM cannot tell from the padded
-#: input's, and each FMA then loads and stores its sum (AVX-512, a projection over a sequence:
-#: 6 x 48 lanes did, 5 x 48 did not).
-PADDED_SUMS_BYTES = 1024
+#: A tile's sums take fewer bytes than this: TVM keeps such a buffer on the stack (its
+#: ``kMaxStackAlloca``), where LLVM holds it in registers. A larger one is taken from TVM's
+#: workspace pool for every tile (``TVMBackendAllocWorkspace``). Over a padded row axis LLVM
+#: then cannot tell it from the padded input's, and each FMA loads and stores its sum (AVX-512,
+#: a projection over a sequence: 6 x 48 lanes did, 5 x 48 did not); over a constant one the
+#: sums stay in registers, yet the kernel is slower: on znver4, a 1 x 1 convolution of 64 to
+#: 256 channels at 56 x 56 took 1.28-1.42 ms with 14 x 32 or 8 x 32 sums (1,792 and 1,024
+#: bytes) against 0.91-1.00 ms with 7 x 32 or 14 x 16 (896 bytes).
+STACK_SUMS_BYTES = 1024
 #: What :func:`tile_cost` counts a broadcast (``vbroadcastss`` from memory) and a weight vector
 #: streamed from L2 as, in loads: the two weights that order the measured tiles as their times.
 BROADCAST_LOADS = 2
@@ -137,8 +140,8 @@ def tile_shape(extent: int, row_extents, width: int, registers: int,
     (a matmul: the schedule pads it), the axis is padded to them, the padded rows' FMAs and the
     padded copy of the input (:data:`PADDED_COPY_LOADS` for each element, over the
     ``outputs / width`` FMAs that read it; ``outputs``: the lanes of all the tiles in a row,
-    ``extent`` unless a packed weight's panels split them) counted as cost and the sums within
-    :data:`PADDED_SUMS_BYTES`. None where no axis takes 2 rows.
+    ``extent`` unless a packed weight's panels split them) counted as cost. Every tile's sums
+    take fewer than :data:`STACK_SUMS_BYTES`. None where no axis takes 2 rows.
 
     Per reduction step a tile of ``rows`` x ``v`` vectors executes ``rows * v`` FMAs,
     ``rows`` broadcasts, a load of each weight vector it holds and a memory operand for each
@@ -157,9 +160,9 @@ def tile_shape(extent: int, row_extents, width: int, registers: int,
         for n, rows_extent in enumerate(row_extents):
             for rows in range(TILE_ROWS, 1, -1):
                 padded = rows_extent is None or rows_extent % rows != 0
-                if held_vectors(rows, vectors, registers) < 0 or padded and (
-                        rows_extent is not None and not paddable
-                        or rows * lanes * 4 > PADDED_SUMS_BYTES):
+                if held_vectors(rows, vectors, registers) < 0 \
+                        or rows * lanes * 4 >= STACK_SUMS_BYTES \
+                        or padded and rows_extent is not None and not paddable:
                     continue
                 waste = 1 if rows_extent is None else -(-rows_extent // rows) * rows / rows_extent
                 cost = tile_cost(rows, vectors, registers) * waste \
@@ -320,6 +323,6 @@ def register_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, ro
 
 
 __all__ = ["BROADCAST_LOADS", "LLVM_IR", "MEMORY_OPERAND_REGISTERS", "PADDED_COPY_LOADS",
-           "PADDED_SUMS_BYTES", "STEPS", "STREAMED_LOADS", "TILE_ROWS", "UNROLLED_WIDTH",
+           "STACK_SUMS_BYTES", "STEPS", "STREAMED_LOADS", "TILE_ROWS", "UNROLLED_WIDTH",
            "held_vectors", "lane_rows", "register_tile", "tile_cost", "tile_shape",
            "vector_registers", "vector_width"]
