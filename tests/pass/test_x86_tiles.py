@@ -444,3 +444,26 @@ def test_a_tile_intrinsic_is_built_as_its_tvmscript_reads():
     built = TensorIntrin.get(_intrinsic(4, 2, 16, 8, "local", 2, 1))
     tvm.ir.assert_structural_equal(built.impl, impl)  # the desc: every tensorize test
     assert built.impl.script() == impl.script()  # its loops' names too, as kernels print them
+
+
+@pytest.mark.parametrize(("target", "width"), [(AVX512, 16), (AVX2, 8)])
+def test_one_row_times_a_matrix_runs_four_chains_of_fmas(target, width):
+    """A batch-1 dense layer (one row, so no register tile): 4 vectors of lanes a tile, each
+    sum its own chain of FMAs, not one vector's chain that waits for each FMA's result. LLVM
+    vectorizes the unrolled lanes at 256 bits, so AVX-512's 64 lanes are 8 ymm sums. Outputs:
+    the plain build's."""
+    from relay_amp.builds.schedule_rules import RuleLog
+
+    mod = projection(1, 256, 512, seed=5)
+    log = RuleLog()
+    with tvm.target.Target(target):
+        cpu_pipeline(target, rule_log=log)(mod)
+    (matmul,) = [s for s in log.schedules if "matmul" in s.kernel]
+    assert any(d.startswith(f"tile: {4 * width} lanes") for d in matmul.decisions)
+    asm = asm_kernel(_assembly(mod, target), "matmul")
+    sums = set(re.findall(r"\bvfmadd\d+ps\s+[^\n]*,\s*(%[yz]mm\d+)\n", asm))
+    assert len(sums) >= 4
+    x = np.random.default_rng(6).standard_normal((1, 256)).astype("float32")
+    plain, tiled = (relay_amp.execution.run(relay_amp.compile_module(mod, None, schedules),
+                                            [x])[0] for schedules in (False, True))
+    np.testing.assert_allclose(tiled, plain, rtol=0, atol=256 * 2.0**-23 * np.abs(plain).max())
