@@ -109,6 +109,12 @@ def _row(name: str, index: int, target, outputs: bool = True, repeat: int = 1) -
     return row
 
 
+def _within(row: dict) -> str:
+    moved = max((output.get("rows_moved", 0) for output in row.get("outputs", ())), default=0)
+    return "**no**" if not row["within"] else \
+        f"yes ({moved} ranked rows swapped on a tie)" if moved else "yes"
+
+
 def table(rows: list[dict]) -> str:
     """The markdown table of ``rows``, slowest ratio first."""
     from relay_amp.eval import rounding
@@ -123,7 +129,7 @@ def table(rows: list[dict]) -> str:
         checked = "| | | not run |"
         if "within" in row:
             checked = (f"| {row['relative']:.1e} | {rounding.EPSILON * row['terms']:.1e} | "
-                       f"{'yes' if row['within'] else '**no**'} |")
+                       f"{_within(row)} |")
         lines.append(f"| {row['model']} | {row['tvm_build_s']:.1f} | "
                      f"{row['relay_amp_build_s']:.1f} | {row['ratio']:.2f} × {checked}")
     return "\n".join(lines)

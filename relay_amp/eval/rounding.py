@@ -12,6 +12,13 @@ magnitude::
 It is loose (a network's rounding differences do not add up in the worst case), so the
 comparison also reports the measured difference beside it; a build that reads a wrong weight
 or a wrong row differs by the outputs' own magnitude and fails it.
+
+A model that ranks rows (a detector's top-k after non-maximum suppression) orders two rows
+whose scores tie to within rounding either way: the two builds then list the same rows, two
+of them swapped. :func:`compare` accepts that, and says so (``rows_moved``), only where every
+output has the same rows, each moved row matches a row of the other build within the bound in
+every output, and it moved among rows that tie, within the bound, in some output (the score
+they were ranked by).
 """
 
 from __future__ import annotations
@@ -103,4 +110,45 @@ def compare(ours, plain, terms: int) -> list[dict]:
         scale = float(np.abs(b64[finite]).max()) if finite.any() else 0.0
         rows.append({"output": index, "max_abs": diff, "bound": bound,
                      "relative": diff / scale if scale else 0.0, "within": diff <= bound})
+    if not all(row["within"] for row in rows):
+        moved = _ranked_rows_moved(ours, plain, [row["bound"] for row in rows])
+        if moved:
+            for row in rows:
+                row.update(within=True, rows_moved=moved)
     return rows
+
+
+def _ranked_rows_moved(ours, plain, bounds) -> int:
+    """How many rows (axis 1 of a batch of one, every output having as many) ``ours`` lists in
+    another place than ``plain``, where each matches a row of ``plain`` within ``bounds`` in
+    every output and moved only to the place of a row it ties with, within the bound, in some
+    float output; 0 where no such matching exists."""
+    pairs = [(np.asarray(a, np.float64), np.asarray(b)) for a, b in zip(ours, plain)]
+    if not pairs or any(b.ndim < 2 or b.shape[0] != 1 or b.shape[1] != pairs[0][1].shape[1]
+                        for _, b in pairs):
+        return 0
+    floats = [b.dtype.kind == "f" for _, b in pairs]
+    ours_rows = [a[0].reshape(a.shape[1], -1) for a, _ in pairs]
+    plain_rows = [b[0].reshape(b.shape[1], -1).astype(np.float64) for _, b in pairs]
+
+    def within(x, y, bound):
+        return bool(np.array_equal(np.isnan(x), np.isnan(y))
+                    and np.all(np.abs(np.nan_to_num(x) - np.nan_to_num(y)) <= bound))
+
+    def close(i, j):  # ours' row j is plain's row i
+        return all(within(o[j], p[i], bound)
+                   for o, p, bound in zip(ours_rows, plain_rows, bounds))
+
+    def tie(i, j):  # plain's rows i and j rank alike: equal within the bound in a float output
+        return any(f and within(p[i], p[j], bound)
+                   for f, p, bound in zip(floats, plain_rows, bounds))
+
+    unused, moved = set(range(plain_rows[0].shape[0])), 0
+    for i in sorted(unused):
+        j = i if i in unused and close(i, i) else next(
+            (j for j in sorted(unused) if tie(i, j) and close(i, j)), None)
+        if j is None:
+            return 0
+        unused.discard(j)
+        moved += j != i
+    return moved

@@ -91,3 +91,34 @@ def test_the_build_time_benchmark_checks_a_registry_models_outputs(tmp_path):
     assert row["status"] == "ok" and row["terms"] > 0 and row["within"]
     assert row["outputs"][0]["max_abs"] <= row["outputs"][0]["bound"]
     assert "| squeezenet1.1 |" in (tmp_path / "rows.md").read_text()
+
+
+def _detections(seed=0):
+    """A detector's ranked outputs for a batch of one: class ids, scores (rows 2 and 3 tie),
+    boxes."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 80, (1, 6, 1)).astype("float32")
+    scores = np.array([0.9, 0.8, 0.7, 0.7, 0.5, 0.4], "float32").reshape(1, 6, 1)
+    return [ids, scores, (rng.random((1, 6, 4)) * 300).astype("float32")]
+
+
+def _swapped(outputs, i, j):
+    swapped = [o.copy() for o in outputs]
+    for o in swapped:
+        o[0, [i, j]] = o[0, [j, i]]
+    return swapped
+
+
+def test_ranked_rows_that_tie_may_swap_and_no_others():
+    """Two detections whose scores tie within rounding are listed in either order: the same
+    rows, swapped, hold (and say so). Rows swapped across different scores, or a swapped row
+    whose box moved past the bound, do not."""
+    plain = _detections()
+    rows = rounding.compare(_swapped(plain, 2, 3), plain, 1000)
+    assert all(row["within"] and row["rows_moved"] == 2 for row in rows)
+    assert rows[2]["max_abs"] > rows[2]["bound"]  # in place, the boxes differ
+    assert not all(row["within"] for row in rounding.compare(_swapped(plain, 1, 2), plain, 1000))
+    wrong = _swapped(plain, 2, 3)
+    wrong[2][0, 2, 0] += 1.0
+    assert not all(row["within"] for row in rounding.compare(wrong, plain, 1000))
+    assert "rows_moved" not in rounding.compare(plain, plain, 1000)[0]
