@@ -42,7 +42,7 @@ def build_seconds(mod, target, relay_amp_schedules: bool, workdir: str) -> float
 
 
 def warm_up_model():
-    """A small NCHW convolution (3 x 3, bias, relu) followed by a matmul, float32: the
+    """A small NCHW convolution (3 x 3, then a ReLU) followed by a matmul, float32: the
     kernels whose first build in a process registers the tile intrinsics and compiles the
     layout and packing passes."""
     import numpy as np
@@ -56,7 +56,7 @@ def warm_up_model():
             conv = builder.emit(relax.op.nn.relu(relax.op.nn.conv2d(
                 x, relax.const(rng.standard_normal((32, 8, 3, 3)).astype("float32")),
                 padding=1)))
-            flat = builder.emit(relax.op.reshape(conv, (14, 14 * 14 * 32 // 14)))
+            flat = builder.emit(relax.op.reshape(conv, (14, 14 * 32)))
             out = builder.emit_output(relax.op.matmul(
                 flat, relax.const(rng.standard_normal((14 * 32, 64)).astype("float32"))))
         builder.emit_func_output(out)
@@ -151,6 +151,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=1,
                         help="builds of each model a pipeline, interleaved; the median is kept")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, not {args.repeat}")
     names = [n for n in args.models.split(",") if n] or sorted(models.REGISTRY)
     for name in names:
         models.get_spec(name)  # an unknown name fails before any build

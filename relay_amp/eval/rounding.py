@@ -81,6 +81,8 @@ def compare(ours, plain, terms: int) -> list[dict]:
     """Per output: the largest difference of ``ours`` from ``plain``, the bound, the
     difference relative to the output's largest magnitude, and whether it holds (an
     integer output must be equal; a NaN or infinity must be where the other build has one).
+    Where ranked rows that tie swapped places (the module's docstring), every output holds
+    and ``rows_moved`` says how many rows moved; ``max_abs`` stays the difference in place.
 
     Raises
     ------
