@@ -129,3 +129,36 @@ def test_outputs_are_the_dlight_schedules(monkeypatch, shape, axis, dtype):
     exact /= exact.sum(axis, keepdims=True)
     np.testing.assert_allclose(ours.astype("float64"), exact, rtol=0,
                                atol=1e-6 if dtype == "float32" else 4e-3)
+
+
+@pytest.mark.parametrize("target", [AVX2, NEON], ids=["x86", "aarch64"])
+def test_a_softmax_fused_with_its_cast_is_computed_once(target):
+    """A float16 model's softmax over the box bins, computed in float32 and cast back (one
+    fused kernel, whose last block is the cast): the cast is folded into the normalization,
+    and each stage runs once, as without the cast. Outputs: numpy's softmax, cast."""
+    x = relax.Var("x", relax.TensorType((1, 16, 4, 64), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.astype(relax.op.nn.softmax(x, axis=1), "float16"))
+        builder.emit_func_output(out)
+    fused = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(), relax.transform.FuseTIR()])(builder.get())
+    (name,) = [gv.name_hint for gv, f in fused.functions.items()
+               if isinstance(f, tvm.tirx.PrimFunc)]
+    assert "softmax" in name and "cast" in name
+    with tvm.target.Target(target):
+        out = dl.ApplyDefaultSchedule(ReductionAlongOuterAxis(), dl.cpu.Reduction())(fused)
+    counts = _iterations(out[name])
+    values = 16 * 4 * 64
+    assert counts["T_softmax_exp"] == counts["T_softmax_norm"] == values
+    assert not any(block.startswith("compute") for block in counts)  # the cast, folded
+    if target is AVX2 and tvm.target.codegen.llvm_get_system_triple().startswith("x86_64"):
+        data = np.random.default_rng(7).standard_normal((1, 16, 4, 64)).astype("float32")
+        ex = tvm.compile(out, target=tvm.target.Target(relay_amp.host_target()))
+        got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
+        e = np.exp(data - data.max(axis=1, keepdims=True))
+        np.testing.assert_allclose(got.astype("float32"),
+                                   (e / e.sum(axis=1, keepdims=True)).astype("float16"),
+                                   rtol=1e-3, atol=1e-3)
