@@ -246,8 +246,10 @@ def _x86_tile(block, spatial, axis, shape, width: int, registers: int, pad_lanes
             block, spatial, axis, *shape,
             lambda extent, channels: x86_lane_rows(extent, channels, UNROLLED_WIDTH, registers))
         if row_axis is None:  # one row (a matrix by a vector): a chain of FMAs a vector
-            lanes = next((v * width for v in TILE_VECTORS if int(axis.dom) % (v * width) == 0),
-                         lanes)
+            vectors = next((v for v in TILE_VECTORS if int(axis.dom) % (v * width) == 0), None)
+            if vectors is not None:
+                lanes = vectors * width
+                decide(f"one row: {vectors} vector(s) of lanes, each its own chain of FMAs")
         return lanes, rows, row_axis
     return shape if tile is None else (tile[0], tile[1], candidates[tile[2]])
 

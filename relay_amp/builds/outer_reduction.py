@@ -84,7 +84,9 @@ class ReductionAlongOuterAxis:
 
     def apply(self, func, target, tunable):  # noqa: ARG002 - dlight's rule signature
         sch, infos = llvm_blocks(func, target) or (None, ())
+        count = len(infos)
         infos = _fold_trailing(sch, infos)
+        folded = count - len(infos)
         if len(infos) < 2 or not infos[-1].is_injective():
             return None
         reductions = [info for info in infos if not info.is_injective()]
@@ -137,7 +139,9 @@ class ReductionAlongOuterAxis:
             return None
         decide(f"{len(reductions)} reductions over an outer axis, computed once for each "
                f"{lanes} of the innermost axis's {int(extent)} values, in parallel"
-               + ("" if vectors is not None else " (no vector length divides the axis)"))
+               + ("" if vectors is not None else " (no vector length divides the axis)")
+               + (f"; {folded} elementwise block(s) after the normalization folded into it"
+                  if folded else ""))
         return sch
 
 

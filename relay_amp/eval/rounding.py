@@ -145,8 +145,9 @@ def _ranked_rows_moved(ours, plain, bounds) -> int:
         return any(f and within(p[i], p[j], bound)
                    for f, p, bound in zip(floats, plain_rows, bounds))
 
-    unused, moved = set(range(plain_rows[0].shape[0])), 0
-    for i in sorted(unused):
+    count = plain_rows[0].shape[0]
+    unused, moved = set(range(count)), 0
+    for i in range(count):
         j = i if i in unused and close(i, i) else next(
             (j for j in sorted(unused) if tie(i, j) and close(i, j)), None)
         if j is None:

@@ -460,6 +460,7 @@ def test_one_row_times_a_matrix_runs_four_chains_of_fmas(target, width):
         cpu_pipeline(target, rule_log=log)(mod)
     (matmul,) = [s for s in log.schedules if "matmul" in s.kernel]
     assert any(d.startswith(f"tile: {4 * width} lanes") for d in matmul.decisions)
+    assert "one row: 4 vector(s) of lanes, each its own chain of FMAs" in matmul.decisions
     asm = asm_kernel(_assembly(mod, target), "matmul")
     sums = set(re.findall(r"\bvfmadd\d+ps\s+[^\n]*,\s*(%[yz]mm\d+)\n", asm))
     assert len(sums) >= 4
