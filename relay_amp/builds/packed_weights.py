@@ -20,7 +20,8 @@ Its kernel computes the sums as ``[rows, n // lanes, n % lanes]``, each index on
 that TVM's ``pad_einsum`` can pad the rows to the tile's where their count is symbolic (a
 sequence) or has no divisor that suits the tile (ViT's 197 tokens); a weight whose ``N`` is
 not a multiple of a vector (GPT-2's 50,257-word head) gets zero columns
-(:func:`padded_outputs`). Either way the kernel writes only the real outputs.
+(:func:`padded_outputs`), and so does a convolution's (MobileNetV2's 24 channels on AVX-512,
+its 1,000-class 1 x 1 classifier). Either way the kernel writes only the real outputs.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .constants import const, constant_value
 from .x86_tiles import TILE_VECTORS, tile_shape, vector_registers, vector_width
 
 
-def _conv2d(x, packed, strides, padding, dilation):
+def _conv2d(x, packed, strides, padding, dilation, outputs: int):
     from tvm import te, topi
 
     batch, height, width, _ = x.shape
@@ -44,12 +45,16 @@ def _conv2d(x, packed, strides, padding, dilation):
     out_w = (width + padding[1] + padding[3] - (kw - 1) * dilation[1] - 1) // strides[1] + 1
     ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
     rc = te.reduce_axis((0, channels), "rc")
-    return te.compute(
+    sums = te.compute(
         (batch, out_h, out_w, blocks * lanes),
         lambda b, y, w, f: te.sum(
             x[b, y * strides[0] + ry * dilation[0], w * strides[1] + rx * dilation[1], rc]
             * packed[f // lanes, ry, rx, rc, f % lanes], axis=[ry, rx, rc]),
         name="conv2d_nhwc_packed")
+    if outputs == blocks * lanes:
+        return sums
+    return te.compute((batch, out_h, out_w, outputs), lambda *i: sums[i],
+                      name="conv2d_nhwc_unpadded")
 
 
 def _matmul(x, packed, outputs: int):
@@ -69,13 +74,24 @@ def _matmul(x, packed, outputs: int):
                       name="matmul_unpacked")
 
 
+#: The most zero columns :func:`padded_outputs` adds, as a fraction of the real ones.
+PADDED_OUTPUTS_WASTE = 1 / 8
+
+
 def padded_outputs(outputs: int, width: int) -> int:
     """A weight's ``outputs`` columns, or, where they are not a multiple of the vector
-    ``width`` (GPT-2's 50,257-word head), the next multiple of :data:`TILE_VECTORS`'s widest
-    lanes: the weight gets zero columns, whose sums the kernel computes and never writes, so
-    that every tile of lanes is whole."""
-    lanes = max(TILE_VECTORS) * width
-    return outputs if outputs % width == 0 else -(-outputs // lanes) * lanes
+    ``width`` (GPT-2's 50,257-word head, a classifier's 1,000 classes, MobileNetV2's 24
+    channels), the next multiple of the widest tile lanes (:data:`TILE_VECTORS`) that adds at
+    most :data:`PADDED_OUTPUTS_WASTE` of them, else of one vector: the weight gets zero
+    columns, whose sums the kernel computes and never writes, so that every tile of lanes is
+    whole (and a matrix times one row gets a chain of FMAs for each of several vectors)."""
+    if outputs % width == 0:
+        return outputs
+    for vectors in sorted(TILE_VECTORS, reverse=True):
+        padded = -(-outputs // (vectors * width)) * vectors * width
+        if padded - outputs <= PADDED_OUTPUTS_WASTE * outputs or vectors == 1:
+            return padded
+    raise AssertionError("TILE_VECTORS holds 1")
 
 
 def matmul_panel_lanes(call, target) -> int | None:
@@ -101,15 +117,20 @@ def matmul_panel_lanes(call, target) -> int | None:
 
 
 def panel_lanes(call, target) -> int | None:
-    """The lanes of the tile that will compute ``call`` (an NHWC convolution), by
-    :func:`relay_amp.builds.x86_tiles.tile_shape` over its output's axes as the schedule rule
-    sees them; None where no tile fits or the target has no tile."""
+    """The lanes of the tile that will compute ``call`` (an NHWC convolution, its channels
+    padded by :func:`padded_outputs`), by :func:`relay_amp.builds.x86_tiles.tile_shape` over
+    its output's axes as the schedule rule sees them; one row's lanes (a classifier's 1 x 1
+    convolution of a pooled pixel) as the rule's one-row tile takes them; None where no tile
+    fits or the target has no tile."""
     width = vector_width(target)
     shape = call.ty.shape
     if width is None or not all(isinstance(n, tvm.tirx.IntImm) for n in shape):
         return None
     batch, height, out_w, channels = (int(n) for n in shape)
+    channels = padded_outputs(channels, width)
     tile = tile_shape(channels, [out_w, height, batch], width, vector_registers(target))
+    if tile is None and batch * height * out_w == 1:
+        return next((v * width for v in TILE_VECTORS if channels % (v * width) == 0), None)
     return None if tile is None else tile[0]
 
 
@@ -142,9 +163,13 @@ def _rewrite(builder, call, weight, target):
     lanes = panel_lanes(call, target)
     if lanes is None:
         return None
+    import numpy as np
+
     kh, kw, channels, outputs = weight.shape
-    panels = weight.reshape(kh, kw, channels, outputs // lanes, lanes).transpose(3, 0, 1, 2, 4)
-    return builder.call_te(_conv2d, call.args[0], const(panels), *_window(attrs),
+    padding = padded_outputs(outputs, vector_width(target)) - outputs
+    padded = np.pad(weight, [(0, 0)] * 3 + [(0, padding)]) if padding else weight
+    panels = padded.reshape(kh, kw, channels, -1, lanes).transpose(3, 0, 1, 2, 4)
+    return builder.call_te(_conv2d, call.args[0], const(panels), *_window(attrs), outputs,
                            primfunc_name_hint="conv2d_nhwc_packed")
 
 

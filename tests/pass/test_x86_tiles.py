@@ -383,10 +383,21 @@ def test_a_conversions_casts_stay_in_nhwc(dtype):
     np.testing.assert_allclose(after, before, rtol=0, atol=1e-4 * np.abs(before).max())
 
 
+@pytest.mark.parametrize(("outputs", "width", "padded"), [
+    (77, 16, 80), (77, 8, 80), (24, 16, 32), (24, 8, 24), (1000, 16, 1024), (1000, 8, 1000),
+    (255, 16, 256), (50257, 16, 50304), (50257, 8, 50272)])
+def test_zero_columns_fill_the_widest_tile_that_wastes_at_most_an_eighth(outputs, width, padded):
+    """Columns no vector divides are padded to the widest tile lanes (4, 3, 2 vectors) whose
+    zero columns are at most an eighth of the real ones, else to one vector: a 1,000-class
+    head gets four chains of FMAs, MobileNetV2's 24 channels one zmm vector more, not 40
+    lanes more."""
+    assert padded_outputs(outputs, width) == padded
+
+
 @pytest.mark.parametrize(("target", "width"), [(AVX512, 16), (AVX2, 8)])
 def test_a_weight_whose_columns_no_vector_divides_is_padded_with_zeros(target, width):
-    """A ``[64, 77]`` weight (as GPT-2's 50,257-word head) is packed with zero columns up to a
-    multiple of four vectors, runs on the register tile (before, no lanes divided 77 and the
+    """A ``[64, 77]`` weight (as GPT-2's 50,257-word head) is packed with zero columns up to
+    :func:`padded_outputs`, runs on the register tile (before, no lanes divided 77 and the
     kernel kept TVM's scalar loops), and writes its 77 columns: the unpacked build's."""
     target = tvm.target.Target(target)
     mod = projection(13, 64, 77, seed=5)
@@ -394,7 +405,7 @@ def test_a_weight_whose_columns_no_vector_divides_is_padded_with_zeros(target, w
         packed = packed_weights(target)(mod)
     shapes = [tuple(e.value.shape) for e in _constants(packed)]
     (panel,) = [s for s in shapes if len(s) == 3]
-    assert panel[0] * panel[2] == padded_outputs(77, width) == 4 * width * -(-77 // (4 * width))
+    assert panel[0] * panel[2] == padded_outputs(77, width) == 80
     assert panel[1] == 64 and packed["main"].ret_ty.shape[-1] == 77
     asm = _assembly(mod, target)
     assert len(re.findall(VECTOR_FMA[width], asm)) >= 8 and not re.findall(SCALAR_FMA, asm)
@@ -402,6 +413,47 @@ def test_a_weight_whose_columns_no_vector_divides_is_padded_with_zeros(target, w
     plain, tiled = (relay_amp.execution.run(relay_amp.compile_module(mod, None, schedules),
                                             [x])[0] for schedules in (False, True))
     np.testing.assert_allclose(tiled, plain, rtol=0, atol=64 * 2.0**-23 * np.abs(plain).max())
+
+
+def _pointwise(channels, outputs, size, seed):
+    """A 1 x 1 convolution (a projection, or a classifier over a pooled pixel) with a bias."""
+    rng = np.random.default_rng(seed)
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    w = relax.const((rng.standard_normal((outputs, channels, 1, 1)) / 8).astype("float32"))
+    b = relax.const(rng.standard_normal((1, outputs, 1, 1)).astype("float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            conv = builder.emit(relax.op.nn.conv2d(x, w))
+            out = builder.emit_output(relax.op.add(conv, b))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+@pytest.mark.parametrize(("target", "width"), [(AVX512, 16), (AVX2, 8)])
+@pytest.mark.parametrize(("channels", "outputs", "size"), [(48, 24, 8), (160, 100, 1)])
+def test_a_convolution_whose_channels_no_vector_divides_is_padded_with_zeros(
+        target, width, channels, outputs, size):
+    """A convolution's output channels are padded as a matmul's columns: MobileNetV2's 24
+    channels on AVX-512 and a classifier's 1 x 1 convolution of one pixel (100 classes here)
+    are packed (on AVX2, 24 channels are 3 vectors and need no zeros), run on vector FMAs
+    with no scalar one (before: 12 lanes that LLVM vectorized as it could, and 8 lanes of one
+    strided chain), and write only the real channels: the plain build's."""
+    target = tvm.target.Target(target)
+    mod = _pointwise(channels, outputs, size, seed=7)
+    with target:
+        packed = packed_weights(target)(nhwc_convolutions()(mod))
+    (panel,) = [tuple(e.value.shape) for e in _constants(packed) if e.value.ndim == 5]
+    assert panel[0] * panel[4] == padded_outputs(outputs, width) >= outputs
+    assert packed["main"].ret_ty.shape[1] == outputs
+    asm = _assembly(mod, target)  # LLVM vectorizes one row's unrolled lanes as it likes
+    assert len(re.findall(r"\bvfmadd\d+ps\s+[^\n]*%[xyz]mm", asm)) >= 4
+    assert not re.findall(SCALAR_FMA, asm)
+    x = np.random.default_rng(8).standard_normal((1, channels, size, size)).astype("float32")
+    plain, tiled = (relay_amp.execution.run(relay_amp.compile_module(mod, None, schedules),
+                                            [x])[0] for schedules in (False, True))
+    np.testing.assert_allclose(tiled, plain, rtol=0,
+                               atol=channels * 2.0**-23 * np.abs(plain).max())
 
 
 def _constants(mod):
