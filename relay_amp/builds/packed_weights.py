@@ -121,12 +121,15 @@ def panel_lanes(call, target) -> int | None:
     padded by :func:`padded_outputs`), by :func:`relay_amp.builds.x86_tiles.tile_shape` over
     its output's axes as the schedule rule sees them; one row's lanes (a classifier's 1 x 1
     convolution of a pooled pixel) as the rule's one-row tile takes them; None where no tile
-    fits or the target has no tile."""
+    fits, the target has no tile, or the channels are fewer than a vector (YOLOv8n's one-channel
+    box decoding: TVM's kernel)."""
     width = vector_width(target)
     shape = call.ty.shape
     if width is None or not all(isinstance(n, tvm.tirx.IntImm) for n in shape):
         return None
     batch, height, out_w, channels = (int(n) for n in shape)
+    if channels < width:  # fewer than one vector: zeros would be most of its FMAs
+        return None
     channels = padded_outputs(channels, width)
     tile = tile_shape(channels, [out_w, height, batch], width, vector_registers(target))
     if tile is None and batch * height * out_w == 1:
