@@ -235,7 +235,7 @@ def test_a_14_wide_tile_reads_a_weight_vector_as_each_fmas_memory_operand():
     with tvm.target.Target(AVX2):
         cpu_pipeline(AVX2, rule_log=log)(mod)
     (conv,) = [s for s in log.schedules if "conv2d" in s.kernel]
-    assert "update: tensor intrinsic relay_amp_x86_tile_7x16_w8_k4_s1_h1_global" in \
+    assert "update: tensor intrinsic relay_amp_x86_tile_7x16_w8_k2_s1_h1_global" in \
         conv.decisions
     assert any("1 of 2 vectors held in registers" in d for d in conv.decisions)
     memory_fma = r"\bvfmadd231ps\s+-?(?:0x)?[0-9a-f]*\([^\n]*%ymm"
@@ -243,7 +243,7 @@ def test_a_14_wide_tile_reads_a_weight_vector_as_each_fmas_memory_operand():
         asm = asm_kernel(_assembly(mod, target), "conv2d")
         loop = asm.split("vfmadd", 1)[1].rsplit("vfmadd", 1)[0]
         fmas = loop.count("vfmadd") + 2
-        assert fmas >= 4 * 14
+        assert fmas >= 2 * 14  # a call: 2 reduction steps of 14 sums
         assert abs(len(re.findall(memory_fma, loop)) / fmas - share) < 0.05
         assert not re.findall(r"\bvmov[au]ps\s+%[yz]mm\d+, -?(?:0x)?[0-9a-f]*\(%rsp\)", loop)
 
