@@ -35,17 +35,20 @@ BROADCAST = r"\bvbroadcastss\s+-?(?:0x)?[0-9a-f]*\("
 VECTOR_LOAD = r"\bvmov[au]ps\s+-?(?:0x)?[0-9a-f]*\([^\n]*%[yz]mm"
 
 
-def _conv(channels=32, outputs=64, size=14, stride=1, seed=0):
-    """An NCHW convolution (as the frontends import it) with a constant weight, bias and relu."""
+def _conv(channels=32, outputs=64, size=14, stride=1, seed=0, kernel=3, relu=True):
+    """An NCHW convolution (as the frontends import it) with a constant weight, bias and relu
+    (none with ``relu`` False: a projection, or a classifier over a pooled pixel)."""
     rng = np.random.default_rng(seed)
     x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
-    w = relax.const((rng.standard_normal((outputs, channels, 3, 3)) / 8).astype("float32"))
+    w = relax.const((rng.standard_normal((outputs, channels, kernel, kernel)) / 8)
+                    .astype("float32"))
     b = relax.const(rng.standard_normal((1, outputs, 1, 1)).astype("float32"))
     builder = relax.BlockBuilder()
     with builder.function("main", [x]):
         with builder.dataflow():
-            conv = builder.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=1))
-            out = builder.emit_output(relax.op.nn.relu(relax.op.add(conv, b)))
+            conv = builder.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=kernel // 2))
+            out = relax.op.add(conv, b)
+            out = builder.emit_output(relax.op.nn.relu(out) if relu else out)
         builder.emit_func_output(out)
     return builder.get()
 
@@ -415,21 +418,6 @@ def test_a_weight_whose_columns_no_vector_divides_is_padded_with_zeros(target, w
     np.testing.assert_allclose(tiled, plain, rtol=0, atol=64 * 2.0**-23 * np.abs(plain).max())
 
 
-def _pointwise(channels, outputs, size, seed):
-    """A 1 x 1 convolution (a projection, or a classifier over a pooled pixel) with a bias."""
-    rng = np.random.default_rng(seed)
-    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
-    w = relax.const((rng.standard_normal((outputs, channels, 1, 1)) / 8).astype("float32"))
-    b = relax.const(rng.standard_normal((1, outputs, 1, 1)).astype("float32"))
-    builder = relax.BlockBuilder()
-    with builder.function("main", [x]):
-        with builder.dataflow():
-            conv = builder.emit(relax.op.nn.conv2d(x, w))
-            out = builder.emit_output(relax.op.add(conv, b))
-        builder.emit_func_output(out)
-    return builder.get()
-
-
 @pytest.mark.parametrize(("target", "width"), [(AVX512, 16), (AVX2, 8)])
 @pytest.mark.parametrize(("channels", "outputs", "size"), [(48, 24, 8), (160, 100, 1)])
 def test_a_convolution_whose_channels_no_vector_divides_is_padded_with_zeros(
@@ -440,7 +428,7 @@ def test_a_convolution_whose_channels_no_vector_divides_is_padded_with_zeros(
     with no scalar one (before: 12 lanes that LLVM vectorized as it could, and 8 lanes of one
     strided chain), and write only the real channels: the plain build's."""
     target = tvm.target.Target(target)
-    mod = _pointwise(channels, outputs, size, seed=7)
+    mod = _conv(channels, outputs, size, seed=7, kernel=1, relu=False)
     with target:
         packed = packed_weights(target)(nhwc_convolutions()(mod))
     (panel,) = [tuple(e.value.shape) for e in _constants(packed) if e.value.ndim == 5]
