@@ -65,7 +65,8 @@ def inline_within(sch, block_rv, flops) -> bool:
     it, a ``Let``'s value at each use). Counted so, a polynomial ``exp`` inlined into another
     costs 25 times its own, and is refused: TVM's code generation binds each ``Let`` in an
     ``arith::Analyzer`` whose cost grows with their nesting, and a chain of 50 sigmoids
-    inlined into one loop did not build in 300 s. False, ``sch`` untouched, otherwise."""
+    inlined into one loop did not build in 300 s. A block that calls a function is not inlined
+    into a reader that stores bfloat16 (:func:`_calls`). False, ``sch`` untouched, otherwise."""
     from tvm import s_tir
 
     from .flops import expanded_flops
@@ -76,15 +77,29 @@ def inline_within(sch, block_rv, flops) -> bool:
             or not isinstance(block.body, tvm.tirx.BufferStore):
         return False
     inlined = {block.writes[0].source: expanded_flops(block.body)}
+    calls = _calls(block.body.value)
     for reader in (sch.get(r) for r in readers):
         if not (_along(reader) and isinstance(reader.body, tvm.tirx.BufferStore)) \
-                or expanded_flops(reader.body, inlined) > flops:
+                or expanded_flops(reader.body, inlined) > flops \
+                or calls and str(reader.body.buffer.dtype) == "bfloat16":
             return False
     try:
         sch.compute_inline(block_rv)
     except s_tir.ScheduleError:
         return False
     return True
+
+
+def _calls(expr) -> bool:
+    """Whether ``expr`` calls a function (``erf``: a ``libm`` call on aarch64). TVM's
+    ``BF16ComputeLegalize`` writes the value it rounds to bfloat16 out twice, and no pass
+    merges the two calls: BERT's bfloat16 GELU, inlined into its cast, called ``erf`` twice an
+    element (296 M instructions in ``libm`` against float32's 148 M)."""
+    import tvm_ffi
+
+    found = []
+    tvm_ffi.structural_walk(expr, lambda node: found.append(isinstance(node, tvm.ir.expr.Call)))
+    return any(found)
 
 
 def vectorize_blocks(sch, names, target, flops, parallel: bool,
