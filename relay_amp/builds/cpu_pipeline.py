@@ -44,7 +44,7 @@ from .outer_reduction import ReductionAlongOuterAxis
 from .packed_weights import packed_weights
 from .prelu import elementwise_prelu
 from .schedule_rules import apply_rules, decide, llvm_blocks, uses
-from .x86_tiles import TILE_VECTORS, UNROLLED_WIDTH, vector_registers, vector_width
+from .x86_tiles import UNROLLED_WIDTH, row_vectors, vector_registers, vector_width
 from .x86_tiles import lane_rows as x86_lane_rows
 from .x86_tiles import register_tile as x86_register_tile
 from .x86_tiles import tile_shape as x86_tile_shape
@@ -246,7 +246,7 @@ def _x86_tile(block, spatial, axis, shape, width: int, registers: int, pad_lanes
             block, spatial, axis, *shape,
             lambda extent, channels: x86_lane_rows(extent, channels, UNROLLED_WIDTH, registers))
         if row_axis is None:  # one row (a matrix by a vector): a chain of FMAs a vector
-            vectors = next((v for v in TILE_VECTORS if int(axis.dom) % (v * width) == 0), None)
+            vectors = row_vectors(int(axis.dom), width)
             if vectors is not None:
                 lanes = vectors * width
                 decide(f"one row: {vectors} vector(s) of lanes, each its own chain of FMAs")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import tvm
 
 from .neon_tiles import is_aarch64
+from .schedule_rules import decide
 from .x86_tiles import vector_width
 
 #: Registers of the widest dtype one step of the loop computes, most first where the extent
@@ -80,8 +81,11 @@ def inline_within(sch, block_rv, flops) -> bool:
     calls = _calls(block.body.value)
     for reader in (sch.get(r) for r in readers):
         if not (_along(reader) and isinstance(reader.body, tvm.tirx.BufferStore)) \
-                or expanded_flops(reader.body, inlined) > flops \
-                or calls and str(reader.body.buffer.dtype) == "bfloat16":
+                or expanded_flops(reader.body, inlined) > flops:
+            return False
+        if calls and str(reader.body.buffer.dtype) == "bfloat16":
+            decide(f"{block.name_hint} kept out of {reader.name_hint}: it calls a function, "
+                   "which bfloat16's rounding would call twice")
             return False
     try:
         sch.compute_inline(block_rv)

@@ -31,7 +31,7 @@ import tvm
 from ..relax_utils import TVM_ERRORS, mutate_functions
 from .bfdot import _window
 from .constants import const, constant_value
-from .x86_tiles import TILE_VECTORS, tile_shape, vector_registers, vector_width
+from .x86_tiles import TILE_VECTORS, row_vectors, tile_shape, vector_registers, vector_width
 
 
 def _conv2d(x, packed, strides, padding, dilation, outputs: int):
@@ -133,7 +133,8 @@ def panel_lanes(call, target) -> int | None:
     channels = padded_outputs(channels, width)
     tile = tile_shape(channels, [out_w, height, batch], width, vector_registers(target))
     if tile is None and batch * height * out_w == 1:
-        return next((v * width for v in TILE_VECTORS if channels % (v * width) == 0), None)
+        vectors = row_vectors(channels, width)
+        return None if vectors is None else vectors * width
     return None if tile is None else tile[0]
 
 

@@ -184,6 +184,13 @@ def tile_shape(extent: int, row_extents, width: int, registers: int,
 UNROLLED_WIDTH = 8
 
 
+def row_vectors(extent: int, width: int) -> int | None:
+    """The vectors of ``width`` lanes one row of ``extent`` outputs takes (a matrix times a
+    vector: a classifier's last layer at batch 1), each its own chain of FMAs: the most of
+    :data:`TILE_VECTORS` that divide it; None where none does."""
+    return next((v for v in TILE_VECTORS if extent % (v * width) == 0), None)
+
+
 def lane_rows(extent: int, channels: int, width: int, registers: int) -> tuple | None:
     """``(lanes, rows)`` for a dot product whose operands are both vectors of the lanes (a
     depthwise convolution: input and weight): ``rows`` adjacent outputs of an axis of
@@ -327,5 +334,5 @@ def register_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, ro
 
 __all__ = ["BROADCAST_LOADS", "LLVM_IR", "MEMORY_OPERAND_REGISTERS", "PADDED_COPY_LOADS",
            "STACK_SUMS_BYTES", "STEPS", "STREAMED_LOADS", "TILE_ROWS", "UNROLLED_WIDTH",
-           "held_vectors", "lane_rows", "register_tile", "tile_cost", "tile_shape",
+           "held_vectors", "lane_rows", "register_tile", "row_vectors", "tile_cost", "tile_shape",
            "vector_registers", "vector_width"]
