@@ -13,6 +13,7 @@ that keeps its own; the weights are then transposed once, at build time.
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 
 from ..relax_utils import TVM_ERRORS, last_line, mutate_functions
 
@@ -40,7 +41,9 @@ def nhwc_convolutions(rule_log=None) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.nhwc_convolutions")
     def _convert(mod, context):
-        before = _followers(mod)
+        before, convolutions = _followers(mod)
+        if not convolutions:  # a transformer: ConvertLayout would take a second for nothing
+            return _elementwise_in_place(mod, lower_ops=False)
         try:  # on a copy: inside a pass TVM rewrites the module it is given in place
             converted = relax.transform.ConvertLayout(LAYOUTS)(
                 tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs))
@@ -48,7 +51,7 @@ def nhwc_convolutions(rule_log=None) -> tvm.transform.Pass:
             if rule_log is not None:
                 rule_log.raised("<module>", "ConvertLayout", last_line(err))
             return mod
-        unlowered = sorted(op for op, seen in _followers(converted).items()
+        unlowered = sorted(op for op, seen in _followers(converted)[0].items()
                            if seen != before.get(op))
         if unlowered:  # an op that follows its input's layout, with no NHWC kernel in TVM
             if rule_log is not None:
@@ -57,29 +60,33 @@ def nhwc_convolutions(rule_log=None) -> tvm.transform.Pass:
             return mod
         # the weights' transposes stay: a pass that packs a weight reads through its
         # transpose (one copy, not two), and numpy_layout_constants folds the rest
-        return _elementwise_in_place(converted)
+        return _elementwise_in_place(converted, lower_ops=True)
 
     return _convert
 
 
 def _followers(mod) -> dict:
-    """The ``data_layout`` values of each op other than the convolutions of :data:`LAYOUTS`.
+    """The ``data_layout`` values of each op other than the convolutions of :data:`LAYOUTS`,
+    and whether one of those convolutions is called.
     One whose layout the conversion changes follows its input (a transposed convolution), and
     TVM 0.27 has no NHWC kernel for it: "CodeGenVM cannot emit this Relax operator"
     (ppocrv4_det on aarch64)."""
     from tvm import relax
 
-    found = {}
+    found, convolutions = {}, []
 
     def visit(expr):
-        if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-                and expr.op.name not in LAYOUTS and hasattr(expr.attrs, "data_layout")):
+        if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)):
+            return
+        if expr.op.name in LAYOUTS:
+            convolutions.append(expr.op.name)
+        elif hasattr(expr.attrs, "data_layout"):
             found.setdefault(expr.op.name, set()).add(str(expr.attrs.data_layout))
 
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
-    return found
+    return found, bool(convolutions)
 
 
 def _elementwise_block(func):
@@ -114,14 +121,50 @@ def _elementwise_block(func):
     return sch, block_rv
 
 
-def _elementwise_in_place(mod):
+def _transposed_alike(call, args, permuted):
+    """The axes every argument of ``call`` is a transpose by (``permuted``: each one's
+    ``(value, axes)`` or None), each of the output's shape; None if some tensor argument is
+    not such a transpose (0-d ones aside)."""
+    from tvm import relax
+
+    if not all(isinstance(e.ty, relax.TensorType) and e.ty.ndim >= 0
+               for e in (call, *args)) or call.ty.shape is None:
+        return None  # several outputs, unknown shapes, non-tensor arguments
+    found = [p for p in permuted if p is not None]
+    if not found or any(p[1] != found[0][1] for p in found) or any(
+            a.ty.ndim != 0 and (p is None or not tvm_ffi.structural_equal(
+                a.ty.shape, call.ty.shape)) for p, a in zip(permuted, args)):
+        return None
+    return found[0][1]
+
+
+def _lowered(call, legalize):
+    """``(call_tir, kernel)``: ``call`` as its op's ``FLegalize`` writes it, built apart (the
+    kernel joins the module only if it is used); None if it is not one ``call_tir``."""
+    from tvm import relax
+
+    scratch = relax.BlockBuilder()
+    try:
+        lowered = scratch.normalize(legalize(scratch, call))
+    except TVM_ERRORS:
+        return None
+    if not (isinstance(lowered, relax.Call) and lowered.op.same_as(tvm.ir.Op.get("relax.call_tir"))
+            and len(lowered.args) == 2):
+        return None
+    return lowered, scratch.get()[lowered.args[0]]
+
+
+def _elementwise_in_place(mod, lower_ops: bool):
     """``mod`` with each kernel that is elementwise (:func:`_elementwise_block`) and reads a
     transpose of a value computing on the value itself, in its layout, the transpose moved
     after it; two transposes that undo each other then vanish. ``ConvertLayout`` wraps such a
     kernel in transposes back to NCHW and again to NHWC (MobileNetV2's ReLU6, each a
     transpose, a max, a min and a transpose: 40 % of its x86 time, sampled). A cast of a
     transpose (what a float16 conversion puts between such a kernel and the next convolution)
-    is moved after it the same way."""
+    is moved after it the same way. With ``lower_ops`` an op call is lowered to its kernel to
+    be moved too: ``ConvertLayout`` has no layout rule for some (a leaky ReLU: darknet53's
+    every activation between two transposes), and keeps others in NCHW after them (the
+    residual sums of those activations)."""
     from tvm import relax, s_tir
 
     permute = tvm.ir.Op.get("relax.permute_dims")
@@ -152,29 +195,41 @@ def _elementwise_in_place(mod):
                     return call
                 cast = self.builder_.emit(relax.op.astype(inner[0], call.attrs.dtype))
                 return relax.op.permute_dims(cast, inner[1])
-            if not call.op.same_as(call_tir) or len(call.args) != 2 or call.args[2:]:
+            if isinstance(call.op, tvm.ir.Op) and not call.op.same_as(call_tir):
+                return self._lowered_in_place(call) if lower_ops else call
+            if len(call.args) != 2:
                 return call
-            moved = self._in_place(call)
+            moved = self._in_place(call, self.builder_.get()[call.args[0]])
             return call if moved is None else moved
 
-        def _in_place(self, call):
+        def _lowered_in_place(self, call):
+            """``call`` of an op whose tensor arguments are transposes by the same axes (a
+            leaky ReLU, which ``ConvertLayout`` has no layout rule for; the sum of two), lowered
+            to its kernel and moved in place when that kernel is elementwise."""
+            call = self.builder_.normalize(call)
+            legalize = call.op.get_attr("FLegalize")
+            if legalize is None or call.op.name in LAYOUTS \
+                    or self._axes(call, [a for a in call.args
+                                         if not isinstance(a.ty, tvm.ir.PrimType)]) is None:
+                return call
+            lowered = _lowered(call, legalize)
+            moved = None if lowered is None else self._in_place(*lowered)
+            return call if moved is None else moved
+
+        def _axes(self, call, args):
+            return _transposed_alike(call, args, [self._permuted(a) for a in args])
+
+        def _in_place(self, call, func):
             if not isinstance(call.args[1], relax.Tuple):
                 return None
             args = list(call.args[1].fields)
-            if not all(isinstance(e.ty, relax.TensorType) and e.ty.ndim >= 0
-                       for e in (call, *args)) or call.ty.shape is None:
-                return None  # several outputs, unknown shapes, non-tensor arguments
-            shape = call.ty.shape
-            permuted = [self._permuted(a) for a in args]
-            found = [p for p, a in zip(permuted, args) if p is not None]
-            if not found or any(p[1] != found[0][1] for p in found) or any(
-                    p is None and a.ty.ndim != 0 for p, a in zip(permuted, args)):
-                return None
-            block = _elementwise_block(self.builder_.get()[call.args[0]])
+            axes = self._axes(call, args)
+            block = None if axes is None else _elementwise_block(func)
             if block is None:
                 return None
             sch, block_rv = block
-            axes = found[0][1]
+            shape = call.ty.shape
+            permuted = [self._permuted(a) for a in args]
             inverse = [axes.index(j) for j in range(len(axes))]
             moved = tvm.tirx.IndexMap.from_func(
                 lambda *i: [i[inverse[j]] for j in range(len(axes))], ndim=len(axes))

@@ -328,7 +328,8 @@ def test_a_depthwise_convolutions_rows_share_each_weight_vector(target, width):
 def _clipped_convs(seed=0, activation="clip"):
     """Two convolutions with a ReLU6 between them as TVM's ONNX frontend writes Clip: two
     kernels of its own (``emit_te``), a max and a min with 0-d bounds; or with a sigmoid as
-    :mod:`relay_amp.builds.fast_math` writes it (three stages in one kernel)."""
+    :mod:`relay_amp.builds.fast_math` writes it (three stages in one kernel); or a leaky ReLU,
+    a Relax op that ``ConvertLayout`` has no layout rule for."""
     from tvm import topi
 
     from relay_amp.builds.fast_math import _sigmoid
@@ -344,14 +345,16 @@ def _clipped_convs(seed=0, activation="clip"):
             if activation == "clip":
                 low = builder.emit_te(topi.maximum, conv, relax.const(0.0, "float32"))
                 high = builder.emit_te(topi.minimum, low, relax.const(6.0, "float32"))
-            else:
+            elif activation == "sigmoid":
                 high = builder.emit_te(_sigmoid, conv)
+            else:
+                high = builder.emit(relax.op.nn.leakyrelu(conv, 0.1))
             out = builder.emit_output(relax.op.nn.conv2d(high, w2, padding=1))
         builder.emit_func_output(out)
     return builder.get()
 
 
-@pytest.mark.parametrize("activation", ["clip", "sigmoid"])
+@pytest.mark.parametrize("activation", ["clip", "sigmoid", "leakyrelu"])
 @pytest.mark.parametrize("target", [AVX512, NEON], ids=["x86", "aarch64"])
 def test_elementwise_kernels_between_convolutions_stay_in_nhwc(target, activation):
     """``ConvertLayout`` cannot see into a frontend's own elementwise kernels and wrapped each
@@ -362,8 +365,46 @@ def test_elementwise_kernels_between_convolutions_stay_in_nhwc(target, activatio
         converted = numpy_layout_constants()(nhwc_convolutions()(mod))
     text = converted["main"].script()
     assert text.count("R.permute_dims") == 2, text
-    assert text.count("R.call_tir") == {"clip": 2, "sigmoid": 1}[activation]
+    assert text.count("R.call_tir") == {"clip": 2, "sigmoid": 1, "leakyrelu": 1}[activation]
     x = np.random.default_rng(1).standard_normal((1, 16, 8, 8)).astype("float32") * 4
+    before, after = (relay_amp.execution.run(relay_amp.compile_module(m, None, False), [x])[0]
+                     for m in (mod, converted))
+    np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-5)
+
+
+def _residual_leaky_block(seed=0):
+    """darknet53's block: a leaky ReLU after each of two convolutions, their sum into a third
+    (``ConvertLayout`` has no layout rule for the leaky ReLU, and keeps the sum of two NCHW
+    values in NCHW)."""
+    rng = np.random.default_rng(seed)
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    w1, w2, w3 = (relax.const((rng.standard_normal((16, 16, 3, 3)) / 8).astype("float32"))
+                  for _ in range(3))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            first = builder.emit(relax.op.nn.leakyrelu(relax.op.nn.conv2d(x, w1, padding=1), 0.1))
+            second = builder.emit(relax.op.nn.leakyrelu(
+                builder.emit(relax.op.nn.conv2d(first, w2, padding=1)), 0.1))
+            total = builder.emit(relax.op.add(first, second))
+            out = builder.emit_output(relax.op.nn.conv2d(total, w3, padding=1))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+@pytest.mark.parametrize("target", [AVX512, NEON], ids=["x86", "aarch64"])
+def test_ops_with_no_layout_rule_and_their_sums_stay_in_nhwc(target):
+    """Each leaky ReLU and the sum of two of them are lowered to their kernels and computed in
+    NHWC: only the model's input and output are transposed (darknet53 kept 102 transposes
+    between its convolutions, its build 1.3 x TVM's)."""
+    mod = _residual_leaky_block()
+    with tvm.target.Target(target):
+        converted = numpy_layout_constants()(nhwc_convolutions()(mod))
+    text = converted["main"].script()
+    assert text.count("R.permute_dims") == 2, text
+    assert "R.nn.leakyrelu" not in text and "R.add" not in text
+    assert not mod.same_as(converted) and "R.nn.leakyrelu" in mod["main"].script()
+    x = np.random.default_rng(3).standard_normal((1, 16, 8, 8)).astype("float32")
     before, after = (relay_amp.execution.run(relay_amp.compile_module(m, None, False), [x])[0]
                      for m in (mod, converted))
     np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-5)
