@@ -43,7 +43,7 @@ def nhwc_convolutions(rule_log=None) -> tvm.transform.Pass:
     def _convert(mod, context):
         before, convolutions = _followers(mod)
         if not convolutions:  # a transformer: ConvertLayout would take a second for nothing
-            return _elementwise_in_place(mod, lower_ops=False)
+            return _elementwise_in_place(mod, lower_ops=False, rule_log=rule_log)
         try:  # on a copy: inside a pass TVM rewrites the module it is given in place
             converted = relax.transform.ConvertLayout(LAYOUTS)(
                 tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs))
@@ -60,12 +60,12 @@ def nhwc_convolutions(rule_log=None) -> tvm.transform.Pass:
             return mod
         # the weights' transposes stay: a pass that packs a weight reads through its
         # transpose (one copy, not two), and numpy_layout_constants folds the rest
-        return _elementwise_in_place(converted, lower_ops=True)
+        return _elementwise_in_place(converted, lower_ops=True, rule_log=rule_log)
 
     return _convert
 
 
-def _followers(mod) -> dict:
+def _followers(mod) -> tuple[dict, bool]:
     """The ``data_layout`` values of each op other than the convolutions of :data:`LAYOUTS`,
     and whether one of those convolutions is called.
     One whose layout the conversion changes follows its input (a transposed convolution), and
@@ -154,7 +154,7 @@ def _lowered(call, legalize):
     return lowered, scratch.get()[lowered.args[0]]
 
 
-def _elementwise_in_place(mod, lower_ops: bool):
+def _elementwise_in_place(mod, lower_ops: bool, rule_log=None):
     """``mod`` with each kernel that is elementwise (:func:`_elementwise_block`) and reads a
     transpose of a value computing on the value itself, in its layout, the transpose moved
     after it; two transposes that undo each other then vanish. ``ConvertLayout`` wraps such a
@@ -164,12 +164,14 @@ def _elementwise_in_place(mod, lower_ops: bool):
     is moved after it the same way. With ``lower_ops`` an op call is lowered to its kernel to
     be moved too: ``ConvertLayout`` has no layout rule for some (a leaky ReLU: darknet53's
     every activation between two transposes), and keeps others in NCHW after them (the
-    residual sums of those activations)."""
+    residual sums of those activations). ``rule_log`` gets what was moved, by op or kernel."""
     from tvm import relax, s_tir
 
     permute = tvm.ir.Op.get("relax.permute_dims")
     call_tir = tvm.ir.Op.get("relax.call_tir")
     astype = tvm.ir.Op.get("relax.astype")
+
+    moved_calls: dict = {}  # op or kernel -> calls computed in their input's layout
 
     @relax.expr_functor.mutator
     class InPlace(relax.PyExprMutator):
@@ -206,30 +208,29 @@ def _elementwise_in_place(mod, lower_ops: bool):
             """``call`` of an op whose tensor arguments are transposes by the same axes (a
             leaky ReLU, which ``ConvertLayout`` has no layout rule for; the sum of two), lowered
             to its kernel and moved in place when that kernel is elementwise."""
-            call = self.builder_.normalize(call)
             legalize = call.op.get_attr("FLegalize")
-            if legalize is None or call.op.name in LAYOUTS \
-                    or self._axes(call, [a for a in call.args
-                                         if not isinstance(a.ty, tvm.ir.PrimType)]) is None:
+            tensors = [a for a in call.args if not isinstance(a.ty, tvm.ir.PrimType)]
+            permuted = [self._permuted(a) for a in tensors]
+            if legalize is None or call.op.name in LAYOUTS or not any(permuted):
+                return call  # most calls: no transpose read, nothing to normalize
+            call = self.builder_.normalize(call)
+            if _transposed_alike(call, tensors, permuted) is None:
                 return call
             lowered = _lowered(call, legalize)
-            moved = None if lowered is None else self._in_place(*lowered)
+            moved = None if lowered is None else self._in_place(*lowered, name=call.op.name)
             return call if moved is None else moved
 
-        def _axes(self, call, args):
-            return _transposed_alike(call, args, [self._permuted(a) for a in args])
-
-        def _in_place(self, call, func):
+        def _in_place(self, call, func, name=None):
             if not isinstance(call.args[1], relax.Tuple):
                 return None
             args = list(call.args[1].fields)
-            axes = self._axes(call, args)
+            permuted = [self._permuted(a) for a in args]
+            axes = _transposed_alike(call, args, permuted)
             block = None if axes is None else _elementwise_block(func)
             if block is None:
                 return None
             sch, block_rv = block
             shape = call.ty.shape
-            permuted = [self._permuted(a) for a in args]
             inverse = [axes.index(j) for j in range(len(axes))]
             moved = tvm.tirx.IndexMap.from_func(
                 lambda *i: [i[inverse[j]] for j in range(len(axes))], ndim=len(axes))
@@ -241,6 +242,8 @@ def _elementwise_in_place(mod, lower_ops: bool):
                 sch.transform_layout(block_rv, ("write", 0), moved)
             except (s_tir.ScheduleError, *TVM_ERRORS):
                 return None
+            name = name or call.args[0].name_hint
+            moved_calls[name] = moved_calls.get(name, 0) + 1
             gvar = self.builder_.add_func(sch.mod["main"], call.args[0].name_hint + "_moved")
             out = relax.TensorType([shape[a] for a in inverse], call.ty.dtype)
             value = self.builder_.emit(relax.call_tir(
@@ -248,7 +251,12 @@ def _elementwise_in_place(mod, lower_ops: bool):
             return relax.op.permute_dims(value, axes)
 
     # the transposes the kernels no longer read
-    return relax.transform.DeadCodeElimination()(mutate_functions(InPlace(mod)))
+    result = relax.transform.DeadCodeElimination()(mutate_functions(InPlace(mod)))
+    if rule_log is not None and moved_calls:
+        rule_log.scheduled("<module>", "nhwc_convolutions", tuple(
+            f"{name} computed in its input's layout, the transposes around it dropped "
+            f"({count} call{'s' if count > 1 else ''})" for name, count in moved_calls.items()))
+    return result
 
 
 __all__ = ["LAYOUTS", "nhwc_convolutions"]

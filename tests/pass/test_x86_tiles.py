@@ -397,12 +397,17 @@ def test_ops_with_no_layout_rule_and_their_sums_stay_in_nhwc(target):
     """Each leaky ReLU and the sum of two of them are lowered to their kernels and computed in
     NHWC: only the model's input and output are transposed (darknet53 kept 102 transposes
     between its convolutions, its build 1.3 x TVM's)."""
-    mod = _residual_leaky_block()
+    from relay_amp.builds.schedule_rules import RuleLog
+
+    mod, log = _residual_leaky_block(), RuleLog()
     with tvm.target.Target(target):
-        converted = numpy_layout_constants()(nhwc_convolutions()(mod))
+        converted = numpy_layout_constants()(nhwc_convolutions(log)(mod))
     text = converted["main"].script()
     assert text.count("R.permute_dims") == 2, text
     assert "R.nn.leakyrelu" not in text and "R.add" not in text
+    (report,) = [s.text() for s in log.schedules if s.kernel == "<module>"]
+    assert "relax.nn.leakyrelu computed in its input's layout" in report and "(2 calls)" in report
+    assert "relax.add computed" in report
     assert not mod.same_as(converted) and "R.nn.leakyrelu" in mod["main"].script()
     x = np.random.default_rng(3).standard_normal((1, 16, 8, 8)).astype("float32")
     before, after = (relay_amp.execution.run(relay_amp.compile_module(m, None, False), [x])[0]
