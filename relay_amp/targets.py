@@ -34,13 +34,13 @@ llvm aarch64           converts with ``+fullfp16`` (or an     converts with ``+b
                        widening, float32 FMAs); half FMAs     values widened with integer shifts,
                        (``fmadd h``, ``fmla v.8h``) with      float32 arithmetic. relay_amp's
                        float16 accumulation asked             runs matmuls and convolutions with
-                       (``Policy.set_accumulation_dtype``).   constant weights on ``bfdot``,
-                       relay_amp's build                      depthwise ones on ``bfmlalb/t``
-                       (:func:`relay_amp.cpu_pipeline`)       (:mod:`relay_amp.builds.bfdot`).
-                       computes matmuls and convolutions      Without: storage
-                       in vector FMAs (``fmla v.4s``,
-                       ``fmla v.8h``), TVM's own mostly in
-                       scalar ``fmadd``. Without: storage
+                       (``Policy.set_accumulation_dtype``).   constant weights on ``bfmmla``
+                       relay_amp's build                      (``bfdot`` where a tile's 8 rows or
+                       (:func:`relay_amp.cpu_pipeline`)       columns do not fit), depthwise
+                       computes matmuls and convolutions      ones on ``bfmlalb/t``
+                       in vector FMAs (``fmla v.4s``,         (:mod:`relay_amp.builds.bfmmla`,
+                       ``fmla v.8h``), TVM's own mostly in    :mod:`relay_amp.builds.bfdot`).
+                       scalar ``fmadd``. Without: storage     Without: storage
 llvm x86               converts with ``avx512fp16``: as on    converts with ``avx512bf16`` or
                        aarch64 (``vcvtsh2ss`` widening,       ``amx-bf16``, but no VDPBF16PS or AMX:
                        float32 FMAs;                          values widened with integer shifts,
@@ -209,10 +209,12 @@ def arm_cpu_path(mcpu: str) -> dict:
     else:
         float16 = "storage: float32 compute, weights stored in float16 (no fullfp16)"
     if caps.computes("bfloat16"):
-        bfloat16 = ("converts: matmuls and convolutions with constant weights on bfdot by "
-                    "element, depthwise convolutions of 8k channels on bfmlalb/bfmlalt "
-                    "(weights packed at build time, float32 sums); other dot products "
-                    "(attention's) widened by shifts into float32 vector FMAs; BFMMLA not used")
+        bfloat16 = ("converts: matmuls and convolutions with constant weights on bfmmla "
+                    "(8 x 8 tiles; bfdot by element where the output channels are not a "
+                    "multiple of 8 or the rows fewer than 8), depthwise convolutions of 8k "
+                    "channels on bfmlalb/bfmlalt (weights packed at build time, float32 sums); "
+                    "other dot products (attention's) widened by shifts into float32 vector "
+                    "FMAs")
     else:
         bfloat16 = "storage: float32 compute, weights stored in bfloat16 (no bf16)"
     return {"mcpu": mcpu, "features": features, "float16": float16, "bfloat16": bfloat16}

@@ -31,6 +31,7 @@ from __future__ import annotations
 import tvm
 
 from ..relax_utils import TVM_ERRORS, mutate_functions
+from . import bfmmla
 from .constants import constant_value
 from .cpu_features import cpu_has
 from .neon_tiles import _loads, _row_step, is_aarch64
@@ -190,6 +191,9 @@ def _rewrite(builder, call, weight):
     if weight is None or str(weight.dtype) != "bfloat16" or str(call.ty.dtype) != "float32" \
             or str(call.args[0].ty.dtype) != "bfloat16":
         return None
+    rewritten = bfmmla.rewrite(builder, call, weight)
+    if rewritten is not None:
+        return rewritten
     name, x, attrs = call.op.name, call.args[0], call.attrs
     if name == "relax.matmul" and weight.ndim == 2 and weight.shape[0] % 2 == 0:
         shape = list(x.ty.shape)

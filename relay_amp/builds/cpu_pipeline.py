@@ -26,6 +26,7 @@ import tvm
 from ..relax_utils import last_line
 from .batch_norm import inference_batch_norms
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
+from .bfmmla import BfmmlaTile
 from .constants import numpy_layout_constants
 from .elementwise import INLINED_FLOPS, Elementwise, register_lanes, vectorize_blocks
 from .fast_math import vector_math
@@ -684,7 +685,7 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     from tvm.s_tir.dlight import cpu as dlight_cpu
 
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    rules = [VectorizeDotProduct(), ReductionAlongOuterAxis(), dlight_cpu.Reduction(),
+    rules = [BfmmlaTile(), VectorizeDotProduct(), ReductionAlongOuterAxis(), dlight_cpu.Reduction(),
              Elementwise()]
     schedules = [apply_rules(rules, rule_log)] if relay_amp_schedules else []
     layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and (

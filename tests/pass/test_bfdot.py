@@ -24,8 +24,9 @@ A64_WIDEN = r"\b(shll2?|fcvtl2?)\s+v\d+\.4s"
 
 
 def conv_matmul(padding=1, strides=1, channels=16):
-    """An NCHW convolution (``channels`` -> 32 channels, 3x3) with relu, and a (4, 32) @
-    (32, 24) matmul, float32 constants."""
+    """An NCHW convolution (``channels`` -> 36 channels, 3x3) with relu, and a (4, 32) @
+    (32, 24) matmul, float32 constants: both on BFDOT (36 channels and 4 rows do not fill
+    BFMMLA's tiles of 8, tests/pass/test_bfmmla.py)."""
     rng = np.random.default_rng(0)
     x = relax.Var("x", relax.TensorType((1, channels, 8, 8), "float32"))
     y = relax.Var("y", relax.TensorType((4, 32), "float32"))
@@ -33,7 +34,7 @@ def conv_matmul(padding=1, strides=1, channels=16):
     with builder.function("main", [x, y]):
         with builder.dataflow():
             c = builder.emit(relax.op.nn.conv2d(
-                x, relax.const(rng.standard_normal((32, channels, 3, 3)).astype("float32")),
+                x, relax.const(rng.standard_normal((36, channels, 3, 3)).astype("float32")),
                 strides=strides, padding=padding))
             r = builder.emit(relax.op.nn.relu(c))
             m = builder.emit(relax.op.matmul(
@@ -77,8 +78,8 @@ def test_the_targets_with_bfdot():
 
 @pytest.mark.parametrize("padding", [0, 1])
 def test_weights_are_packed_in_pairs_after_the_output_channel(padding):
-    """The matmul's (32, 24) weight becomes (16, 24, 2), the convolution's HWIO (3, 3, 16, 32)
-    (3, 3, 8, 32, 2): ``W'[.., p, n, t] == W[.., 2p + t, n]``; both ops become kernels over
+    """The matmul's (32, 24) weight becomes (16, 24, 2), the convolution's HWIO (3, 3, 16, 36)
+    (3, 3, 8, 36, 2): ``W'[.., p, n, t] == W[.., 2p + t, n]``; both ops become kernels over
     them, and nothing else changes."""
     mod = _converted(padding=padding)
     text = mod.script()
@@ -94,7 +95,7 @@ def test_weights_are_packed_in_pairs_after_the_output_channel(padding):
 
     relax.analysis.post_order_visit(packed["main"], visit)
     assert constants["matmul_bfdot"].shape == (16, 24, 2)
-    assert constants["conv2d_nhwc_bfdot"].shape == (3, 3, 8, 32, 2)
+    assert constants["conv2d_nhwc_bfdot"].shape == (3, 3, 8, 36, 2)
     weight = [c.value.numpy() for c in _constants(mod) if c.value.numpy().shape == (32, 24)][0]
     np.testing.assert_array_equal(constants["matmul_bfdot"][5, :, 1], weight[11])
 

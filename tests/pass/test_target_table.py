@@ -313,6 +313,8 @@ A64_WIDEN_HALF = r"\bfcvtl2?\s+v\d+\.4s|\bfcvt\s+s\d+, h\d+"
 A64_FMLAL = r"\bfmlal2?\s+v\d+\.4s"
 A64_BF16 = r"\b(?:bfdot|bfmmla|bfmlal[bt]|bfcvtn2?|bfcvt)\b"
 A64_BFDOT = r"\bbfdot\s+v\d+\.4s, v\d+\.8h, v\d+\.2h\[\d\]"
+A64_BFMMLA = r"\bbfmmla\s+v\d+\.4s, v\d+\.8h, v\d+\.8h"
+A64_BF16_DOT = f"{A64_BFMMLA}|{A64_BFDOT}"
 A64_WIDEN_BY_SHIFT = r"\bshll2?\s+v\d+\.4s, v\d+\.[48]h, #16|\blsl\s+w\d+, w\d+, #16"
 # x86: AVX512-FP16 half arithmetic, its float32 FMAs, half widened, AVX512-BF16/AMX dot products
 X86_HALF_FMA = r"\bvfn?m(?:add|sub)(?:132|213|231)[ps]h\b"
@@ -406,19 +408,20 @@ def test_aarch64_fullfp16_with_float16_accumulation_asked_uses_half_fma(layer_na
 
 
 @pytest.mark.parametrize("layer_name", LAYERS)
-def test_aarch64_bf16_runs_dot_products_on_bfdot_and_widens_the_rest_by_shifts(layer_name):
+def test_aarch64_bf16_runs_dot_products_on_bfmmla_and_widens_the_rest_by_shifts(layer_name):
     """+bf16 converts to bfloat16. Every matmul and convolution (constant weights) runs on
-    ``bfdot`` (relay_amp.builds.bfdot), no operand widened; LLVM emits no other bfloat16
-    instruction (BFMMLA, BFMLAL, BFCVT), and attention's operands are widened with integer
-    shifts and computed in float32. A float32 FMA in a dot kernel is its epilogue's (GELU's
-    polynomial, folded into the write-back), far fewer than the tile's ``bfdot``."""
+    ``bfmmla`` (relay_amp.builds.bfmmla) or, where a tile of 8 does not fit, ``bfdot`` by
+    element (relay_amp.builds.bfdot), no operand widened; LLVM emits no other bfloat16
+    instruction (BFMLAL, BFCVT), and attention's operands are widened with integer shifts and
+    computed in float32. A float32 FMA in a dot kernel is its epilogue's (GELU's polynomial,
+    folded into the write-back), far fewer than the tiles' ``bfmmla``."""
     built = build("aarch64 +bf16", layer_name, "bfloat16")
     assert built.report.converted
-    assert built.each_dot_kernel(A64_BFDOT)
+    assert built.each_dot_kernel(A64_BF16_DOT)
     assert built.found("dot", A64_WIDEN_BY_SHIFT) == []
-    assert len(built.found("dot", A64_F32_FMA)) * 10 < len(built.found("dot", A64_BFDOT))
-    others = re.findall(A64_BF16, "\n".join(built.kernels.values()))
-    assert set(others) == {"bfdot"}
+    assert len(built.found("dot", A64_F32_FMA)) * 10 < len(built.found("dot", A64_BF16_DOT))
+    others = set(re.findall(A64_BF16, "\n".join(built.kernels.values())))
+    assert "bfmmla" in others and others <= {"bfdot", "bfmmla"}, others
     if _has_attention(layer_name):
         assert built.found("attention", A64_WIDEN_BY_SHIFT)
 
@@ -578,7 +581,8 @@ def test_each_named_core_gets_the_path_the_table_gives(cpu):
     if path["features"]["bf16"]:
         assert path["bfloat16"].startswith("converts")
         bf16 = build(f"aarch64 {cpu}", "convnet", "bfloat16")
-        assert ("bfdot" in path["bfloat16"]) and bf16.each_dot_kernel(A64_BFDOT)
+        assert ("bfmmla" in path["bfloat16"]) and bf16.each_dot_kernel(A64_BF16_DOT)
+        assert bf16.found("dot", A64_BFMMLA)
         assert bf16.found("dot", A64_WIDEN_BY_SHIFT) == []
     else:
         assert path["bfloat16"].startswith("storage")

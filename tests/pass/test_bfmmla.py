@@ -1,0 +1,159 @@
+"""relay_amp.builds.bfmmla: bfloat16 convolutions and matmuls on BFMMLA with ``+bf16``.
+
+The packing pass writes the same sums over a packed weight and a packed input (checked by
+running both on this machine); the aarch64 build runs those kernels' products in ``bfmmla``
+(read off the assembly); ops BFMMLA does not suit stay on BFDOT. tests/arm counts them on the
+emulated CPU."""
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from helpers import asm_kernel
+from tvm import relax
+
+import relay_amp
+from relay_amp.builds import bfmmla
+from relay_amp.builds.bfdot import packed_bfloat16_weights
+from relay_amp.builds.nhwc import nhwc_convolutions
+from relay_amp.builds.schedule_rules import RuleLog
+from relay_amp.execution import run
+
+BF16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+bf16"]}
+A64_BFMMLA = r"\bbfmmla\s+v\d+\.4s,\s*v\d+\.8h,\s*v\d+\.8h"
+A64_WIDEN = r"\b(shll2?|fcvtl2?)\s+v\d+\.4s"
+
+
+def conv(channels=16, out_channels=32, size=8, kernel=3, padding=1, strides=1, dilation=1):
+    """An NCHW convolution with relu, float32 constants."""
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    weight = rng.standard_normal((out_channels, channels, kernel, kernel)).astype("float32")
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.nn.conv2d(x, relax.const(weight), strides=strides,
+                                                padding=padding, dilation=dilation))
+            out = builder.emit_output(relax.op.nn.relu(y))
+        builder.emit_func_output(out)
+    return builder.get(), [rng.standard_normal((1, channels, size, size)).astype("float32")]
+
+
+def matmul(rows=12, depth=30, columns=16):
+    """``x @ W``, x ``(1, rows, depth)``, a float32 constant W."""
+    rng = np.random.default_rng(1)
+    count = rows if isinstance(rows, int) else tvm.tirx.Var(rows, "int64")
+    x = relax.Var("x", relax.TensorType((1, count, depth), "float32"))
+    weight = rng.standard_normal((depth, columns)).astype("float32")
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.matmul(x, relax.const(weight)))
+        builder.emit_func_output(out)
+    size = rows if isinstance(rows, int) else 5
+    return builder.get(), [rng.standard_normal((1, size, depth)).astype("float32")]
+
+
+def _packed(mod):
+    with tvm.target.Target(BF16):
+        return packed_bfloat16_weights()(nhwc_convolutions()(mod))
+
+
+def _kernels(mod):
+    return sorted(gvar.name_hint for gvar, func in mod.functions_items()
+                  if isinstance(func, tvm.tirx.PrimFunc))
+
+
+def _converted(model):
+    mod, inputs = model
+    converted, _ = relay_amp.convert(mod, "bfloat16", target=BF16)
+    return converted, inputs
+
+
+def _call_constants(mod):
+    found = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
+                and expr.op.name == "relax.call_tir":
+            found[expr.args[0].name_hint] = expr.args[1][1].value.numpy()
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return found
+
+
+def test_the_weights_are_packed_as_bfmmla_reads_them():
+    """``W'[s, n / 2, n % 2, r] == W[4s + r, n]``: the convolution's (3, 3, 16, 32) HWIO
+    weight as a (144, 32) matrix (tap-major, as the plain convolution sums), its 36 steps of
+    four rounded up to 40 with zeros; the matmul's (30, 16) weight with two zero rows."""
+    mod, _ = _converted(conv())
+    text = mod.script()
+    packed = _call_constants(_packed(mod))["conv2d_nhwc_bfmmla"]
+    assert mod.script() == text  # the input unchanged
+    assert packed.shape == (40, 16, 2, 4)
+    weight = np.random.default_rng(0).standard_normal((32, 16, 3, 3)).astype("float32")
+    matrix = np.concatenate([weight.transpose(2, 3, 1, 0).reshape(144, 32),
+                             np.zeros((16, 32), weight.dtype)])
+    np.testing.assert_array_equal(packed.transpose(0, 3, 1, 2).reshape(160, 32),
+                                  matrix.astype(ml_dtypes.bfloat16))
+
+    mod, _ = _converted(matmul())
+    packed = _call_constants(_packed(mod))["matmul_bfmmla"]
+    assert packed.shape == (8, 8, 2, 4)
+    assert not packed.transpose(0, 3, 1, 2).reshape(32, 16)[30:].any()
+
+
+@pytest.mark.parametrize("model", [
+    conv(), conv(padding=0), conv(strides=2), conv(channels=3, kernel=5, padding=2, strides=2),
+    conv(dilation=2, padding=2), conv(size=7, kernel=1, padding=0), matmul(),
+    matmul(rows=16, depth=64, columns=24)],
+    ids=["3x3", "no-padding", "stride-2", "rgb-5x5", "dilation-2", "7x7-map", "matmul",
+         "matmul-16-rows"])
+def test_the_packed_kernels_compute_the_same_sums(model):
+    """Built for this machine (no BFMMLA: TVM widens the operands), the packed module gives
+    the unpacked one's outputs: each output sums the same products in the same order; the
+    zeros past the input's edges, its channels and the tile's rows add nothing."""
+    mod, inputs = _converted(model)
+    packed = _packed(mod)
+    assert [k for k in _kernels(packed) if "bfmmla" in k], _kernels(packed)
+    plain = run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), inputs)
+    got = run(relax.VirtualMachine(tvm.compile(packed, target="llvm"), tvm.cpu()), inputs)
+    np.testing.assert_allclose(got[0], plain[0], rtol=1e-6, atol=1e-6 * np.abs(plain[0]).max())
+
+
+@pytest.mark.parametrize("model, kernel", [
+    (conv(out_channels=12), "conv2d_nhwc_bfdot"),
+    (conv(size=2, padding=0, kernel=1), "conv2d_nhwc_bfdot"),
+    (matmul(rows=4), "matmul_bfdot"),
+    (matmul(rows="n"), "matmul_bfdot"),
+    (matmul(columns=20), "matmul_bfdot")],
+    ids=["12-channels", "4-pixels", "4-rows", "symbolic-rows", "20-columns"])
+def test_what_bfmmla_does_not_suit_stays_on_bfdot(model, kernel):
+    """Output channels not a multiple of a tile's 8, fewer rows than a tile (BFDOT's eight
+    products an instruction all count), or a symbolic row count: BFDOT's kernels."""
+    mod, _ = _converted(model)
+    assert _kernels(_packed(mod)) == [kernel]
+
+
+@pytest.mark.parametrize("model", [conv(), conv(channels=3, kernel=5, padding=2, strides=2),
+                                   matmul(rows=16, depth=64, columns=24)],
+                         ids=["3x3", "rgb-5x5", "matmul"])
+def test_every_product_runs_in_bfmmla(model):
+    """The aarch64 ``+bf16`` build: the kernel's products on ``bfmmla`` (no ``bfdot``, no
+    float32 FMA, no operand widened), scheduled by the BFMMLA rule with the epilogue in the
+    tile's write-back, as the build's report says."""
+    mod, _ = _converted(model)
+    log = RuleLog()
+    executable = tvm.compile(mod, target=tvm.target.Target(BF16),
+                             relax_pipeline=relay_amp.cpu_pipeline(BF16, rule_log=log))
+    lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
+    body = asm_kernel(lib.inspect_source("asm"), "bfmmla")
+    assert len(re.findall(A64_BFMMLA, body)) >= bfmmla.TILE_PAIRS ** 2
+    assert not re.search(r"\b(bfdot|fmla)\b", body)
+    assert not re.search(A64_WIDEN, body)
+    (schedule,) = [s for s in log.schedules if "bfmmla" in s.kernel]
+    assert "scheduled by BfmmlaTile" in schedule.text(), schedule.text()
+    assert "sums on BFMMLA, 8 x 8 a tile" in schedule.text(), schedule.text()
+    assert not log.errors
