@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import tvm
 
+from ..relax_utils import last_line
 from .schedule_rules import decide, llvm_blocks
 from .tir_script import script
 
@@ -49,8 +50,18 @@ LLVM_IR = "\n".join([
 ANNOTATION = "relay_amp_bfmmla"
 #: Pairs of rows and of columns in a register tile: 4 x 4 blocks of 2 x 2 sums.
 TILE_PAIRS = 4
-#: Steps of four along the reduction one call of the tile adds, the most first.
-DEPTHS = (8, 4, 2, 1)
+#: Steps of four along the reduction one call of the tile adds, or all of them where there
+#: are fewer (:func:`_steps` rounds the steps up to whole calls).
+DEPTH = 8
+#: The parallel loop's iterations: tiles of rows are grouped into at most this many, each
+#: copying its rows' packed input into a workspace of its own. A workspace a tile of 8 rows
+#: cost about 500 instructions of TVM's runtime to allocate and free: 0.86 M of
+#: face_detection_short_range's 25 M.
+PARALLEL_GROUPS = 16
+#: The fewest input channels a convolution takes BFMMLA with: an RGB image's 3 (a step of
+#: four a tap, a quarter of it zeros) made face_detection_short_range's first layer execute
+#: 3.83 M instructions against BFDOT's 2.56 M, copying its receptive fields a step at a time.
+MIN_CHANNELS = 8
 
 _REGISTERED: dict = {}
 
@@ -70,7 +81,7 @@ def packed_weight(weight):
 
 def _steps(quads: int) -> int:
     """The reduction's steps of four, rounded up to a whole number of calls."""
-    return quads if quads < DEPTHS[0] else _ceil(quads, DEPTHS[0])
+    return quads if quads < DEPTH else _ceil(quads, DEPTH)
 
 
 def conv_weight(weight):
@@ -226,9 +237,10 @@ def _static(shape) -> list | None:
 def rewrite(builder, call, weight):
     """The ``call_tir`` of a bfloat16 ``call`` with float32 sums and a constant ``weight``
     (its value) on BFMMLA, or None where BFMMLA does not suit it: a groups-1 NHWC/HWIO
-    convolution or a matmul by a 2-D weight, static shapes, output channels a multiple of
-    :data:`TILE_PAIRS` pairs, at least a tile's :data:`TILE_PAIRS` pairs of rows (fewer
-    rows run on BFDOT, whose eight products an instruction all count)."""
+    convolution of at least :data:`MIN_CHANNELS` input channels or a matmul by a 2-D weight
+    of more than four rows, static shapes, output channels a multiple of :data:`TILE_PAIRS`
+    pairs, at least a tile's :data:`TILE_PAIRS` pairs of rows (fewer rows run on BFDOT,
+    whose eight products an instruction all count)."""
     from tvm import relax
 
     x, attrs = call.args[0], call.attrs
@@ -239,13 +251,13 @@ def rewrite(builder, call, weight):
     for d in shape[:-1]:
         rows *= d
     if call.op.name == "relax.matmul" and weight.ndim == 2:
-        if rows < 2 * TILE_PAIRS:
+        if rows < 2 * TILE_PAIRS or weight.shape[0] <= 4:
             return None
         return builder.call_te(matmul, x, relax.const(packed_weight(matmul_weight(weight))),
                                primfunc_name_hint="matmul_bfmmla")
     if call.op.name != "relax.nn.conv2d" or str(attrs.data_layout) != "NHWC" \
             or str(attrs.out_layout) != "NHWC" or str(attrs.kernel_layout) != "HWIO" \
-            or int(attrs.groups) != 1 or weight.ndim != 4:
+            or int(attrs.groups) != 1 or weight.ndim != 4 or weight.shape[2] < MIN_CHANNELS:
         return None
     out = _static(call.ty.shape)
     if out is None or out[0] * out[1] * out[2] < 2 * TILE_PAIRS:
@@ -313,14 +325,17 @@ def _intrinsic(depth: int, scope: str) -> str:
 
 
 class BfmmlaTile:
-    """A dlight schedule rule for the kernels :func:`conv2d` writes (its sums' block carries
-    :data:`ANNOTATION`): the packed input in parallel over pairs of rows; the sums a register
-    tile of :data:`TILE_PAIRS` x :data:`TILE_PAIRS` blocks, tiles in parallel, the reduction
-    in calls of :data:`DEPTHS` steps tensorized on ``bfmmla``; the NHWC output, with the
-    epilogue TVM fused after the kernel, a parallel loop over pixels."""
+    """A dlight schedule rule for the kernels :func:`conv2d` and :func:`matmul` write (their
+    sums' block carries :data:`ANNOTATION`): tiles of :data:`TILE_PAIRS` pairs of rows in
+    at most :data:`PARALLEL_GROUPS` parallel groups, each copying its rows' packed input once
+    (four values a vector load) for all their tiles of :data:`TILE_PAIRS` pairs of columns;
+    a tile's 16 blocks of sums held in registers through the reduction, which runs in calls
+    of :data:`DEPTH` steps tensorized on ``bfmmla``; the sums written back row by row, the
+    output's NHWC copy and the epilogue TVM fused after the kernel folded into that
+    write-back."""
 
     def apply(self, func, target, tunable):  # noqa: ARG002 - dlight's rule signature
-        from .cpu_pipeline import _inline_epilogue, _vectorize_rest
+        from tvm import s_tir
 
         start = llvm_blocks(func, target)
         if start is None:
@@ -333,26 +348,39 @@ class BfmmlaTile:
         if int(sch.get(columns).extent) % TILE_PAIRS:
             decide(f"its output channels are not a multiple of {2 * TILE_PAIRS}")
             return None
-        quads = int(sch.get(steps).extent)
-        quads_per_tap = int(sch.get(gemm).annotations[ANNOTATION])
-        depth = next(d for d in DEPTHS if quads % d == 0)
+        depth = min(int(sch.get(steps).extent), DEPTH)
+        try:
+            self._schedule(sch, gemm, depth, target)
+        except s_tir.ScheduleError as err:  # the kernel keeps TVM's loops
+            decide(f"not scheduled: {last_line(err)}")
+            return None
+        decide(f"sums on BFMMLA, {2 * TILE_PAIRS} x {2 * TILE_PAIRS} a tile, {depth} steps of "
+               "four a call")
+        return sch
+
+    @staticmethod
+    def _schedule(sch, gemm, depth: int, target) -> None:
+        from .cpu_pipeline import _inline_epilogue, _vectorize_rest
+
         (pack,) = sch.get_producers(gemm)
+        quads_per_tap = int(sch.get(gemm).annotations[ANNOTATION])
         m, n, i, j, s, r = sch.get_loops(gemm)
-        mo, mi = sch.split(m, [None, TILE_PAIRS])
-        no, ni = sch.split(n, [None, TILE_PAIRS])
-        so, si = sch.split(s, [None, depth])
-        sch.reorder(mo, no, so, si, mi, ni, i, j, r)
-        sch.parallel(mo)
-        tile = no
-        # a tile's pairs of rows side by side: one step's four are two ldp
+        tiles = int(sch.get(m).extent) // TILE_PAIRS
+        group, rows, inner_rows = sch.split(
+            m, [None, -(-tiles // PARALLEL_GROUPS), TILE_PAIRS])
+        tile, inner_columns = sch.split(n, [None, TILE_PAIRS])
+        outer_steps, inner_steps = sch.split(s, [None, depth])
+        sch.reorder(group, rows, tile, outer_steps, inner_steps, inner_rows, inner_columns, i, j, r)
+        sch.parallel(group)
+        # a tile's pairs of rows side by side: a step's four are adjacent 128-bit loads
         sch.transform_layout(pack, ("write", 0), lambda p, s, h, r: [
             p // TILE_PAIRS, s, p % TILE_PAIRS, h, r])
-        sch.compute_at(pack, mo)
+        sch.compute_at(pack, group)
         sch.set_scope(pack, 0, "local")
-        self._pack(sch, pack, quads_per_tap)
+        BfmmlaTile._pack(sch, pack, quads_per_tap)
         sums = sch.cache_write(gemm, 0, "local")
         sch.reverse_compute_at(sums, tile)
-        # the sums written back row by row: the output's copy reads them as a matrix
+        # written back as a matrix of rows: the output's copy then reads each row's lanes
         sch.transform_layout(sums, ("write", 0), lambda m, n, i, j: [m * 2 + i, n * 2 + j])
         a, b, c, d = sch.get_loops(sums)[-4:]
         sch.reorder(a, c, b, d)
@@ -363,14 +391,9 @@ class BfmmlaTile:
             decide(f"left in loops of their own: {refused}")
         sch.vectorize(sch.fuse(*sch.get_loops(sums)[-2:]))
         _vectorize_rest(sch, sums, target, True)
-        sch.decompose_reduction(gemm, so)
-        sch.tensorize(si, _intrinsic(depth, "local"))
+        sch.decompose_reduction(gemm, outer_steps)
+        sch.tensorize(inner_steps, _intrinsic(depth, "local"))
         sch.annotate(tile, "pragma_import_llvm", LLVM_IR)
-
-        decide(f"sums on BFMMLA, {2 * TILE_PAIRS} x {2 * TILE_PAIRS} a tile, {depth} steps of "
-               "four a call")
-        return sch
-
 
     @staticmethod
     def _pack(sch, pack, quads: int) -> None:
@@ -386,5 +409,6 @@ def _blocks(sch):
     return sch.get_child_blocks(sch.get_sblock("root"))
 
 
-__all__ = ["ANNOTATION", "BfmmlaTile", "DEPTHS", "LLVM_IR", "TILE_PAIRS", "conv2d",
-           "conv_weight", "packed_weight"]
+__all__ = ["ANNOTATION", "DEPTH", "LLVM_IR", "MIN_CHANNELS", "PARALLEL_GROUPS", "TILE_PAIRS",
+           "BfmmlaTile", "conv2d", "conv_weight", "matmul", "matmul_weight", "packed_weight",
+           "rewrite"]
