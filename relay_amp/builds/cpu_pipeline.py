@@ -664,7 +664,10 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     parallel loop of vectors) and, before legalization, inference batch_norm as elementwise
     ops (:mod:`relay_amp.builds.batch_norm`) and, on aarch64 and on x86 with AVX2 or
     AVX-512, convolutions in NHWC (:mod:`relay_amp.builds.nhwc`); on x86, their float32
-    weights packed in panels of the tile's lanes (:mod:`relay_amp.builds.packed_weights`).
+    weights packed in panels of the tile's lanes (:mod:`relay_amp.builds.packed_weights`);
+    with ``+bf16``, bfloat16 convolutions and matmuls over weights packed for BFMMLA or BFDOT
+    (:mod:`relay_amp.builds.bfmmla`, :mod:`relay_amp.builds.bfdot`), the BFMMLA kernels
+    scheduled first by :class:`~relay_amp.builds.bfmmla.BfmmlaTile`.
 
     Parameters
     ----------
@@ -685,8 +688,8 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     from tvm.s_tir.dlight import cpu as dlight_cpu
 
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    rules = [BfmmlaTile(), VectorizeDotProduct(), ReductionAlongOuterAxis(), dlight_cpu.Reduction(),
-             Elementwise()]
+    rules = [*([BfmmlaTile()] if has_bfdot(target) else []), VectorizeDotProduct(),
+             ReductionAlongOuterAxis(), dlight_cpu.Reduction(), Elementwise()]
     schedules = [apply_rules(rules, rule_log)] if relay_amp_schedules else []
     layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and (
         is_aarch64(target) or vector_width(target)) else []
