@@ -101,15 +101,23 @@ def conv_weight(weight):
     return np.concatenate([matrix, np.zeros((4 * steps - matrix.shape[0], co), weight.dtype)])
 
 
+def _group(tiles: int) -> int:
+    """Tiles of rows a parallel group computes: the fewest that make at most
+    :data:`PARALLEL_GROUPS` groups."""
+    return -(-tiles // PARALLEL_GROUPS)
+
+
 def _pairs(rows: int, steps: int, element, name: str):
     """``A'[m / 2, k / 4, m % 2, k % 4]``: ``rows`` rows of the reduction's ``4 * steps``
-    values in pairs of rows, as 16-bit patterns, the rows rounded up to a whole tile with
-    zeros. ``element(m, step, lane)`` is ``(value, conditions)``: the value of row ``m`` at
-    ``4 * step + lane``, zero where a condition fails (past an input's edge or its
-    channels)."""
+    values in pairs of rows, as 16-bit patterns, the rows rounded up with zeros to whole
+    tiles and whole groups of them (:func:`_group`: a split that leaves a remainder keeps
+    the tile from being tensorized). ``element(m, step, lane)`` is ``(value, conditions)``:
+    the value of row ``m`` at ``4 * step + lane``, zero where a condition fails (past an
+    input's edge or its channels)."""
     from tvm import te, tirx
 
-    padded = _ceil(rows, 2 * TILE_PAIRS)
+    tiles = _ceil(rows, 2 * TILE_PAIRS) // (2 * TILE_PAIRS)
+    padded = _ceil(tiles, _group(tiles)) * 2 * TILE_PAIRS
 
     def value(pair, step, half, lane):
         m = pair * 2 + half
@@ -366,8 +374,8 @@ class BfmmlaTile:
         quads_per_tap = int(sch.get(gemm).annotations[ANNOTATION])
         m, n, i, j, s, r = sch.get_loops(gemm)
         tiles = int(sch.get(m).extent) // TILE_PAIRS
-        group, rows, inner_rows = sch.split(
-            m, [None, -(-tiles // PARALLEL_GROUPS), TILE_PAIRS])
+        per_group = next(g for g in range(_group(tiles), tiles + 1) if tiles % g == 0)
+        group, rows, inner_rows = sch.split(m, [None, per_group, TILE_PAIRS])
         tile, inner_columns = sch.split(n, [None, TILE_PAIRS])
         outer_steps, inner_steps = sch.split(s, [None, depth])
         sch.reorder(group, rows, tile, outer_steps, inner_steps, inner_rows, inner_columns, i, j, r)

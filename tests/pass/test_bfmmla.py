@@ -108,9 +108,10 @@ def test_the_weights_are_packed_as_bfmmla_reads_them():
 @pytest.mark.parametrize("model", [
     conv(), conv(padding=0), conv(strides=2), conv(channels=12, kernel=5, padding=2, strides=2),
     conv(channels=10), conv(channels=12, kernel=1, padding=0), conv(dilation=2, padding=2),
-    conv(size=7, kernel=1, padding=0), matmul(), matmul(rows=16, depth=64, columns=24)],
+    conv(size=7, kernel=1, padding=0), conv(size=18), matmul(),
+    matmul(rows=16, depth=64, columns=24)],
     ids=["3x3", "no-padding", "stride-2", "5x5-odd-steps", "10-channels", "three-steps",
-         "dilation-2", "7x7-map", "matmul", "matmul-16-rows"])
+         "dilation-2", "7x7-map", "41-tiles", "matmul", "matmul-16-rows"])
 def test_the_packed_kernels_compute_the_same_sums(model):
     """Built for this machine (no BFMMLA: TVM widens the operands), the packed module gives
     the unpacked one's outputs: each output sums the same products in the same order; the
@@ -141,13 +142,15 @@ def test_what_bfmmla_does_not_suit_stays_on_bfdot(model, kernel):
 
 
 @pytest.mark.parametrize("model", [conv(), conv(channels=12, kernel=5, padding=2, strides=2),
-                                   conv(channels=12, kernel=1, padding=0),
+                                   conv(channels=12, kernel=1, padding=0), conv(size=18),
                                    matmul(rows=16, depth=64, columns=24)],
-                         ids=["3x3", "5x5-odd-steps", "three-steps", "matmul"])
+                         ids=["3x3", "5x5-odd-steps", "three-steps", "41-tiles", "matmul"])
 def test_every_product_runs_in_bfmmla(model):
     """The aarch64 ``+bf16`` build: the kernel's products on ``bfmmla`` (no ``bfdot``, no
     float32 FMA, no operand widened), scheduled by the BFMMLA rule with the epilogue in the
-    tile's write-back, as the build's report says."""
+    tile's write-back, as the build's report says; 324 pixels are 41 tiles of 8 rows, in 14
+    parallel groups of 3 once padded to 42 (a group's remainder kept the tile from being
+    tensorized)."""
     mod, _ = _converted(model)
     log = RuleLog()
     executable = tvm.compile(mod, target=tvm.target.Target(BF16),
