@@ -107,28 +107,32 @@ def _group(tiles: int) -> int:
     return -(-tiles // PARALLEL_GROUPS)
 
 
-def _pairs(rows: int, steps: int, element, name: str):
+def _pairs(rows, steps: int, element, name: str):
     """``A'[m / 2, k / 4, m % 2, k % 4]``: ``rows`` rows of the reduction's ``4 * steps``
     values in pairs of rows, as 16-bit patterns, the rows rounded up with zeros to whole
-    tiles and whole groups of them (:func:`_group`: a split that leaves a remainder keeps
-    the tile from being tensorized). ``element(m, step, lane)`` is ``(value, conditions)``:
+    tiles and, a constant count, whole groups of them (:func:`_group`: a split that leaves a
+    remainder keeps the tile from being tensorized). A symbolic count (a sequence length) is
+    a tile a group. ``element(m, step, lane)`` is ``(value, conditions)``:
     the value of row ``m`` at ``4 * step + lane``, zero where a condition fails (past an
     input's edge or its channels)."""
     from tvm import te, tirx
 
-    tiles = _ceil(rows, 2 * TILE_PAIRS) // (2 * TILE_PAIRS)
-    padded = _ceil(tiles, _group(tiles)) * 2 * TILE_PAIRS
+    symbolic = not isinstance(rows, int)
+    tiles = tirx.indexdiv(rows + 2 * TILE_PAIRS - 1, 2 * TILE_PAIRS) if symbolic else \
+        _ceil(rows, 2 * TILE_PAIRS) // (2 * TILE_PAIRS)
+    padded = tiles * 2 * TILE_PAIRS if symbolic else \
+        _ceil(tiles, _group(tiles)) * 2 * TILE_PAIRS
 
     def value(pair, step, half, lane):
         m = pair * 2 + half
         bits, conditions = element(m, step, lane)
-        if padded > rows:
+        if symbolic or padded > rows:
             conditions = [m < rows, *conditions]
         bits = tirx.reinterpret("uint16", bits)
         return tirx.if_then_else(tirx.all(*conditions), bits, tirx.const(0, "uint16")) \
             if conditions else bits
 
-    return te.compute((padded // 2, steps, 2, 4), value, name=name)
+    return te.compute((tiles * TILE_PAIRS, steps, 2, 4), value, name=name)
 
 
 def _im2col(x, window, steps: int):
@@ -190,23 +194,32 @@ def conv2d(x, weight, kernel, strides, padding, dilation):
         name="conv2d_nhwc")
 
 
+def _one(extent) -> bool:
+    return isinstance(extent, int) and extent == 1
+
+
 def matmul(x, weight):
-    """``x @ W`` (``x``: ``[..., K]``, static shape) over :func:`packed_weight`'s ``weight``,
-    its rows (every axis but the last) in pairs."""
+    """``x @ W`` (``x``: ``[..., K]``, ``K`` constant) over :func:`packed_weight`'s
+    ``weight``, its rows (every axis but the last, symbolic or not) in pairs."""
     from tvm import te
 
-    shape = [int(d) for d in x.shape]
+    shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in x.shape]
     *lead, depth = shape
     steps = int(weight.shape[0])
     rows = 1
     for d in lead:
         rows *= d
 
+    outermost = next((n for n, d in enumerate(lead) if not _one(d)), None)
+
     def element(m, step, lane):
+        # axes of one point stay 0 and the outermost other takes the quotient whole: TVM
+        # fuses what follows only into a kernel whose reads it can follow
         index, rest = [], m
-        for d in reversed(lead):
-            index.insert(0, rest % d)
-            rest = rest // d
+        for n in reversed(range(len(lead))):
+            d = lead[n]
+            index.insert(0, 0 if _one(d) else rest if n == outermost else rest % d)
+            rest = rest if _one(d) else rest // d
         k = step * 4 + lane
         conditions = [k < depth] if 4 * steps > depth else []
         return x[(*index, k)], conditions
@@ -216,7 +229,7 @@ def matmul(x, weight):
     def out(*index):
         m = 0
         for i, d in zip(index[:-1], lead):
-            m = m * d + i
+            m = m if _one(d) else m * d + i
         c = index[-1]
         return sums[m // 2, c // 2, m % 2, c % 2]
 
@@ -245,25 +258,27 @@ def _static(shape) -> list | None:
 def rewrite(builder, call, weight):
     """The ``call_tir`` of a bfloat16 ``call`` with float32 sums and a constant ``weight``
     (its value) on BFMMLA, or None where BFMMLA does not suit it: a groups-1 NHWC/HWIO
-    convolution of at least :data:`MIN_CHANNELS` input channels or a matmul by a 2-D weight
-    of more than four rows, static shapes, output channels a multiple of :data:`TILE_PAIRS`
-    pairs, at least a tile's :data:`TILE_PAIRS` pairs of rows (fewer rows run on BFDOT,
-    whose eight products an instruction all count)."""
+    convolution of at least :data:`MIN_CHANNELS` input channels (static shapes) or a matmul
+    by a 2-D weight of more than four rows (its rows symbolic or not), output channels a
+    multiple of :data:`TILE_PAIRS` pairs, at least a tile's :data:`TILE_PAIRS` pairs of rows
+    where the count is known (fewer rows run on BFDOT, whose eight products an instruction
+    all count)."""
     from tvm import relax
 
     x, attrs = call.args[0], call.attrs
     shape = _static(x.ty.shape)
-    if shape is None or weight.shape[-1] % (2 * TILE_PAIRS):
+    if weight.shape[-1] % (2 * TILE_PAIRS):
         return None
-    rows = 1
-    for d in shape[:-1]:
-        rows *= d
     if call.op.name == "relax.matmul" and weight.ndim == 2:
-        if rows < 2 * TILE_PAIRS or weight.shape[0] <= 4:
+        rows = 1
+        for d in shape[:-1] if shape is not None else ():
+            rows *= d
+        if shape is None and not isinstance(x.ty.shape[-1], (int, tvm.tirx.IntImm)) \
+                or shape is not None and rows < 2 * TILE_PAIRS or weight.shape[0] <= 4:
             return None
         return builder.call_te(matmul, x, relax.const(packed_weight(matmul_weight(weight))),
                                primfunc_name_hint="matmul_bfmmla")
-    if call.op.name != "relax.nn.conv2d" or str(attrs.data_layout) != "NHWC" \
+    if shape is None or call.op.name != "relax.nn.conv2d" or str(attrs.data_layout) != "NHWC" \
             or str(attrs.out_layout) != "NHWC" or str(attrs.kernel_layout) != "HWIO" \
             or int(attrs.groups) != 1 or weight.ndim != 4 or weight.shape[2] < MIN_CHANNELS:
         return None
@@ -373,8 +388,10 @@ class BfmmlaTile:
         (pack,) = sch.get_producers(gemm)
         quads_per_tap = int(sch.get(gemm).annotations[ANNOTATION])
         m, n, i, j, s, r = sch.get_loops(gemm)
-        tiles = int(sch.get(m).extent) // TILE_PAIRS
-        per_group = next(g for g in range(_group(tiles), tiles + 1) if tiles % g == 0)
+        extent = sch.get(m).extent
+        tiles = int(extent) // TILE_PAIRS if isinstance(extent, tvm.tirx.IntImm) else None
+        per_group = 1 if tiles is None else next(
+            g for g in range(_group(tiles), tiles + 1) if tiles % g == 0)
         group, rows, inner_rows = sch.split(m, [None, per_group, TILE_PAIRS])
         tile, inner_columns = sch.split(n, [None, TILE_PAIRS])
         outer_steps, inner_steps = sch.split(s, [None, depth])

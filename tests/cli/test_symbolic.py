@@ -341,7 +341,8 @@ def _dot_instructions(asm: str) -> dict:
     which LLVM vectorizes over a fixed length only."""
     found = {}
     for name, body in asm_functions(asm).items():
-        kinds = {k for k in ("fmlal", "bfdot", "bfmlal", "fmla\tv", "fmadd") if k in body}
+        kinds = {k for k in ("fmlal", "bfdot", "bfmmla", "bfmlal", "fmla\tv", "fmadd")
+                 if k in body}
         if "softmax" in name:
             continue
         if kinds and name.endswith("_compute_"):  # a symbolic library's shape functions have none
@@ -353,7 +354,7 @@ def _dot_instructions(asm: str) -> dict:
 def test_no_kernel_tensorizes_only_at_fixed_shapes(tmp_path, dtype):
     """Each kernel of the symbolic library is scheduled by the rule that schedules it at a
     fixed length, on CUDA and on the CPU, and on aarch64 runs its dot products on the same
-    instructions (``fmlal``, ``bfdot``): the CPU tiles pad a symbolic extent, dlight's rules take
+    instructions (``fmlal``, ``bfmmla``): the CPU tiles pad a symbolic extent, dlight's rules take
     any size. (What the size does change, CUDA's split-K, is a note of the report: above.)"""
     from relay_amp.builds.pipeline import build
     from relay_amp.builds.schedule_rules import RuleLog
@@ -376,7 +377,7 @@ def test_no_kernel_tensorizes_only_at_fixed_shapes(tmp_path, dtype):
         assert len(rules[0]) >= 5 and rules[0] == rules[1], target
         if target is AARCH64:
             assert instructions[0] == instructions[1]
-            fast = "fmlal" if dtype == "float16" else "bfdot"
+            fast = "fmlal" if dtype == "float16" else "bfmmla"
             assert sum(fast in kinds for kinds in instructions[0].values()) >= 2
 
 
