@@ -58,10 +58,15 @@ DEPTH = 8
 #: cost about 500 instructions of TVM's runtime to allocate and free: 0.86 M of
 #: face_detection_short_range's 25 M.
 PARALLEL_GROUPS = 16
-#: The fewest input channels a convolution takes BFMMLA with: an RGB image's 3 (a step of
-#: four a tap, a quarter of it zeros) made face_detection_short_range's first layer execute
-#: 3.83 M instructions against BFDOT's 2.56 M, copying its receptive fields a step at a time.
-MIN_CHANNELS = 8
+#: Where BFMMLA pays: at least this many output channels (columns) and input channels (a
+#: matmul's reduction). Its packed input is copied once per tile of rows for all the tiles of
+#: columns, so the fewer columns, the more the copy weighs; measured per kernel against
+#: BFDOT's (instructions, 1 x 1 convolutions at 48-96 pixels square, K -> N channels):
+#: 16 -> 16 1.38 x, 32 -> 16 1.14 x, 16 -> 32 1.01 x, 32 -> 32 0.96 x, 24 -> 48 0.98 x,
+#: 64 -> 64 0.66 x; 3 x 3: 16 -> 16 1.19 x, 8 -> 32 1.15 x, 16 -> 32 0.93 x, 32 -> 32
+#: 0.76 x, 64 -> 64 0.61 x; an RGB image's 5 x 5, 3 -> 24, 1.50 x.
+MIN_COLUMNS = 32
+MIN_CHANNELS = 16
 
 _REGISTERED: dict = {}
 
@@ -258,23 +263,23 @@ def _static(shape) -> list | None:
 def rewrite(builder, call, weight):
     """The ``call_tir`` of a bfloat16 ``call`` with float32 sums and a constant ``weight``
     (its value) on BFMMLA, or None where BFMMLA does not suit it: a groups-1 NHWC/HWIO
-    convolution of at least :data:`MIN_CHANNELS` input channels (static shapes) or a matmul
-    by a 2-D weight of more than four rows (its rows symbolic or not), output channels a
-    multiple of :data:`TILE_PAIRS` pairs, at least a tile's :data:`TILE_PAIRS` pairs of rows
-    where the count is known (fewer rows run on BFDOT, whose eight products an instruction
+    convolution (static shapes) or a matmul by a 2-D weight (its rows symbolic or not), of at
+    least :data:`MIN_CHANNELS` input channels and :data:`MIN_COLUMNS` output channels, a
+    multiple of a tile's, and at least a tile's :data:`TILE_PAIRS` pairs of rows where the
+    count is known (fewer rows run on BFDOT, whose eight products an instruction
     all count)."""
     from tvm import relax
 
     x, attrs = call.args[0], call.attrs
     shape = _static(x.ty.shape)
-    if weight.shape[-1] % (2 * TILE_PAIRS):
+    if weight.shape[-1] % (2 * TILE_PAIRS) or weight.shape[-1] < MIN_COLUMNS:
         return None
     if call.op.name == "relax.matmul" and weight.ndim == 2:
         rows = 1
         for d in shape[:-1] if shape is not None else ():
             rows *= d
         if shape is None and not isinstance(x.ty.shape[-1], (int, tvm.tirx.IntImm)) \
-                or shape is not None and rows < 2 * TILE_PAIRS or weight.shape[0] <= 4:
+                or shape is not None and rows < 2 * TILE_PAIRS or weight.shape[0] < MIN_CHANNELS:
             return None
         return builder.call_te(matmul, x, relax.const(packed_weight(matmul_weight(weight))),
                                primfunc_name_hint="matmul_bfmmla")
@@ -434,6 +439,6 @@ def _blocks(sch):
     return sch.get_child_blocks(sch.get_sblock("root"))
 
 
-__all__ = ["ANNOTATION", "DEPTH", "LLVM_IR", "MIN_CHANNELS", "PARALLEL_GROUPS", "TILE_PAIRS",
-           "BfmmlaTile", "conv2d", "conv_weight", "matmul", "matmul_weight", "packed_weight",
-           "rewrite"]
+__all__ = ["ANNOTATION", "DEPTH", "LLVM_IR", "MIN_CHANNELS", "MIN_COLUMNS", "PARALLEL_GROUPS",
+           "TILE_PAIRS", "BfmmlaTile", "conv2d", "conv_weight", "matmul", "matmul_weight",
+           "packed_weight", "rewrite"]

@@ -245,16 +245,19 @@ def test_a_build_for_a_core_runs_on_that_core(cpu, tmp_path):
 def test_relay_amps_bfloat16_build_runs_on_bfmmla_near_float32(counter, name, tmp_path):
     """relay_amp's ``+bf16`` build (relay_amp.builds.bfmmla, relay_amp.builds.bfdot): every
     matmul and convolution with a constant weight on ``bfmmla`` (``bfdot`` where a tile's
-    rows or columns do not fit), depthwise ones on ``bfmlalb``/``bfmlalt``, no float32 FMA
-    left in the convolutions; outputs as near float32 as TVM's bfloat16 build's (BFMMLA's
-    rounding of each step of four products is within float32's of the sums)."""
+    rows or columns do not fit or are too few to pay: the blocks' convolutions), depthwise
+    ones on ``bfmlalb``/``bfmlalt``, no float32 FMA left in the convolutions; outputs as near
+    float32 as TVM's bfloat16 build's (BFMMLA's rounding of each step of four products is
+    within float32's of the sums)."""
     inputs, reference = _host_float32(name)
     mod, _ = relay_amp.convert(MODELS[name](), "bfloat16", target=TARGET_BF16)
     executable = relay_amp.builds.pipeline.build(mod, TARGET_BF16)
     lib = remote.export_for(executable, tmp_path / f"{name}_bf16.so", TARGET_BF16)
     count = counter.count(lib, inputs)
     mix = count.mix()
-    assert mix["bfmmla"] > 0, mix
+    assert mix["bfmmla"] + mix["bfdot"] > 0, mix
+    if name in ("bert", "llama"):  # the convolutions' channels are fewer than BFMMLA's 32
+        assert mix["bfmmla"] > 0, mix
     assert (mix["bfmlal"] > 0) == (name == "depthwise"), mix
     if name in ("convnet", "depthwise"):
         assert mix["fma .4s"] == 0, mix

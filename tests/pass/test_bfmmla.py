@@ -40,7 +40,7 @@ def conv(channels=16, out_channels=32, size=8, kernel=3, padding=1, strides=1, d
     return builder.get(), [rng.standard_normal((1, channels, size, size)).astype("float32")]
 
 
-def matmul(rows=12, depth=30, columns=16):
+def matmul(rows=12, depth=30, columns=32):
     """``x @ W``, x ``(1, rows, depth)``, a float32 constant W."""
     rng = np.random.default_rng(1)
     count = rows if isinstance(rows, int) else tvm.tirx.Var(rows, "int64")
@@ -86,7 +86,7 @@ def _call_constants(mod):
 def test_the_weights_are_packed_as_bfmmla_reads_them():
     """``W'[s, n / 2, n % 2, r] == W[4s + r, n]``: the convolution's (3, 3, 16, 32) HWIO
     weight as a (144, 32) matrix (tap-major, as the plain convolution sums), its 36 steps of
-    four rounded up to 40 with zeros; the matmul's (30, 16) weight with two zero rows."""
+    four rounded up to 40 with zeros; the matmul's (30, 32) weight with two zero rows."""
     mod, _ = _converted(conv())
     text = mod.script()
     packed = _call_constants(_packed(mod))["conv2d_nhwc_bfmmla"]
@@ -100,16 +100,16 @@ def test_the_weights_are_packed_as_bfmmla_reads_them():
 
     mod, _ = _converted(matmul())
     packed = _call_constants(_packed(mod))["matmul_bfmmla"]
-    assert packed.shape == (8, 8, 2, 4)
-    assert not packed.transpose(0, 3, 1, 2).reshape(32, 16)[30:].any()
+    assert packed.shape == (8, 16, 2, 4)
+    assert not packed.transpose(0, 3, 1, 2).reshape(32, 32)[30:].any()
 
 
 @pytest.mark.parametrize("model", [
-    conv(), conv(padding=0), conv(strides=2), conv(channels=12, kernel=5, padding=2, strides=2),
-    conv(channels=10), conv(channels=12, kernel=1, padding=0), conv(dilation=2, padding=2),
+    conv(), conv(padding=0), conv(strides=2), conv(channels=20, kernel=5, padding=2, strides=2),
+    conv(channels=18), conv(channels=20, kernel=1, padding=0), conv(dilation=2, padding=2),
     conv(size=7, kernel=1, padding=0), conv(size=18), matmul(),
-    matmul(rows=16, depth=64, columns=24), matmul(rows="n")],
-    ids=["3x3", "no-padding", "stride-2", "5x5-odd-steps", "10-channels", "three-steps",
+    matmul(rows=16, depth=64, columns=40), matmul(rows="n")],
+    ids=["3x3", "no-padding", "stride-2", "5x5-odd-steps", "18-channels", "five-steps",
          "dilation-2", "7x7-map", "41-tiles", "matmul", "matmul-16-rows", "symbolic-rows"])
 def test_the_packed_kernels_compute_the_same_sums(model):
     """Built for this machine (no BFMMLA: TVM widens the operands), the packed module gives
@@ -124,25 +124,28 @@ def test_the_packed_kernels_compute_the_same_sums(model):
 
 
 @pytest.mark.parametrize("model, kernel", [
-    (conv(out_channels=12), "conv2d_nhwc_bfdot"),
+    (conv(out_channels=36), "conv2d_nhwc_bfdot"),
+    (conv(out_channels=24), "conv2d_nhwc_bfdot"),
     (conv(channels=3, kernel=5, padding=2, strides=2), "conv2d_nhwc_bfdot"),
-    (matmul(depth=4), "matmul_bfdot"),
+    (conv(channels=8), "conv2d_nhwc_bfdot"),
+    (matmul(depth=8), "matmul_bfdot"),
     (conv(size=2, padding=0, kernel=1), "conv2d_nhwc_bfdot"),
     (matmul(rows=4), "matmul_bfdot"),
     (matmul(columns=20), "matmul_bfdot")],
-    ids=["12-channels", "rgb", "4-deep", "4-pixels", "4-rows", "20-columns"])
+    ids=["36-columns", "24-columns", "rgb", "8-channels", "8-deep", "4-pixels", "4-rows",
+         "20-columns"])
 def test_what_bfmmla_does_not_suit_stays_on_bfdot(model, kernel):
-    """Output channels not a multiple of a tile's 8, fewer rows than a tile (BFDOT's eight
-    products an instruction all count), an RGB image's three channels
-    (``bfmmla.MIN_CHANNELS``) or a reduction of one step of four: BFDOT's kernels."""
+    """Output channels not a multiple of a tile's 8 or fewer than ``bfmmla.MIN_COLUMNS``,
+    input channels fewer than ``bfmmla.MIN_CHANNELS`` (an RGB image's three), fewer rows than
+    a tile (BFDOT's eight products an instruction all count): BFDOT's kernels."""
     mod, _ = _converted(model)
     assert _kernels(_packed(mod)) == [kernel]
 
 
-@pytest.mark.parametrize("model", [conv(), conv(channels=12, kernel=5, padding=2, strides=2),
-                                   conv(channels=12, kernel=1, padding=0), conv(size=18),
-                                   matmul(rows=16, depth=64, columns=24), matmul(rows="n")],
-                         ids=["3x3", "5x5-odd-steps", "three-steps", "41-tiles", "matmul",
+@pytest.mark.parametrize("model", [conv(), conv(channels=20, kernel=5, padding=2, strides=2),
+                                   conv(channels=20, kernel=1, padding=0), conv(size=18),
+                                   matmul(rows=16, depth=64, columns=40), matmul(rows="n")],
+                         ids=["3x3", "5x5-odd-steps", "five-steps", "41-tiles", "matmul",
                               "symbolic-rows"])
 def test_every_product_runs_in_bfmmla(model):
     """The aarch64 ``+bf16`` build: the kernel's products on ``bfmmla`` (no ``bfdot``, no
