@@ -419,7 +419,11 @@ class BfmmlaTile:
             decide(f"epilogue folded into the write-back: {', '.join(folded)}")
         if refused:
             decide(f"left in loops of their own: {refused}")
-        sch.vectorize(sch.fuse(*sch.get_loops(sums)[-2:]))
+        *_, a, c, lanes = [*sch.get_loops(sums)[:-2], sch.fuse(*sch.get_loops(sums)[-2:])]
+        sch.vectorize(lanes)
+        # constant indices: LLVM keeps the tile's sums in registers and gathers a row by zips
+        sch.unroll(a)
+        sch.unroll(c)
         _vectorize_rest(sch, sums, target, True)
         sch.decompose_reduction(gemm, outer_steps)
         sch.tensorize(inner_steps, _intrinsic(depth, "local"))

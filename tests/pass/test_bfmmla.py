@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
+from helpers import asm_functions
 from tvm import relax
 
 import relay_amp
@@ -23,10 +24,14 @@ from relay_amp.execution import run
 BF16 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+bf16"]}
 A64_BFMMLA = r"\bbfmmla\s+v\d+\.4s,\s*v\d+\.8h,\s*v\d+\.8h"
 A64_WIDEN = r"\b(shll2?|fcvtl2?)\s+v\d+\.4s"
+A64_LANE_LOAD = r"\bld1\s+\{\s*v\d+\.s\s*\}\[\d\]|\bldr\s+s\d+, \[x\d+, w\d+"
 
 
-def conv(channels=16, out_channels=32, size=8, kernel=3, padding=1, strides=1, dilation=1):
-    """An NCHW convolution with relu, float32 constants."""
+def conv(channels=16, out_channels=32, size=8, kernel=3, padding=1, strides=1, dilation=1,
+         then_pointwise=False):
+    """An NCHW convolution with relu, float32 constants; ``then_pointwise``: a 1 x 1
+    convolution after it, so the first stores its result in bfloat16 (a cast in its
+    epilogue)."""
     rng = np.random.default_rng(0)
     x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
     weight = rng.standard_normal((out_channels, channels, kernel, kernel)).astype("float32")
@@ -35,7 +40,11 @@ def conv(channels=16, out_channels=32, size=8, kernel=3, padding=1, strides=1, d
         with builder.dataflow():
             y = builder.emit(relax.op.nn.conv2d(x, relax.const(weight), strides=strides,
                                                 padding=padding, dilation=dilation))
-            out = builder.emit_output(relax.op.nn.relu(y))
+            out = relax.op.nn.relu(y)
+            if then_pointwise:
+                out = relax.op.nn.conv2d(builder.emit(out), relax.const(rng.standard_normal(
+                    (out_channels, out_channels, 1, 1)).astype("float32")))
+            out = builder.emit_output(out)
         builder.emit_func_output(out)
     return builder.get(), [rng.standard_normal((1, channels, size, size)).astype("float32")]
 
@@ -158,11 +167,29 @@ def test_every_product_runs_in_bfmmla(model):
     executable = tvm.compile(mod, target=tvm.target.Target(BF16),
                              relax_pipeline=relay_amp.cpu_pipeline(BF16, rule_log=log))
     lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
-    body = lib.inspect_source("asm")  # one dot product a library: its kernels' code
+    body = "\n".join(code for code in asm_functions(lib.inspect_source("asm")).values()
+                     if re.search(A64_BFMMLA, code))  # the kernels' (a symbolic one's too)
     assert len(re.findall(A64_BFMMLA, body)) >= bfmmla.TILE_PAIRS ** 2
     assert not re.search(r"\b(bfdot|fmla)\b", body)
     assert not re.search(A64_WIDEN, body)
-    (schedule,) = [s for s in log.schedules if "bfmmla" in s.kernel]
-    assert "scheduled by BfmmlaTile" in schedule.text(), schedule.text()
-    assert "sums on BFMMLA, 8 x 8 a tile" in schedule.text(), schedule.text()
+    schedules = [s.text() for s in log.schedules if "bfmmla" in s.kernel]
+    assert schedules and all("scheduled by BfmmlaTile" in text and "sums on BFMMLA, 8 x 8 a tile"
+                             in text for text in schedules), schedules
     assert not log.errors
+
+
+def test_a_bfloat16_result_is_written_back_from_registers():
+    """A convolution whose result the next one reads in bfloat16 (a cast in its epilogue):
+    the write-back reads the tile's sums from registers, rows gathered by shuffles, not a lane
+    at a time from the stack (its loops unrolled: with a loop over the tile's rows, the
+    gather's indices were computed, and hand_landmark_lite's first expansion, 16 -> 96
+    channels, executed 1.6 x BFDOT's instructions)."""
+    mod, _ = _converted(conv(then_pointwise=True))
+    executable = tvm.compile(mod, target=tvm.target.Target(BF16),
+                             relax_pipeline=relay_amp.cpu_pipeline(BF16))
+    lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
+    kernels = {name: code for name, code in asm_functions(lib.inspect_source("asm")).items()
+               if re.search(A64_BFMMLA, code)}
+    assert len(kernels) == 2, list(kernels)
+    for name, code in kernels.items():
+        assert not re.search(A64_LANE_LOAD, code), name
