@@ -388,7 +388,13 @@ class BfmmlaTile:
 
     @staticmethod
     def _schedule(sch, gemm, depth: int, target) -> None:
-        from .cpu_pipeline import _inline_epilogue, _vectorize_rest
+        from .cpu_pipeline import (
+            REGISTER_EPILOGUE_FLOPS,
+            _flops,
+            _inline_epilogue,
+            _vectorize_rest,
+        )
+        from .elementwise import _calls
 
         (pack,) = sch.get_producers(gemm)
         quads_per_tap = int(sch.get(gemm).annotations[ANNOTATION])
@@ -421,9 +427,12 @@ class BfmmlaTile:
             decide(f"left in loops of their own: {refused}")
         *_, a, c, lanes = [*sch.get_loops(sums)[:-2], sch.fuse(*sch.get_loops(sums)[-2:])]
         sch.vectorize(lanes)
-        # constant indices: LLVM keeps the tile's sums in registers and gathers a row by zips
-        sch.unroll(a)
-        sch.unroll(c)
+        body = sch.get(sums).body
+        if _flops(sch, sums) <= REGISTER_EPILOGUE_FLOPS and not _calls(body):
+            # constant indices: LLVM keeps the tile's sums in registers and gathers a row by
+            # zips; a costlier epilogue (GELU's erf) stays one copy, in LLVM's loop
+            sch.unroll(a)
+            sch.unroll(c)
         _vectorize_rest(sch, sums, target, True)
         sch.decompose_reduction(gemm, outer_steps)
         sch.tensorize(inner_steps, _intrinsic(depth, "local"))
