@@ -388,12 +388,7 @@ class BfmmlaTile:
 
     @staticmethod
     def _schedule(sch, gemm, depth: int, target) -> None:
-        from .cpu_pipeline import (
-            REGISTER_EPILOGUE_FLOPS,
-            _flops,
-            _inline_epilogue,
-            _vectorize_rest,
-        )
+        from .cpu_pipeline import _inline_epilogue, _vectorize_rest
         from .elementwise import _calls
 
         (pack,) = sch.get_producers(gemm)
@@ -427,10 +422,9 @@ class BfmmlaTile:
             decide(f"left in loops of their own: {refused}")
         *_, a, c, lanes = [*sch.get_loops(sums)[:-2], sch.fuse(*sch.get_loops(sums)[-2:])]
         sch.vectorize(lanes)
-        body = sch.get(sums).body
-        if _flops(sch, sums) <= REGISTER_EPILOGUE_FLOPS and not _calls(body):
+        if not _calls(sch.get(sums).body):
             # constant indices: LLVM keeps the tile's sums in registers and gathers a row by
-            # zips; a costlier epilogue (GELU's erf) stays one copy, in LLVM's loop
+            # zips; an epilogue that calls a function (GELU's erf) stays one copy, in a loop
             sch.unroll(a)
             sch.unroll(c)
         _vectorize_rest(sch, sums, target, True)
