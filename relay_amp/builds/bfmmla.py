@@ -253,13 +253,6 @@ def matmul_weight(weight):
     return np.concatenate([weight, np.zeros((4 * steps - k, n), weight.dtype)])
 
 
-def _static(shape) -> list | None:
-    values = [d for d in shape]
-    if not all(isinstance(d, (int, tvm.tirx.IntImm)) for d in values):
-        return None
-    return [int(d) for d in values]
-
-
 def rewrite(builder, call, weight):
     """The ``call_tir`` of a bfloat16 ``call`` with float32 sums and a constant ``weight``
     (its value) on BFMMLA, or None where BFMMLA does not suit it: a groups-1 NHWC/HWIO
@@ -269,6 +262,8 @@ def rewrite(builder, call, weight):
     count is known (fewer rows run on BFDOT, whose eight products an instruction
     all count)."""
     from tvm import relax
+
+    from .pipeline import _static
 
     x, attrs = call.args[0], call.attrs
     shape = _static(x.ty.shape)
