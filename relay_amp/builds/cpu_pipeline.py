@@ -43,6 +43,7 @@ from .neon_tiles import (
 from .nhwc import nhwc_convolutions
 from .outer_reduction import ReductionAlongOuterAxis
 from .packed_weights import packed_weights
+from .pooling import WindowReduction
 from .prelu import elementwise_prelu
 from .schedule_rules import apply_rules, decide, llvm_blocks, uses
 from .x86_tiles import UNROLLED_WIDTH, row_vectors, vector_registers, vector_width
@@ -658,7 +659,9 @@ class VectorizeDotProduct:
 def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     """TVM's CPU compile pipeline with :class:`VectorizeDotProduct` after fusion, then
     :class:`~relay_amp.builds.outer_reduction.ReductionAlongOuterAxis` (softmax and
-    normalizations over an axis other than the innermost), dlight's CPU ``Reduction`` rule
+    normalizations over an axis other than the innermost),
+    :class:`~relay_amp.builds.pooling.WindowReduction` (pooling in NHWC), dlight's CPU
+    ``Reduction`` rule
     (the others: rows in parallel, elementwise parts vectorized, the sums in their order),
     :class:`~relay_amp.builds.elementwise.Elementwise` (kernels of spatial blocks only: one
     parallel loop of vectors) and, before legalization, inference batch_norm as elementwise
@@ -689,7 +692,7 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
 
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     rules = [*([BfmmlaTile()] if has_bfdot(target) else []), VectorizeDotProduct(),
-             ReductionAlongOuterAxis(), dlight_cpu.Reduction(), Elementwise()]
+             ReductionAlongOuterAxis(), WindowReduction(), dlight_cpu.Reduction(), Elementwise()]
     schedules = [apply_rules(rules, rule_log)] if relay_amp_schedules else []
     layouts = [nhwc_convolutions(rule_log)] if relay_amp_schedules and (
         is_aarch64(target) or vector_width(target)) else []
