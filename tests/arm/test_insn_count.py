@@ -325,6 +325,37 @@ def test_depthwise_rows_share_each_weight_vector(counter, variant, tmp_path):
         np.testing.assert_array_equal(count.outputs[0], widened[0])
 
 
+def pool_block():
+    """YOLOv8's SPPF: x (1, 10, 10, 128) NHWC, three 5 x 5 max pools of stride 1 in a row."""
+    x = relax.Var("x", relax.TensorType((1, 10, 10, 128), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = x
+            for _ in range(3):
+                y = builder.emit(relax.op.nn.max_pool2d(y, 5, 1, 2, layout="NHWC"))
+            out = builder.emit_output(y)
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+#: The window values the three pools reduce.
+POOL_VALUES = 3 * 10 * 10 * 128 * 25
+
+
+@pytest.mark.parametrize("variant", ["float32", "float16-fmlal", "bfloat16"])
+def test_a_pools_window_runs_on_vectors_of_channels(counter, variant, tmp_path):
+    """A max pool in NHWC reduces its window outside vectors of channels, its running maximum
+    in registers: under one instruction per window value in every dtype, in the steady state
+    (bfloat16, whose legalization rounded each step's maximum, executed 9.1 before), the
+    outputs TVM's build's bit for bit."""
+    inputs = [np.random.default_rng(8).standard_normal((1, 10, 10, 128)).astype("float32")]
+    count = counter.count(_library(variant, tmp_path, True, pool_block), inputs, warmup=1)
+    assert count.total <= POOL_VALUES, (count.total / POOL_VALUES, count.kinds)
+    plain = counter.run(_library(variant, tmp_path, False, pool_block), inputs)
+    np.testing.assert_array_equal(count.outputs[0], plain[0])
+
+
 def _bf16_bound(inputs, weight, products: int):
     """What BFDOT (``products`` 2) or BFMMLA (4) may move each output of ``inputs @ weight``
     by from the plain bfloat16 build: each sums its ``products`` products before adding them
