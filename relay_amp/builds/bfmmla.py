@@ -384,7 +384,7 @@ class BfmmlaTile:
     @staticmethod
     def _schedule(sch, gemm, depth: int, target) -> None:
         from .cpu_pipeline import _inline_epilogue, _vectorize_rest
-        from .elementwise import _calls
+        from .elementwise import calls_a_library
 
         (pack,) = sch.get_producers(gemm)
         quads_per_tap = int(sch.get(gemm).annotations[ANNOTATION])
@@ -417,9 +417,9 @@ class BfmmlaTile:
             decide(f"left in loops of their own: {refused}")
         *_, a, c, lanes = [*sch.get_loops(sums)[:-2], sch.fuse(*sch.get_loops(sums)[-2:])]
         sch.vectorize(lanes)
-        if not _calls(sch.get(sums).body):
+        if not calls_a_library(sch.get(sums).body, target):
             # constant indices: LLVM keeps the tile's sums in registers and gathers a row by
-            # zips; an epilogue that calls a function (GELU's erf) stays one copy, in a loop
+            # zips; an epilogue that calls a library (GELU's erf) stays one copy, in a loop
             sch.unroll(a)
             sch.unroll(c)
         _vectorize_rest(sch, sums, target, True)

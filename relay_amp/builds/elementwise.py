@@ -106,6 +106,23 @@ def _calls(expr) -> bool:
     return any(found)
 
 
+def calls_a_library(stmt, target) -> bool:
+    """Whether ``stmt``, its intrinsics lowered for ``target`` as TVM's ``LowerIntrin`` lowers
+    them, calls a function outside the kernel: on aarch64 GELU's ``erf`` becomes libm's
+    ``erff``, while a sigmoid becomes arithmetic around LLVM's ``exp`` intrinsic."""
+    import tvm_ffi
+    from tvm import tirx
+
+    func = tirx.PrimFunc([], stmt).with_attr("target", target) \
+        .with_attr("global_symbol", "relay_amp_calls")
+    lowered = tirx.transform.LowerIntrin()(tvm.IRModule({"relay_amp_calls": func}))
+    external = (tvm.ir.Op.get("tirx.call_pure_extern"), tvm.ir.Op.get("tirx.call_extern"))
+    found = []
+    tvm_ffi.structural_walk(lowered["relay_amp_calls"].body, lambda node: found.append(
+        isinstance(node, tvm.ir.expr.Call) and any(node.op.same_as(op) for op in external)))
+    return any(found)
+
+
 def vectorize_blocks(sch, names, target, flops, parallel: bool,
                      above: float = -1.0) -> list[str]:
     """Inline each of the blocks ``names`` (in order) into its readers while they stay within
