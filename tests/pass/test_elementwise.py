@@ -10,7 +10,7 @@ from tvm import relax
 from tvm.script import tirx as T
 
 import relay_amp
-from relay_amp.builds.elementwise import Elementwise, register_lanes
+from relay_amp.builds.elementwise import Elementwise, calls_a_library, register_lanes
 
 AVX512 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"}
 AVX2 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"}
@@ -235,3 +235,17 @@ def test_a_call_is_not_inlined_into_a_bfloat16_cast(dtype, mattr):
     target = tvm.target.Target({**NEON, "mattr": ["+neon", mattr]})
     asm = tvm.tirx.build(tvm.IRModule({"gelu": scheduled}), target=target).inspect_source("asm")
     assert len(re.findall(r"\bbl\s+erff\b", asm)) == 16
+
+
+@pytest.mark.parametrize(("function", "library"), [("erf", True), ("sigmoid", False),
+                                                   ("tanh", False), ("exp", False)])
+def test_what_calls_a_library_is_read_off_the_lowered_intrinsics(function, library):
+    """On aarch64 TVM lowers ``erf`` to libm's ``erff`` (a BFMMLA write-back that calls it stays
+    one copy, in a loop) and a sigmoid, a tanh or an ``exp`` to arithmetic around LLVM's
+    ``exp`` intrinsic (the write-back is unrolled: YOLOv8n's SiLU)."""
+    out = tvm.tirx.decl_buffer((8,), "float32", "out")
+    x = tvm.tirx.decl_buffer((8,), "float32", "x")
+    i = tvm.tirx.Var("i", "int32")
+    store = tvm.tirx.BufferStore(out, tvm.tirx.call_intrin(
+        "float32", f"tirx.{function}", tvm.tirx.BufferLoad(x, [i])), [i])
+    assert calls_a_library(store, tvm.target.Target(NEON)) is library
