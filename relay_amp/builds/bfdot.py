@@ -411,17 +411,27 @@ def _intrinsic(rows: int, depth: int, lanes: int, scope: str, stored: str,
     return name
 
 
+def _halves(c) -> list:
+    """Where a depthwise tile keeps channel ``c``'s sum: in its group of eight, the even
+    channels' four, then the odd channels' four (the lanes ``bfmlalb`` and ``bfmlalt``
+    write)."""
+    return [c // 8, c % 2, c % 8 // 2]
+
+
 def _bfmlal_intrinsic(lanes: int, stored: str, scope: str) -> str:
-    """Per tap of a depthwise convolution: ``lanes`` float32 sums plus an input vector (stored
-    as "bfloat16" or "uint16" bit patterns) times a weight vector (``(lanes, 1)``), eight lanes
-    per ``bfmlalb`` (even channels) and ``bfmlalt`` (odd): the sums of even and odd channels
-    are read and written with a stride of 2, which LLVM does with ``uzp``/``zip`` around a
-    tile's taps."""
+    """Per tap of a depthwise convolution: ``lanes`` (a multiple of 8) float32 sums plus an
+    input vector (stored as "bfloat16" or "uint16" bit patterns) times a weight vector
+    (``(lanes, 1)``). Each eight channels' sums are kept as the even channels' four, then the
+    odd channels' four (``C[c // 8, c % 2, c % 8 // 2]``: :func:`_halves`), so that one
+    ``bfmlalb`` (even channels) and one ``bfmlalt`` (odd) each update four adjacent sums, which
+    LLVM keeps in a register across a tile's rows and taps."""
     key = ("bfmlal", lanes, stored, scope)
     if key in _REGISTERED:
         return _REGISTERED[key]
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
+
+    groups = lanes // 8
 
     def value(P, i):
         return P[i] if stored == "bfloat16" else T.reinterpret("bfloat16", P[i])
@@ -431,35 +441,35 @@ def _bfmlal_intrinsic(lanes: int, stored: str, scope: str) -> str:
         return loaded if dtype == "uint16" else T.reinterpret("uint16x8", loaded)
 
     def update(C, P, Q, g, half):
-        sums = C[tvm.tirx.Ramp(g * 8 + (half == "t"), 2, 4)]
-        return T.call_pure_extern("float32x4", f"relay_amp_bfmlal{half}", sums,
+        return T.call_pure_extern("float32x4", f"relay_amp_bfmlal{half}",
+                                  C[g, half == "t", T.ramp(0, 1, 4)],
                                   bits(P, g * 8, stored, 0), bits(Q, g * 8, "bfloat16", 1))
 
     @script.prim_func(s_tir=True)
     def desc(p: T.handle, q: T.handle, c: T.handle) -> None:
         P = T.match_buffer(p, (lanes,), stored, offset_factor=1)
         Q = T.match_buffer(q, (lanes, 1), "bfloat16", offset_factor=1)
-        C = T.match_buffer(c, (lanes,), "float32", offset_factor=1, scope=scope)
+        C = T.match_buffer(c, (groups, 2, 4), "float32", offset_factor=1, scope=scope)
         with T.sblock("root"):
-            T.reads(C[0:lanes], P[0:lanes], Q[0:lanes, 0:1])
-            T.writes(C[0:lanes])
+            T.reads(C[0:groups, 0:2, 0:4], P[0:lanes], Q[0:lanes, 0:1])
+            T.writes(C[0:groups, 0:2, 0:4])
             for i in T.serial(0, lanes):
                 with T.sblock("update"):
                     vi = T.axis.remap("S", [i])
-                    C[vi] = C[vi] + T.Cast("float32", value(P, vi)) \
-                        * T.Cast("float32", Q[vi, 0])
+                    C[vi // 8, vi % 2, vi % 8 // 2] = C[vi // 8, vi % 2, vi % 8 // 2] \
+                        + T.Cast("float32", value(P, vi)) * T.Cast("float32", Q[vi, 0])
 
     @script.prim_func(s_tir=True)
     def impl(p: T.handle, q: T.handle, c: T.handle) -> None:
         P = T.match_buffer(p, (lanes,), stored, offset_factor=1)
         Q = T.match_buffer(q, (lanes, 1), "bfloat16", offset_factor=1)
-        C = T.match_buffer(c, (lanes,), "float32", offset_factor=1, scope=scope)
+        C = T.match_buffer(c, (groups, 2, 4), "float32", offset_factor=1, scope=scope)
         with T.sblock("root"):
-            T.reads(C[0:lanes], P[0:lanes], Q[0:lanes, 0:1])
-            T.writes(C[0:lanes])
-            for g in T.unroll(lanes // 8):
-                C[T.ramp(g * 8, 2, 4)] = update(C, P, Q, g, "b")
-                C[T.ramp(g * 8 + 1, 2, 4)] = update(C, P, Q, g, "t")
+            T.reads(C[0:groups, 0:2, 0:4], P[0:lanes], Q[0:lanes, 0:1])
+            T.writes(C[0:groups, 0:2, 0:4])
+            for g in T.unroll(groups):
+                C[g, 0, T.ramp(0, 1, 4)] = update(C, P, Q, g, "b")
+                C[g, 1, T.ramp(0, 1, 4)] = update(C, P, Q, g, "t")
 
     name = f"relay_amp_bfmlal_{stored}_{lanes}_{scope}"
     TensorIntrin.register(name, desc, impl, override=True)
@@ -470,8 +480,10 @@ def _bfmlal_intrinsic(lanes: int, stored: str, scope: str) -> str:
 def tensorize_bfmlal(sch, tile, lanes_loop, lanes: int, scope: str) -> bool:
     """Tensorize the update under ``lanes_loop`` of a depthwise convolution
     :func:`packed_bfloat16_weights` wrote (an input and a ``(.., C, 1)`` weight, both vectors
-    of the lanes) into ``bfmlalb``/``bfmlalt``; the ``tile`` loop links :data:`LLVM_IR`. False,
-    and ``sch`` unchanged, where it is not that or ``lanes`` is not a multiple of 8."""
+    of the lanes) into ``bfmlalb``/``bfmlalt``, its sums first laid out by :func:`_halves`;
+    the ``tile`` loop links :data:`LLVM_IR`. False, ``sch`` unchanged, where it is not that or
+    ``lanes`` is not a multiple of 8 (where the layout took and the tensorization did not, the
+    sums keep the layout, which the write-back reads as it reads any other)."""
     from tvm import s_tir
 
     from .neon_tiles import _operands
@@ -479,7 +491,10 @@ def tensorize_bfmlal(sch, tile, lanes_loop, lanes: int, scope: str) -> bool:
     if lanes % 8 or _operands(sch, lanes_loop) != (0, 1):
         return False
     stored = str(_loads(sch.get(lanes_loop).body.block)[0].source.dtype)
+    update = sch.get_child_blocks(lanes_loop)[0]
     try:
+        sch.transform_layout(update, ("write", 0),
+                             lambda *index: [*index[:-1], *_halves(index[-1])])
         sch.tensorize(lanes_loop, _bfmlal_intrinsic(lanes, stored, scope))
     except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
         return False

@@ -21,6 +21,8 @@ instructions compute them.
 
 from __future__ import annotations
 
+import functools
+
 import tvm
 
 from ..relax_utils import last_line
@@ -60,6 +62,9 @@ MIN_LANES, MAX_LANES = 4, 16
 #: Rows of outputs computed together, widest first (4 rows of 16 float32 lanes are 16 of NEON's
 #: 32 vector registers).
 BLOCK_ROWS = (4, 2)
+#: Lanes of a bfloat16 depthwise tile on BFMLALB/BFMLALT: whole groups of eight channels
+#: (:func:`~relay_amp.builds.bfdot.tensorize_bfmlal`).
+BFMLAL_LANES = (16, 8)
 #: Where a tile's partial sums live, by the target's architecture (measured, docs/PERFORMANCE.md
 #: and docs/ARM.md). TVM lowers a CPU buffer of any scope but "global" to a
 #: ``TVMBackendAllocWorkspace`` call, whose memory LLVM keeps: each FMA loads and stores its sum.
@@ -193,8 +198,8 @@ def _aarch64_tile(block, spatial, axis, shape, kind: str | None, pad_lanes: bool
     """``(lanes, rows, row iterator)`` of an aarch64 register tile of ``kind`` ("tile": float32
     or FMLAL, "bfdot"; None: no register tile), from ``shape``, the one :func:`_row_block`
     chose: :func:`_register_tile_shape` where the rows are constant, then, without rows,
-    :func:`_weight_rows` (not for BFDOT: BFMLALB/T's rows measured 3 x more instructions, not
-    fewer). ``shape`` itself where the lanes or the rows are padded (a symbolic extent)."""
+    :func:`_weight_rows` (for BFMLALB/BFMLALT, 8 lanes: :data:`BFMLAL_LANES`). ``shape``
+    itself where the lanes or the rows are padded (a symbolic extent)."""
     lanes, rows, row_axis = shape
     if kind is None or pad_lanes or row_axis is not None and not isinstance(
             row_axis.dom, (int, tvm.tirx.IntImm)):
@@ -203,8 +208,10 @@ def _aarch64_tile(block, spatial, axis, shape, kind: str | None, pad_lanes: bool
     if not (bfdot and _lanes_in_pairs(block)):
         lanes, rows, row_axis = _register_tile_shape(block, spatial, axis, lanes, rows,
                                                      row_axis)
-    if row_axis is None and not bfdot:
-        lanes, rows, row_axis = _weight_rows(block, spatial, axis, lanes, rows, row_axis)
+    if row_axis is None and (not bfdot or _lanes_in_pairs(block)):
+        lanes, rows, row_axis = _weight_rows(
+            block, spatial, axis, lanes, rows, row_axis,
+            functools.partial(lane_rows, lanes_options=BFMLAL_LANES) if bfdot else lane_rows)
     return lanes, rows, row_axis
 
 

@@ -88,15 +88,16 @@ def has_fmlal(target) -> bool:
     return is_aarch64(target) and cpu_has("fp16fml", target)
 
 
-def lane_rows(extent: int, channels: int) -> tuple | None:
+def lane_rows(extent: int, channels: int, lanes_options=TILE_LANES) -> tuple | None:
     """``(lanes, rows)`` for a dot product whose operands are both vectors of the lanes (a
     depthwise convolution: input and weight), ``rows`` adjacent outputs of an axis of ``extent``
     sharing the weight's vectors: per reduction step ``rows`` input vectors and one weight
     vector feed ``rows`` FMAs, ``(rows + 1) / rows`` loads an FMA (2 with one row), so the most
-    rows whose sums and inputs fit :data:`TILE_REGISTERS`, ties to more lanes; None where no
-    two rows divide the axis or no lanes divide ``channels``."""
+    rows whose sums and inputs fit :data:`TILE_REGISTERS`, ties to more lanes (of
+    ``lanes_options``); None where no two rows divide the axis or no lanes divide
+    ``channels``."""
     options = []
-    for lanes in TILE_LANES:
+    for lanes in lanes_options:
         if channels % lanes:
             continue
         vectors = lanes // 4

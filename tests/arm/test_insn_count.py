@@ -303,23 +303,29 @@ def _vector_loads(count) -> int:
                if kind.split(" ")[0] in ("ldr", "ldur", "ldp") and kind[-1] in "qd")
 
 
-@pytest.mark.parametrize("variant", ["float32", "float16-fmlal"])
+@pytest.mark.parametrize("variant", ["float32", "float16-fmlal", "bfloat16"])
 def test_depthwise_rows_share_each_weight_vector(counter, variant, tmp_path):
     """A depthwise convolution computes several output pixels of a row at once: each weight
     vector is loaded once for all of them, and LLVM loads an input vector that neighbouring
-    taps share once (at most 0.9 vector loads an FMA, 2 with a pixel at a time); every product
-    in vector lanes, the outputs TVM's float32 build's (float32) or the widening float16
-    build's bit for bit (FMLAL)."""
+    taps share once (at most 0.9 vector loads an FMA, 2 with a pixel at a time; bfloat16's
+    BFMLALB/BFMLALT read eight lanes a load for two instructions: at most 0.5); every product
+    in vector lanes, the outputs TVM's float32 build's (float32), the widening float16 build's
+    bit for bit (FMLAL) or TVM's bfloat16 build's bit for bit (BFMLAL: the products are exact
+    in float32 and each sum adds them in the same order)."""
     inputs = [np.random.default_rng(7).standard_normal((1, 14, 14, 48)).astype("float32")]
     count = counter.count(_library(variant, tmp_path, True, depthwise_block), inputs)
-    fmas = "fmlal" if variant == "float16-fmlal" else "fma .4s"
+    fmas = {"float16-fmlal": "fmlal", "bfloat16": "bfmlal"}.get(variant, "fma .4s")
     mix = count.mix()
     assert mix[fmas] * 4 == DEPTHWISE_MACS, mix
-    assert _vector_loads(count) <= 0.9 * mix[fmas], count.kinds
+    assert _vector_loads(count) <= (0.5 if variant == "bfloat16" else 0.9) * mix[fmas], \
+        count.kinds
     if variant == "float32":
         plain = counter.run(_library("float32", tmp_path, False, depthwise_block), inputs)
         np.testing.assert_allclose(count.outputs[0], plain[0], rtol=0,
                                    atol=1e-5 * np.abs(plain[0]).max())
+    elif variant == "bfloat16":
+        plain = counter.run(_library("bfloat16", tmp_path, False, depthwise_block), inputs)
+        np.testing.assert_array_equal(count.outputs[0], plain[0])
     else:
         widened = counter.run(_library("float16", tmp_path, True, depthwise_block), inputs)
         np.testing.assert_array_equal(count.outputs[0], widened[0])

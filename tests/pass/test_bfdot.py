@@ -178,3 +178,35 @@ def test_a_symbolic_row_count_runs_one_row_at_a_time_on_bfdot():
                  inputs)
     assert _kernels(_packed(mod)) == ["matmul_bfdot"]
     np.testing.assert_allclose(packed[0], plain[0], rtol=1e-6, atol=1e-6 * np.abs(plain[0]).max())
+
+
+@pytest.mark.parametrize(("channels", "size", "strides"), [(48, 14, 1), (24, 16, 2)])
+def test_a_depthwise_tile_runs_rows_of_pixels_on_bfmlal(channels, size, strides):
+    """A bfloat16 depthwise convolution (NHWC) on BFMLALB/BFMLALT: eight channels by rows of
+    output pixels that share each weight vector, every sum kept as the even channels' four and
+    the odd channels' four, so that each instruction updates one register (with the sums a
+    stride of 2 apart, rows were 3 x the instructions and the tile took one pixel); no operand
+    widened (the outputs: tests/arm, ``test_depthwise_rows_share_each_weight_vector``)."""
+    rng = np.random.default_rng(2)
+    x = relax.Var("x", relax.TensorType((1, size, size, channels), "float32"))
+    weight = (rng.standard_normal((3, 3, channels, 1)) / 3).astype("float32")
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.nn.conv2d(
+                x, relax.const(weight), strides=strides, padding=1, groups=channels,
+                data_layout="NHWC", kernel_layout="HWOI"))
+        builder.emit_func_output(out)
+    mod, _ = relay_amp.convert(builder.get(), "bfloat16", target=BF16)
+    log = relay_amp.builds.schedule_rules.RuleLog()
+    executable = tvm.compile(mod, target=tvm.target.Target(BF16),
+                             relax_pipeline=relay_amp.cpu_pipeline(BF16, rule_log=log))
+    (text,) = [s.text() for s in log.schedules if "bfmlal" in s.kernel]
+    assert re.search(r"tile: 8 lanes of output axis 3 \(\d+\) x [2-8] rows", text), text
+    assert "BFMLALB/BFMLALT on each row" in text, text
+    lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
+    body = asm_kernel(lib.inspect_source("asm"), "depthwise_conv2d_nhwc_bfmlal")
+    assert re.search(r"\bbfmlalb\s+v\d+\.4s", body) and re.search(r"\bbfmlalt\s+v\d+\.4s", body)
+    assert not re.search(A64_WIDEN, body)
+    assert not re.search(r"\b(zip|uzp)[12]\s", body.split("bfmlalb", 1)[1].rsplit(
+        "bfmlalt", 1)[0]), "sums shuffled between taps"
