@@ -369,12 +369,16 @@ def _fold(sch, consumer, producer) -> str | None:
             return None
         except s_tir.ScheduleError:  # not elementwise in the tile's output
             pass
+        except tvm.error.InternalError as err:  # on a trial copy (_inline_epilogue's)
+            # TVM's own bound check fails on some broadcasts (se_resnext50_32x4d's
+            # squeeze-and-excitation scale), which cost the whole kernel its tile
+            return f"TVM's reverse_compute_inline failed its own check ({last_line(err)})"
     else:
         return ("it reads the tile's result at a constant index on an axis of more than one "
                 "point")
     try:  # the copy out of a padded result: the epilogue reads the padded one
         sch.compute_inline(consumer)
-    except s_tir.ScheduleError:  # it stays a loop
+    except (s_tir.ScheduleError, tvm.error.InternalError):  # it stays a loop
         return "it is not elementwise in the tile's result"
     return None
 

@@ -84,6 +84,9 @@ class ReductionAlongOuterAxis:
 
     def apply(self, func, target, tunable):  # noqa: ARG002 - dlight's rule signature
         sch, infos = llvm_blocks(func, target) or (None, ())
+        if all(info.is_injective() for info in infos):
+            return None  # nothing to fold for (and TVM's reverse_compute_inline can fail its
+            # own check on an elementwise kernel's broadcast: se_resnet18_v1's)
         count = len(infos)
         infos = _fold_trailing(sch, infos)
         folded = count - len(infos)
