@@ -185,7 +185,10 @@ class Elementwise:
         if not isinstance(func, tvm.tirx.PrimFunc) or target.kind.name != "llvm":
             return None
         sch = s_tir.Schedule(func)
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        try:
+            blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        except s_tir.ScheduleError:  # no root block: a kernel written as loops (TVM's NMS)
+            return None
         if not all(_along(sch.get(block)) for block in blocks):
             return None  # before inlining: a fused detection head has hundreds of stages
         names = [sch.get(block).name_hint for block in blocks]

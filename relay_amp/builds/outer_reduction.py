@@ -52,10 +52,12 @@ def _fold_trailing(sch, infos) -> list:
     from tvm.s_tir.dlight.analysis import normalize_prim_func
 
     while len(infos) > 2 and infos[-1].is_injective() and infos[-2].is_injective():
-        try:
-            sch.reverse_compute_inline(infos[-1].block_rv)
-        except tvm.s_tir.ScheduleError:
+        try:  # on a copy first: TVM's own bound check can fail on a broadcast it reads
+            # (llama_smollm_135m's RMSNorm), an InternalError that may leave it half done
+            sch.copy().reverse_compute_inline(infos[-1].block_rv)
+        except (tvm.s_tir.ScheduleError, tvm.error.InternalError):
             break
+        sch.reverse_compute_inline(infos[-1].block_rv)
         infos = normalize_prim_func(sch) or []
     return infos
 
