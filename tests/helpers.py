@@ -152,3 +152,28 @@ def projection(rows, inputs, outputs, seed=0, weight_scale=0.125, bias_scale=1.0
             out = builder.emit_output(relax.op.add(relax.op.matmul(x, w), b))
         builder.emit_func_output(out)
     return builder.get()
+
+
+def block_loops(func) -> dict:
+    """Each block's name in the TIR ``func`` -> the loops around each place it runs, outermost
+    first, as ``(extent, kind)`` (a block's ``init`` walked under its block's loops)."""
+    found = {}
+
+    def walk(stmt, loops):
+        if isinstance(stmt, tvm.tirx.For):
+            walk(stmt.body, [*loops, (int(stmt.extent), stmt.kind)])
+        elif isinstance(stmt, tvm.s_tir.SBlockRealize):
+            if stmt.block.name_hint != "root":
+                found.setdefault(stmt.block.name_hint, []).append(loops)
+            walk(stmt.block.body, loops)
+            if stmt.block.init is not None:
+                walk(stmt.block.init, loops)
+        elif isinstance(stmt, tvm.tirx.SeqStmt):
+            for s in stmt.seq:
+                walk(s, loops)
+        elif hasattr(stmt, "body"):
+            walk(stmt.body, loops)
+
+    walk(func.body, [])
+    return found
+

@@ -3,9 +3,12 @@ box bins) computed once, in vectors along the innermost axis, where dlight's CPU
 rule recomputed it for every value of the reduced axis. Outputs: the same sums in the same
 order, so the same numbers as the kernel dlight schedules."""
 
+import math
+
 import numpy as np
 import pytest
 import tvm
+from helpers import block_loops
 from tvm import relax
 from tvm.s_tir import dlight as dl
 from tvm.script import ir as I
@@ -50,25 +53,8 @@ def _scheduled(mod, target, rules):
 def _iterations(func) -> dict:
     """Each block's name -> how many times it runs: the product of its enclosing loops'
     extents (a vectorized loop's lanes included)."""
-    counts = {}
-
-    def walk(stmt, trips):
-        if isinstance(stmt, tvm.tirx.For):
-            walk(stmt.body, trips * int(stmt.extent))
-        elif isinstance(stmt, tvm.s_tir.SBlockRealize):
-            if stmt.block.name_hint != "root":
-                counts[stmt.block.name_hint] = counts.get(stmt.block.name_hint, 0) + trips
-            walk(stmt.block.body, trips)
-            if stmt.block.init is not None:
-                walk(stmt.block.init, trips)
-        elif isinstance(stmt, tvm.tirx.SeqStmt):
-            for s in stmt.seq:
-                walk(s, trips)
-        elif hasattr(stmt, "body"):
-            walk(stmt.body, trips)
-
-    walk(func.body, 1)
-    return counts
+    return {name: sum(math.prod(extent for extent, _ in loops) for loops in places)
+            for name, places in block_loops(func).items()}
 
 
 def _parallel_loops(func) -> list:

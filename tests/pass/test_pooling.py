@@ -6,6 +6,7 @@ window reduced in its order)."""
 import numpy as np
 import pytest
 import tvm
+from helpers import block_loops
 from tvm import relax
 
 import relay_amp
@@ -53,24 +54,9 @@ def _pool_kernel(mod, target, dtype):
 
 
 def _loops_around(func, block_name) -> list:
-    """The loops around ``block_name``, outermost first, as ``(extent, kind)``."""
-    found = []
-
-    def walk(stmt, loops):
-        if isinstance(stmt, tvm.tirx.For):
-            walk(stmt.body, [*loops, (int(stmt.extent), stmt.kind)])
-        elif isinstance(stmt, tvm.s_tir.SBlockRealize):
-            if stmt.block.name_hint == block_name:
-                found.append(loops)
-            walk(stmt.block.body, loops)
-        elif isinstance(stmt, tvm.tirx.SeqStmt):
-            for s in stmt.seq:
-                walk(s, loops)
-        elif hasattr(stmt, "body"):
-            walk(stmt.body, loops)
-
-    walk(func.body, [])
-    return found
+    """The loops around each place ``block_name`` runs, outermost first, as
+    ``(extent, kind)``."""
+    return block_loops(func).get(block_name, [])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
