@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import tvm
 
+from ..relax_utils import last_line
 from .elementwise import (
     INLINED_FLOPS,
     REGISTERS,
@@ -120,7 +121,7 @@ class WindowReduction:
             for name in before:  # in parallel too, SPPF's 20 x 20 pools took 1.05 x at 2 threads
                 vectorize_loops(sch, sch.get_sblock(name), target, parallel=False)
         except s_tir.ScheduleError as err:
-            decide(f"not scheduled: {str(err).strip().splitlines()[0]}")
+            decide(f"not scheduled: {last_line(err)}")
             return None
         decide(f"window of {len(loops) - spatial} loop(s) outside vectors of {lanes} channels, "
                + ("in parallel" if in_registers else "in order, the running result local")
@@ -138,11 +139,14 @@ def _epilogue(sch, write_back, names, target, parallel: bool) -> str:
             if not inline_within(sch, sch.get_sblock(name), INLINED_FLOPS)]
     folded = []
     for name in left:
-        try:
-            sch.reverse_compute_inline(sch.get_sblock(name))
-            folded.append(name)
-        except s_tir.ScheduleError:
-            vectorize_loops(sch, sch.get_sblock(name), target, parallel=parallel)
+        block = sch.get_sblock(name)
+        try:  # on a copy first: TVM's own bound check can fail (an InternalError) midway
+            sch.copy().reverse_compute_inline(block)
+        except (s_tir.ScheduleError, tvm.error.InternalError):
+            vectorize_loops(sch, block, target, parallel=parallel)
+            continue
+        sch.reverse_compute_inline(block)
+        folded.append(name)
     return ", ".join(folded)
 
 
