@@ -481,9 +481,9 @@ def tensorize_bfmlal(sch, tile, lanes_loop, lanes: int, scope: str) -> bool:
     """Tensorize the update under ``lanes_loop`` of a depthwise convolution
     :func:`packed_bfloat16_weights` wrote (an input and a ``(.., C, 1)`` weight, both vectors
     of the lanes) into ``bfmlalb``/``bfmlalt``, its sums first laid out by :func:`_halves`;
-    the ``tile`` loop links :data:`LLVM_IR`. False, ``sch`` unchanged, where it is not that or
-    ``lanes`` is not a multiple of 8 (where the layout took and the tensorization did not, the
-    sums keep the layout, which the write-back reads as it reads any other)."""
+    the ``tile`` loop links :data:`LLVM_IR`. False where it is not that or ``lanes`` is not a
+    multiple of 8 (``sch`` unchanged), or where the tensorization fails after the layout (the
+    sums keep it, which the write-back reads as it reads any other)."""
     from tvm import s_tir
 
     from .neon_tiles import _operands

@@ -417,9 +417,9 @@ class BfmmlaTile:
             decide(f"left in loops of their own: {refused}")
         *_, a, c, lanes = [*sch.get_loops(sums)[:-2], sch.fuse(*sch.get_loops(sums)[-2:])]
         sch.vectorize(lanes)
-        if not calls_a_library(sch.get(sums).body, target):
-            # constant indices: LLVM keeps the tile's sums in registers and gathers a row by
-            # zips; an epilogue that calls a library (GELU's erf) stays one copy, in a loop
+        if calls_a_library(sch.get(sums).body, target):  # GELU's erf: one copy, in a loop
+            decide("write-back in a loop: its epilogue calls a library function")
+        else:  # constant indices: LLVM keeps the tile's sums in registers, rows by zips
             sch.unroll(a)
             sch.unroll(c)
         _vectorize_rest(sch, sums, target, True)

@@ -143,6 +143,18 @@ def vectorize_blocks(sch, names, target, flops, parallel: bool,
     return left
 
 
+def vector_step(block, extent, target) -> int | None:
+    """Values of an axis of ``extent`` one step of ``block``'s loop computes: up to
+    :data:`REGISTERS` vector registers of its widest dtype, as many as divide the axis; None
+    where none does, the extent is not constant, or ``target`` has no known register width."""
+    bits = max(tvm.DataType(str(region.source.dtype)).bits
+               for region in (*block.reads, *block.writes))
+    lanes = register_lanes(target, bits)
+    if not lanes or not isinstance(extent, tvm.tirx.IntImm):
+        return None
+    return next((lanes * n for n in REGISTERS if int(extent) % (lanes * n) == 0), None)
+
+
 def vectorize_loops(sch, block_rv, target, parallel: bool) -> bool:
     """Run ``block_rv``'s loops, in place, as one loop of vectors of up to :data:`REGISTERS`
     registers of its widest dtype, the rest in parallel with ``parallel``; False, ``sch``
@@ -152,12 +164,7 @@ def vectorize_loops(sch, block_rv, target, parallel: bool) -> bool:
     loops = sch.get_loops(block_rv)
     if len(loops) != len(block.iter_vars) or not loops or not _along(block):
         return False
-    bits = max(tvm.DataType(str(region.source.dtype)).bits
-               for region in (*block.reads, *block.writes))
-    lanes, extent = register_lanes(target, bits), block.iter_vars[-1].dom.extent
-    if not lanes or not isinstance(extent, tvm.tirx.IntImm):
-        return False
-    lanes = next((lanes * n for n in REGISTERS if int(extent) % (lanes * n) == 0), None)
+    lanes = vector_step(block, block.iter_vars[-1].dom.extent, target)
     if lanes is None:
         return False
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
@@ -201,5 +208,5 @@ def _vectorized(sch, name) -> bool:
     return bool(loops) and sch.get(loops[-1]).kind == tvm.tirx.ForKind.VECTORIZED
 
 
-__all__ = ["INLINED_FLOPS", "Elementwise", "inline_within", "register_lanes",
-           "vectorize_blocks", "vectorize_loops"]
+__all__ = ["INLINED_FLOPS", "Elementwise", "calls_a_library", "inline_within",
+           "register_lanes", "vector_step", "vectorize_blocks", "vectorize_loops"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import tvm
 
 from .elementwise import register_lanes
-from .schedule_rules import decide, llvm_blocks, uses
+from .schedule_rules import decide, llvm_blocks, reverse_inlined, uses
 
 
 def _bindings(sch, block_rv) -> dict:
@@ -43,8 +43,9 @@ def _innermost_loop(sch, block_rv):
     return loops[-1] if loops else None
 
 
-def _fold_trailing(sch, infos) -> list:
-    """``infos`` after each elementwise block that follows another at the kernel's end (a
+def _fold_trailing(sch, infos) -> tuple:
+    """``(schedule, infos)`` after each elementwise block that follows another at the kernel's
+    end (a
     float16 model's cast of its softmax back to float16) is folded into the block before it,
     so that the kernel ends with the block that reads the reductions (YOLOv8n's float16
     build on aarch64: its softmax with that cast executed 26.1 M instructions, computed as
@@ -52,14 +53,12 @@ def _fold_trailing(sch, infos) -> list:
     from tvm.s_tir.dlight.analysis import normalize_prim_func
 
     while len(infos) > 2 and infos[-1].is_injective() and infos[-2].is_injective():
-        try:  # on a copy first: TVM's own bound check can fail on a broadcast it reads
-            # (llama_smollm_135m's RMSNorm), an InternalError that may leave it half done
-            sch.copy().reverse_compute_inline(infos[-1].block_rv)
-        except (tvm.s_tir.ScheduleError, tvm.error.InternalError):
+        folded = reverse_inlined(sch, infos[-1].block_rv)
+        if folded is None:
             break
-        sch.reverse_compute_inline(infos[-1].block_rv)
+        sch = folded
         infos = normalize_prim_func(sch) or []
-    return infos
+    return sch, infos
 
 
 def vector_lanes(extent: int, bits: int, target) -> int:
@@ -90,7 +89,7 @@ class ReductionAlongOuterAxis:
             return None  # nothing to fold for (and TVM's reverse_compute_inline can fail its
             # own check on an elementwise kernel's broadcast: se_resnet18_v1's)
         count = len(infos)
-        infos = _fold_trailing(sch, infos)
+        sch, infos = _fold_trailing(sch, infos)
         folded = count - len(infos)
         if len(infos) < 2 or not infos[-1].is_injective():
             return None

@@ -19,15 +19,8 @@ from __future__ import annotations
 import tvm
 
 from ..relax_utils import last_line
-from .elementwise import (
-    INLINED_FLOPS,
-    REGISTERS,
-    _along,
-    inline_within,
-    register_lanes,
-    vectorize_loops,
-)
-from .schedule_rules import decide, llvm_blocks, uses
+from .elementwise import INLINED_FLOPS, _along, inline_within, vector_step, vectorize_loops
+from .schedule_rules import decide, llvm_blocks, reverse_inlined, uses
 
 
 def _window_reduction(block) -> bool:
@@ -49,15 +42,10 @@ def _window_reduction(block) -> bool:
 
 
 def _lanes(block, target) -> int | None:
-    """Channels one step computes: up to :data:`~relay_amp.builds.elementwise.REGISTERS`
-    vector registers of the block's widest dtype that divide the channel axis."""
-    bits = max(tvm.DataType(str(region.source.dtype)).bits
-               for region in (*block.reads, *block.writes))
-    lanes = register_lanes(target, bits)
-    extent = [iv for iv in block.iter_vars if int(iv.iter_type) == 0][-1].dom.extent
-    if not lanes or not isinstance(extent, tvm.tirx.IntImm):
-        return None
-    return next((lanes * n for n in REGISTERS if int(extent) % (lanes * n) == 0), None)
+    """Channels one step computes (:func:`~relay_amp.builds.elementwise.vector_step` over the
+    block's last spatial axis)."""
+    return vector_step(block, [iv for iv in block.iter_vars
+                               if int(iv.iter_type) == 0][-1].dom.extent, target)
 
 
 class WindowReduction:
@@ -116,7 +104,7 @@ class WindowReduction:
             sch.vectorize(vectors)
             init = sch.decompose_reduction(block_rv, loops[spatial])
             sch.vectorize(sch.get_loops(init)[-1])
-            folded = _epilogue(sch, write_back, after, target, in_registers)
+            sch, folded = _epilogue(sch, write_back, after, target, in_registers)
             sch.vectorize(sch.get_loops(write_back)[-1])
             for name in before:  # in parallel too, SPPF's 20 x 20 pools took 1.05 x at 2 threads
                 vectorize_loops(sch, sch.get_sblock(name), target, parallel=False)
@@ -129,25 +117,21 @@ class WindowReduction:
         return sch
 
 
-def _epilogue(sch, write_back, names, target, parallel: bool) -> str:
+def _epilogue(sch, write_back, names, target, parallel: bool) -> tuple:
     """Inline the blocks ``names`` after the reduction into each other, then the one left into
-    ``write_back`` where it reads it value for value (else a loop of vectors); what was
-    folded into it."""
-    from tvm import s_tir
-
+    ``write_back`` where it reads it value for value (else a loop of vectors); the schedule
+    and what was folded into the write-back."""
     left = [name for name in names
             if not inline_within(sch, sch.get_sblock(name), INLINED_FLOPS)]
     folded = []
     for name in left:
-        block = sch.get_sblock(name)
-        try:  # on a copy first: TVM's own bound check can fail (an InternalError) midway
-            sch.copy().reverse_compute_inline(block)
-        except (s_tir.ScheduleError, tvm.error.InternalError):
-            vectorize_loops(sch, block, target, parallel=parallel)
+        trial = reverse_inlined(sch, sch.get_sblock(name))
+        if trial is None:
+            vectorize_loops(sch, sch.get_sblock(name), target, parallel=parallel)
             continue
-        sch.reverse_compute_inline(block)
+        sch = trial
         folded.append(name)
-    return ", ".join(folded)
+    return sch, ", ".join(folded)
 
 
 __all__ = ["WindowReduction"]

@@ -231,6 +231,23 @@ def uses(expr, var) -> bool:
     return any(found)
 
 
+def reverse_inlined(sch, block_rv):
+    """A copy of ``sch`` with ``block_rv`` inlined into the block it reads
+    (``reverse_compute_inline``; ``sch``'s random variables stay valid in it), or None where
+    that fails. On a copy because TVM's own bound check can fail midway, an ``InternalError``
+    rather than a ``ScheduleError``, on some broadcasts (se_resnext50_32x4d's
+    squeeze-and-excitation scale, llama_smollm_135m's RMSNorm)."""
+    import tvm
+    from tvm import s_tir
+
+    trial = sch.copy()
+    try:
+        trial.reverse_compute_inline(block_rv)
+    except (s_tir.ScheduleError, tvm.error.InternalError):
+        return None
+    return trial
+
+
 def llvm_blocks(func, target):
     """``(schedule, blocks)``: what a CPU rule starts from, a schedule of ``func`` and its
     blocks as dlight normalizes them (``normalize_prim_func``); None where ``func`` is not a
@@ -247,4 +264,4 @@ def llvm_blocks(func, target):
 
 
 __all__ = ["KernelSchedule", "RuleError", "RuleLog", "apply_rules", "decide", "llvm_blocks",
-           "uses"]
+           "reverse_inlined", "uses"]
