@@ -35,7 +35,7 @@ from . import bfmmla
 from .constants import constant_value
 from .cpu_features import cpu_has
 from .neon_tiles import _loads, _row_step, is_aarch64
-from .schedule_rules import decide
+from .schedule_rules import decide, link_llvm
 from .tir_script import script
 
 #: The functions the kernels call: ``relay_amp_bfdot(sums, pairs, row, j)`` is ``bfdot
@@ -498,7 +498,7 @@ def tensorize_bfmlal(sch, tile, lanes_loop, lanes: int, scope: str) -> bool:
         sch.tensorize(lanes_loop, _bfmlal_intrinsic(lanes, stored, scope))
     except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
         return False
-    sch.annotate(tile, "pragma_import_llvm", LLVM_IR)
+    link_llvm(sch, tile, LLVM_IR)
     return True
 
 
@@ -539,7 +539,7 @@ def bfdot_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, rows:
         try:
             _, inner = trial.split(reduce_loops[-2], [None, depth])
             trial.tensorize(inner, name)
-            trial.annotate(tile, "pragma_import_llvm", LLVM_IR)
+            link_llvm(trial, tile, LLVM_IR)
         except (s_tir.ScheduleError, RuntimeError):  # TVMScript's DiagnosticError is one
             continue
         decide(f"update: tensor intrinsic {name}")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import tvm
 
 from ..relax_utils import last_line
-from .schedule_rules import decide, llvm_blocks
+from .schedule_rules import decide, link_llvm, llvm_blocks
 from .tir_script import script
 
 #: ``relay_amp_bfmmla(sums, a, b)``: ``bfmmla sums.4s, a.8h, b.8h`` on 16-bit patterns.
@@ -373,7 +373,7 @@ class BfmmlaTile:
             return None
         depth = min(int(sch.get(steps).extent), DEPTH)
         try:
-            self._schedule(sch, gemm, depth, target)
+            sch = self._schedule(sch, gemm, depth, target)
         except s_tir.ScheduleError as err:  # the kernel keeps TVM's loops
             decide(f"not scheduled: {last_line(err)}")
             return None
@@ -382,8 +382,9 @@ class BfmmlaTile:
         return sch
 
     @staticmethod
-    def _schedule(sch, gemm, depth: int, target) -> None:
-        from .cpu_pipeline import _inline_epilogue, _vectorize_rest
+    def _schedule(sch, gemm, depth: int, target):
+        from .bfcvtn import tensorize_rounding
+        from .cpu_pipeline import _inline_epilogue, _round_apart, _vectorize_rest
         from .elementwise import calls_a_library
 
         (pack,) = sch.get_producers(gemm)
@@ -410,7 +411,7 @@ class BfmmlaTile:
         sch.transform_layout(sums, ("write", 0), lambda m, n, i, j: [m * 2 + i, n * 2 + j])
         a, b, c, d = sch.get_loops(sums)[-4:]
         sch.reorder(a, c, b, d)
-        folded, refused = _inline_epilogue(sch, sums)
+        folded, refused = _inline_epilogue(sch, sums, round_apart=True)
         if folded:
             decide(f"epilogue folded into the write-back: {', '.join(folded)}")
         if refused:
@@ -422,10 +423,15 @@ class BfmmlaTile:
         else:  # constant indices: LLVM keeps the tile's sums in registers, rows by zips
             sch.unroll(a)
             sch.unroll(c)
-        _vectorize_rest(sch, sums, target, True)
+        sch, rounding = _round_apart(sch, sums, tile)
+        if rounding is None:  # else the rounding was all that was left
+            _vectorize_rest(sch, sums, target, True)
         sch.decompose_reduction(gemm, outer_steps)
         sch.tensorize(inner_steps, _intrinsic(depth, "local"))
-        sch.annotate(tile, "pragma_import_llvm", LLVM_IR)
+        link_llvm(sch, tile, LLVM_IR)
+        if rounding is not None:
+            tensorize_rounding(sch, tile, rounding)
+        return sch
 
     @staticmethod
     def _pack(sch, pack, quads: int) -> None:

@@ -248,6 +248,18 @@ def reverse_inlined(sch, block_rv):
     return trial
 
 
+def link_llvm(sch, loop, text: str) -> None:
+    """Link the LLVM IR ``text`` into the library where ``loop`` runs (TVM's
+    ``pragma_import_llvm``), beside what the loop links already: one kernel can call the
+    functions of several modules (a tile's and its rounding's)."""
+    linked = sch.get(loop).annotations.get("pragma_import_llvm")
+    if linked is not None and text in str(linked):
+        return
+    if linked is not None:  # annotate keeps a key's first value
+        sch.unannotate(loop, "pragma_import_llvm")
+    sch.annotate(loop, "pragma_import_llvm", text if linked is None else f"{linked}\n{text}")
+
+
 def llvm_blocks(func, target):
     """``(schedule, blocks)``: what a CPU rule starts from, a schedule of ``func`` and its
     blocks as dlight normalizes them (``normalize_prim_func``); None where ``func`` is not a
@@ -263,5 +275,5 @@ def llvm_blocks(func, target):
     return None if blocks is None else (sch, blocks)
 
 
-__all__ = ["KernelSchedule", "RuleError", "RuleLog", "apply_rules", "decide", "llvm_blocks",
-           "reverse_inlined", "uses"]
+__all__ = ["KernelSchedule", "RuleError", "RuleLog", "apply_rules", "decide", "link_llvm",
+           "llvm_blocks", "reverse_inlined", "uses"]

@@ -28,7 +28,7 @@ import tvm
 
 from .cpu_features import cpu_has
 from .neon_tiles import _operands, operand_dtype, scalar_reduction, tensorized_tile
-from .schedule_rules import decide
+from .schedule_rules import decide, link_llvm
 
 #: The most rows a tile computes.
 TILE_ROWS = 14
@@ -326,7 +326,7 @@ def register_tile(sch, tile, lanes_loop, rows_loop, reduce_loops, lanes: int, ro
     trial = tensorized_tile(sch, rows_loop, reduce_loops, n, depth,
                             _intrinsic(rows, depth, lanes, width, scope, step, held))
     if trial is not None and held < lanes // width:
-        trial.annotate(tile, "pragma_import_llvm", LLVM_IR)
+        link_llvm(trial, tile, LLVM_IR)
         decide(f"weights: {held} of {lanes // width} vectors held in registers, the others "
                "each FMA's memory operand")
     return trial

@@ -411,9 +411,10 @@ def test_aarch64_fullfp16_with_float16_accumulation_asked_uses_half_fma(layer_na
 def test_aarch64_bf16_runs_dot_products_on_bfmmla_and_widens_the_rest_by_shifts(layer_name):
     """+bf16 converts to bfloat16. Every matmul and convolution (constant weights) runs on
     ``bfmmla`` (relay_amp.builds.bfmmla) or, where a tile of 8 does not fit, ``bfdot`` by
-    element (relay_amp.builds.bfdot), no operand widened; LLVM emits no other bfloat16
-    instruction (BFMLAL, BFCVT), and attention's operands are widened with integer shifts and
-    computed in float32. A float32 FMA in a dot kernel is its epilogue's (GELU's polynomial,
+    element (relay_amp.builds.bfdot), no operand widened; the other bfloat16 instructions
+    are the tiles' roundings on ``bfcvtn``/``bfcvtn2`` (relay_amp.builds.bfcvtn), no BFMLAL
+    or scalar BFCVT, and attention's operands are widened with integer shifts and computed in
+    float32. A float32 FMA in a dot kernel is its epilogue's (GELU's polynomial,
     folded into the write-back), far fewer than the tiles' ``bfmmla``."""
     built = build("aarch64 +bf16", layer_name, "bfloat16")
     assert built.report.converted
@@ -421,7 +422,7 @@ def test_aarch64_bf16_runs_dot_products_on_bfmmla_and_widens_the_rest_by_shifts(
     assert built.found("dot", A64_WIDEN_BY_SHIFT) == []
     assert len(built.found("dot", A64_F32_FMA)) * 10 < len(built.found("dot", A64_BF16_DOT))
     others = set(re.findall(A64_BF16, "\n".join(built.kernels.values())))
-    assert "bfmmla" in others and others <= {"bfdot", "bfmmla"}, others
+    assert "bfmmla" in others and others <= {"bfdot", "bfmmla", "bfcvtn", "bfcvtn2"}, others
     if _has_attention(layer_name):
         assert built.found("attention", A64_WIDEN_BY_SHIFT)
 
