@@ -18,6 +18,8 @@ Linux).
 
 from __future__ import annotations
 
+import math
+
 import tvm
 
 from ..relax_utils import last_line
@@ -116,12 +118,20 @@ def _inside(sch, block, loop) -> list:
     return loops[next(n for n, it in enumerate(loops) if sch.get(it).same_as(tile)) + 1:]
 
 
+def _points(sch, loops) -> int:
+    """The iterations of a nest of ``loops`` of constant extents."""
+    return math.prod(int(sch.get(loop).extent) for loop in loops)
+
+
 def round_in_tile(sch, write_back, rounding, tile):
     """``(a copy of sch, its lanes loop)``: the copy runs ``rounding`` (:func:`rounding_after`
     of ``write_back``) in the ``tile`` loop, after ``write_back`` has computed the tile's
     values into a ``local`` buffer (LLVM keeps it in registers: every index is a constant once
     the loops are unrolled), :data:`LANES` values a step; the lanes are left for
-    :func:`tensorize_rounding`. None where a step fails. The tensorization comes
+    :func:`tensorize_rounding`. None where a step fails, or where the rounding would cover
+    more of the output than the tile writes: a tile of 8 pixels over rows of 7 or 28 spans
+    two rows, and the rounding, moved into it, covers both whole (TVM's region is a box),
+    reading values of the tile's buffer no write-back wrote. The tensorization comes
     last, after the tile's own: TVM cannot copy a schedule once it has tensorized a block
     inside another's loop."""
     from tvm import s_tir
@@ -131,11 +141,13 @@ def round_in_tile(sch, write_back, rounding, tile):
         trial.reverse_compute_at(rounding, tile)
         trial.set_scope(write_back, 0, "local")
         loops = _inside(trial, rounding, tile)
-        unrolled = [*_inside(trial, write_back, tile)[:-1], *loops[:-1]]
+        written = _inside(trial, write_back, tile)
         if not all(isinstance(trial.get(loop).extent, tvm.tirx.IntImm)
-                   for loop in (*unrolled, loops[-1])) \
-                or int(trial.get(loops[-1]).extent) % LANES:
+                   for loop in (*written, *loops)) \
+                or int(trial.get(loops[-1]).extent) % LANES \
+                or _points(trial, loops) != _points(trial, written):
             return None
+        unrolled = [*written[:-1], *loops[:-1]]
         steps, lanes = trial.split(loops[-1], [None, LANES])
         for loop in (*unrolled, steps):
             trial.unroll(loop)

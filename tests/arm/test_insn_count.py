@@ -5,6 +5,7 @@ Needs ``bash scripts/arm/setup_emulator.sh`` (it builds the plugin); skips witho
 ``RELAY_AMP_ARM_REQUIRED=1``. Marker ``arm``.
 """
 
+import functools
 import subprocess
 
 import numpy as np
@@ -296,6 +297,57 @@ def test_kernels_are_counted_apart_and_add_up_to_the_run(tmp_path):
     assert sum(kernels.values()) >= count.mix()["fma .4s"], (kernels, count.mix())
     assert abs(sum(count.kernels.values()) - count.total) <= count.total / 100, (
         sum(count.kernels.values()), count.total)
+
+
+def bias_block(size: int = 8, depthwise: bool = False):
+    """x (1, size, size, 32) NHWC, a convolution (a 1x1 to 32 channels, or a 3x3 depthwise)
+    and a bias per channel, which the bfloat16 build adds in float32 and rounds to bfloat16 for
+    the 1x1 convolution after it."""
+    rng = np.random.default_rng(8)
+    x = relax.Var("x", relax.TensorType((1, size, size, 32), "float32"))
+    first = relax.const((rng.standard_normal((3, 3, 32, 1) if depthwise else (1, 1, 32, 32))
+                         / 4).astype("float32"))
+    bias = relax.const(rng.standard_normal((1, 1, 1, 32)).astype("float32"))
+    last = relax.const((rng.standard_normal((1, 1, 32, 32)) / 8).astype("float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.nn.conv2d(
+                x, first, padding=[1, 1] if depthwise else [0, 0], groups=32 if depthwise else 1,
+                data_layout="NHWC", kernel_layout="HWOI" if depthwise else "HWIO"))
+            y = builder.emit(relax.op.add(y, bias))
+            out = builder.emit_output(relax.op.nn.conv2d(y, last, data_layout="NHWC",
+                                                         kernel_layout="HWIO"))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+@pytest.mark.parametrize("size, depthwise, on_bfcvtn", [(8, False, True), (7, False, False),
+                                                        (14, True, True)],
+                         ids=["bfmmla-rows-of-8", "bfmmla-tiles-span-two-rows",
+                              "bfmlal-rows-of-7"])
+def test_a_tiles_rounding_to_bfloat16_runs_on_bfcvtn(counter, size, depthwise, on_bfcvtn,
+                                                      tmp_path):
+    """relay_amp.builds.bfcvtn: a tile whose pixels are whole rows of the map (BFMMLA's 8 on a
+    map 8 wide, BFMLAL's rows of 7 on one 14 wide) rounds its results on ``bfcvtn`` and
+    ``bfcvtn2``, eight values a pair; TVM's integer rounding (``addhn``) is left to the
+    input's cast, a kernel of its own. BFMMLA's 8 pixels on a map 7
+    wide span two rows, where the rounding would cover both whole, so TVM's rounding stays
+    (with it, 640 of 1,568 outputs were wrong). The outputs are the plain bfloat16 build's to
+    float32 rounding of the sums."""
+    block = functools.partial(bias_block, size, depthwise)
+    block.__name__ = f"bias_block_{size}_{depthwise}"
+    inputs = [np.random.default_rng(9).standard_normal((1, size, size, 32)).astype("float32")]
+    count = counter.count(_library("bfloat16", tmp_path, True, block), inputs)
+    converts = {kind.split(" ")[0]: n for kind, n in count.kinds.items()
+                if kind.startswith(("bfcvtn", "addhn"))}
+    vectors = size * size * 32 // 8  # eight values a rounding: the input's, the tile's
+    expected = {"addhn": vectors, "addhn2": vectors, "bfcvtn": vectors, "bfcvtn2": vectors} \
+        if on_bfcvtn else {"addhn": 2 * vectors, "addhn2": 2 * vectors}
+    assert converts == expected, converts
+    plain = counter.run(_library("bfloat16", tmp_path, False, block), inputs)
+    np.testing.assert_allclose(count.outputs[0], plain[0], rtol=0,
+                               atol=1e-5 * np.abs(plain[0]).max())
 
 
 def _vector_loads(count) -> int:
