@@ -53,6 +53,7 @@ from .outer_reduction import ReductionAlongOuterAxis
 from .packed_weights import packed_weights
 from .pooling import WindowReduction
 from .prelu import elementwise_prelu
+from .scalar_constants import scalar_constants_inlined
 from .schedule_rules import apply_rules, decide, llvm_blocks, uses
 from .x86_tiles import UNROLLED_WIDTH, row_vectors, vector_registers, vector_width
 from .x86_tiles import lane_rows as x86_lane_rows
@@ -762,7 +763,7 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
                    numpy_layout_constants()]
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)
-        + schedules
+        + ([scalar_constants_inlined()] if relay_amp_schedules else []) + schedules
         + pipeline.dataflow_lower_passes(target) + pipeline.finalize_passes(target))
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.cpu_pipeline")
