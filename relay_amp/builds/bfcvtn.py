@@ -102,15 +102,6 @@ def rounding_after(sch, write_back):
     return consumers[0]
 
 
-def calls(expr) -> bool:
-    """Whether the TIR ``expr`` calls anything (an ``exp``, a sigmoid), besides arithmetic."""
-    import tvm_ffi
-
-    found = []
-    tvm_ffi.structural_walk(expr, lambda node: found.append(isinstance(node, tvm.ir.expr.Call)))
-    return any(found)
-
-
 def _inside(sch, block, loop) -> list:
     """``block``'s loops inside ``loop``."""
     loops = sch.get_loops(block)
@@ -172,5 +163,5 @@ def tensorize_rounding(sch, tile, lanes) -> None:
     decide(f"rounding to bfloat16: BFCVTN, {LANES} values a call, from the tile's registers")
 
 
-__all__ = ["LANES", "LLVM_IR", "calls", "is_rounding", "round_in_tile", "rounding_after",
+__all__ = ["LANES", "LLVM_IR", "is_rounding", "round_in_tile", "rounding_after",
            "tensorize_rounding"]

@@ -27,16 +27,11 @@ import tvm
 
 from ..relax_utils import last_line
 from .batch_norm import inference_batch_norms
-from .bfcvtn import calls, round_in_tile, rounding_after, tensorize_rounding
+from .bfcvtn import round_in_tile, rounding_after, tensorize_rounding
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
 from .bfmmla import BfmmlaTile
 from .constants import numpy_layout_constants
-from .elementwise import (
-    INLINED_FLOPS,
-    Elementwise,
-    register_lanes,
-    vectorize_blocks,
-)
+from .elementwise import INLINED_FLOPS, Elementwise, calls, register_lanes, vectorize_blocks
 from .fast_math import vector_math
 from .flops import expanded_flops
 from .neon_tiles import (
@@ -458,10 +453,15 @@ def _round_apart(sch, write_back, tile) -> tuple:
     rounding = rounding_after(sch, write_back)
     if rounding is None:
         return sch, None
-    if not calls(sch.get(write_back).body):
+    if calls(sch.get(write_back).body):
+        decide("rounding to bfloat16 folded into the write-back, not on BFCVTN: the epilogue "
+               "calls a function, which takes the registers")
+    else:
         rounded = round_in_tile(sch, write_back, rounding, tile)
         if rounded is not None:
             return rounded
+        decide("rounding to bfloat16 folded into the write-back, not on BFCVTN: it cannot run "
+               "in the tile on the values the tile writes alone")
     _inline_epilogue(sch, write_back)
     return sch, None
 
@@ -763,7 +763,7 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
                    numpy_layout_constants()]
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)
-        + ([scalar_constants_inlined()] if relay_amp_schedules else []) + schedules
+        + ([scalar_constants_inlined(rule_log)] if relay_amp_schedules else []) + schedules
         + pipeline.dataflow_lower_passes(target) + pipeline.finalize_passes(target))
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.cpu_pipeline")

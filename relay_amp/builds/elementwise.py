@@ -67,7 +67,7 @@ def inline_within(sch, block_rv, flops) -> bool:
     costs 25 times its own, and is refused: TVM's code generation binds each ``Let`` in an
     ``arith::Analyzer`` whose cost grows with their nesting, and a chain of 50 sigmoids
     inlined into one loop did not build in 300 s. A block that calls a function is not inlined
-    into a reader that stores bfloat16 (:func:`_calls`). False, ``sch`` untouched, otherwise."""
+    into a reader that stores bfloat16 (:func:`calls`). False, ``sch`` untouched, otherwise."""
     from tvm import s_tir
 
     from .flops import expanded_flops
@@ -78,12 +78,12 @@ def inline_within(sch, block_rv, flops) -> bool:
             or not isinstance(block.body, tvm.tirx.BufferStore):
         return False
     inlined = {block.writes[0].source: expanded_flops(block.body)}
-    calls = _calls(block.body.value)
+    calling = calls(block.body.value)
     for reader in (sch.get(r) for r in readers):
         if not (_along(reader) and isinstance(reader.body, tvm.tirx.BufferStore)) \
                 or expanded_flops(reader.body, inlined) > flops:
             return False
-        if calls and str(reader.body.buffer.dtype) == "bfloat16":
+        if calling and str(reader.body.buffer.dtype) == "bfloat16":
             decide(f"{block.name_hint} kept out of {reader.name_hint}: it calls a function, "
                    "which bfloat16's rounding would call twice")
             return False
@@ -94,7 +94,7 @@ def inline_within(sch, block_rv, flops) -> bool:
     return True
 
 
-def _calls(expr) -> bool:
+def calls(expr) -> bool:
     """Whether ``expr`` calls a function (``erf``: a ``libm`` call on aarch64). TVM's
     ``BF16ComputeLegalize`` writes the value it rounds to bfloat16 out twice, and no pass
     merges the two calls: BERT's bfloat16 GELU, inlined into its cast, called ``erf`` twice an
@@ -208,5 +208,5 @@ def _vectorized(sch, name) -> bool:
     return bool(loops) and sch.get(loops[-1]).kind == tvm.tirx.ForKind.VECTORIZED
 
 
-__all__ = ["INLINED_FLOPS", "Elementwise", "calls_a_library", "inline_within",
+__all__ = ["INLINED_FLOPS", "Elementwise", "calls", "calls_a_library", "inline_within",
            "register_lanes", "vector_step", "vectorize_blocks", "vectorize_loops"]

@@ -68,11 +68,17 @@ def _keys(mod) -> dict:
     return keys
 
 
-def scalar_constants_inlined() -> tvm.transform.Pass:
+def scalar_constants_inlined(rule_log=None) -> tvm.transform.Pass:
     """A Relax pass, after ``FuseTIR``: every kernel called with a 0-d floating-point constant
     reads its value as an immediate. A kernel every call of which passes the same values is
     specialized in place (its name kept: the build's report names it); one called with
-    several is copied for each set of values, and dropped where nothing calls it any more."""
+    several is copied for each set of values, and dropped where nothing calls it any more.
+
+    Parameters
+    ----------
+    rule_log : relay_amp.builds.schedule_rules.RuleLog, optional
+        Gets each kernel specialized and its values, for the build's report.
+    """
 
     @relax.expr_functor.mutator
     class Inlined(relax.PyExprMutator):
@@ -88,9 +94,8 @@ def scalar_constants_inlined() -> tvm.transform.Pass:
                 return call
             scalars = _scalars(call)
             callee = call.args[0]
-            func = self.mod_[callee] if callee in self.mod_.get_global_vars() else None
-            if not scalars or not isinstance(func, tvm.tirx.PrimFunc) \
-                    or len(func.params) < len(call.args[1].fields):
+            func = self.mod_.functions.get(callee)
+            if not scalars or not isinstance(func, tvm.tirx.PrimFunc):
                 return call
             key = (callee.name_hint, tuple(sorted(scalars.items())))
             if key not in self.made:
@@ -107,7 +112,14 @@ def scalar_constants_inlined() -> tvm.transform.Pass:
     def _pass(mod, _context):
         mutator = Inlined(mod)
         inlined = mutate_functions(mutator)
-        return relax.transform.DeadCodeElimination()(inlined) if mutator.made else mod
+        if not mutator.made:
+            return mod
+        if rule_log is not None:
+            rule_log.scheduled("<module>", "scalar_constants_inlined", tuple(
+                f"{made.name_hint}: its 0-d constants read as immediates "
+                f"({', '.join(f'{value:g}' for _, value in values)})"
+                for (_, values), made in mutator.made.items()))
+        return relax.transform.DeadCodeElimination()(inlined)
 
     return _pass
 

@@ -13,6 +13,7 @@ from tvm.script import tirx as T
 
 import relay_amp
 from relay_amp.builds.scalar_constants import scalar_constants_inlined
+from relay_amp.builds.schedule_rules import RuleLog
 
 A64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
 
@@ -121,6 +122,16 @@ def test_the_outputs_are_the_plain_builds_bit_for_bit(bounds):
                        else [r.numpy() for r in result])
     for ours, plain in zip(*outputs, strict=True):
         np.testing.assert_array_equal(ours.view(np.uint32), plain.view(np.uint32))
+
+
+def test_the_build_report_names_each_kernel_and_its_values():
+    """``cpu_pipeline``'s rule log: the pass's line names the kernel and the values it reads."""
+    log = RuleLog()
+    tvm.compile(clipped(), target=tvm.target.Target(A64),
+                relax_pipeline=relay_amp.cpu_pipeline(A64, rule_log=log))
+    texts = [s.text() for s in log.schedules if s.kernel == "<module>"]
+    assert any("scheduled by scalar_constants_inlined (clip: its 0-d constants read as "
+               "immediates (0, 6))" in text for text in texts), texts
 
 
 def test_a_clip_is_fmaxnm_and_fminnm_on_aarch64():
