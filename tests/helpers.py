@@ -177,3 +177,36 @@ def block_loops(func) -> dict:
     walk(func.body, [])
     return found
 
+
+def residual_block(channels=28, outputs=42, shared=True, both=True):
+    """A MediaPipe block as relay_amp's bfloat16 conversion leaves it (bfloat16 operands,
+    float32 sums), in NHWC: ``y = relu(x)`` in float32; its cast to bfloat16 into a 3 x 3
+    depthwise convolution with a bias, to which (``shared``) ``y`` is added; that sum's cast
+    into a 1 x 1 convolution to ``outputs`` channels. Returns ``(the sum, the 1 x 1
+    convolution)``, or without ``both`` the latter."""
+    import ml_dtypes
+    from tvm import relax
+
+    rng = np.random.default_rng(9)
+    bf16 = ml_dtypes.bfloat16
+    x = relax.Var("x", relax.TensorType((1, 12, 12, channels), "float32"))
+    depthwise = (rng.standard_normal((3, 3, channels, 1)) / 3).astype(bf16)
+    pointwise = (rng.standard_normal((1, 1, channels, outputs)) / 4).astype(bf16)
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.nn.relu(x))
+            d = builder.emit(relax.op.nn.conv2d(
+                builder.emit(relax.op.astype(y, "bfloat16")), relax.const(depthwise),
+                padding=1, groups=channels, data_layout="NHWC", kernel_layout="HWOI",
+                out_dtype="float32"))
+            d = builder.emit(relax.op.add(d, relax.const(
+                rng.standard_normal(channels).astype("float32"))))
+            if shared:
+                d = builder.emit(relax.op.add(d, y))
+            o = builder.emit(relax.op.nn.conv2d(
+                builder.emit(relax.op.astype(d, "bfloat16")), relax.const(pointwise),
+                data_layout="NHWC", kernel_layout="HWIO", out_dtype="float32"))
+            out = builder.emit_output(relax.Tuple([d, o]) if both else o)
+        builder.emit_func_output(out)
+    return builder.get()

@@ -7,9 +7,11 @@ instructions for four values on aarch64; 6.8 M of MobileNetV2's 69.9 M). LLVM se
 ``bfcvtn`` from an ``fptrunc`` to ``bfloat``, which that legalization removes before code
 generation, and a call TVM does not vectorize is scalarized. So :func:`round_in_tile` keeps the
 rounding out of the tile's write-back: the write-back computes the epilogue into a buffer of the
-tile's own (float32, ``local``: LLVM keeps it in registers, every index a constant once
-unrolled), and the rounding, moved into the tile, is tensorized on :data:`LLVM_IR`'s function,
-which converts a vector of :data:`LANES` in one ``bfcvtn`` and one ``bfcvtn2``.
+tile's own (float32, on the stack: a "global" buffer under 1 KiB, which LLVM keeps in
+registers, every index a constant once unrolled; TVM allocates a buffer of any other scope with
+``TVMBackendAllocWorkspace``, whose stores LLVM keeps), and the rounding, moved into the tile,
+is tensorized on :data:`LLVM_IR`'s function, which converts a vector of :data:`LANES` in one
+``bfcvtn`` and one ``bfcvtn2``.
 
 Both round to nearest even, so the outputs are the plain build's bit for bit, but for a NaN's
 payload (BFCVTN quiets it) and denormals where the CPU flushes them (``FPCR.FZ``, off on
@@ -51,7 +53,7 @@ def is_rounding(block) -> bool:
 
 
 def _intrinsic() -> str:
-    """:data:`LANES` float32 values of a ``local`` buffer rounded into a bfloat16 one."""
+    """:data:`LANES` float32 values of the tile's own buffer rounded into a bfloat16 one."""
     if "name" in _REGISTERED:
         return _REGISTERED["name"]
     from tvm.s_tir import TensorIntrin
@@ -61,7 +63,7 @@ def _intrinsic() -> str:
 
     @script.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle) -> None:
-        A = T.match_buffer(a, (lanes,), "float32", offset_factor=1, scope="local")
+        A = T.match_buffer(a, (lanes,), "float32", offset_factor=1)
         B = T.match_buffer(b, (lanes,), "bfloat16", offset_factor=1)
         with T.sblock("root"):
             T.reads(A[0:lanes])
@@ -73,7 +75,7 @@ def _intrinsic() -> str:
 
     @script.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle) -> None:
-        A = T.match_buffer(a, (lanes,), "float32", offset_factor=1, scope="local")
+        A = T.match_buffer(a, (lanes,), "float32", offset_factor=1)
         B = T.match_buffer(b, (lanes,), "bfloat16", offset_factor=1)
         with T.sblock("root"):
             T.reads(A[0:lanes])
@@ -117,11 +119,11 @@ def _points(sch, loops) -> int:
 def round_in_tile(sch, write_back, rounding, tile):
     """``(a copy of sch, its lanes loop)``: the copy runs ``rounding`` (:func:`rounding_after`
     of ``write_back``) in the ``tile`` loop, after ``write_back`` has computed the tile's
-    values into a ``local`` buffer (LLVM keeps it in registers: every index is a constant once
-    the loops are unrolled), :data:`LANES` values a step; the lanes are left for
-    :func:`tensorize_rounding`. None where a step fails, or where the rounding would cover
-    more of the output than the tile writes: a tile of 8 pixels over rows of 7 or 28 spans
-    two rows, and the rounding, moved into it, covers both whole (TVM's region is a box),
+    values into a buffer of the tile's own on the stack (LLVM keeps it in registers: every
+    index is a constant once the loops are unrolled), :data:`LANES` values a step; the lanes
+    are left for :func:`tensorize_rounding`. None where a step fails, or where the rounding
+    would cover more of the output than the tile writes: a tile of 8 pixels over rows of 7 or
+    28 spans two rows, and the rounding, moved into it, covers both whole (TVM's region is a box),
     reading values of the tile's buffer no write-back wrote. The tensorization comes
     last, after the tile's own: TVM cannot copy a schedule once it has tensorized a block
     inside another's loop."""
@@ -130,7 +132,7 @@ def round_in_tile(sch, write_back, rounding, tile):
     trial = sch.copy()
     try:
         trial.reverse_compute_at(rounding, tile)
-        trial.set_scope(write_back, 0, "local")
+        trial.set_scope(write_back, 0, "global")
         loops = _inside(trial, rounding, tile)
         written = _inside(trial, write_back, tile)
         if not all(isinstance(trial.get(loop).extent, tvm.tirx.IntImm)

@@ -109,10 +109,56 @@ def _matmul(pairs, packed):
         name="matmul")
 
 
+def shared_casts(func) -> set:
+    """The bfloat16 variables of ``func`` bound to a cast of a float32 tensor that something
+    else reads too, or of a parameter: the cast is then a kernel of its own (TVM fuses it into
+    its producer's only where it is the producer's one reader), a pass over the tensor that a
+    kernel copying its input anyway can do in that copy (:func:`cast_source`)."""
+    from tvm import relax
+
+    @relax.expr_functor.visitor
+    class Uses(relax.PyExprVisitor):
+        def __init__(self):
+            super().__init__()
+            self.count, self.casts = {}, []
+
+        def visit_var_(self, var):
+            self.count[var] = self.count.get(var, 0) + 1
+
+        def visit_dataflow_var_(self, var):
+            self.visit_var_(var)
+
+        def visit_var_binding_(self, binding):
+            super().visit_var_binding_(binding)
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
+                    and value.op.name == "relax.astype" \
+                    and str(binding.var.ty.dtype) == "bfloat16" \
+                    and str(value.args[0].ty.dtype) == "float32":
+                self.casts.append((binding.var, value.args[0]))
+
+    uses = Uses()
+    uses.visit_expr(func)
+    params = set(func.params)
+    return {var for var, source in uses.casts
+            if uses.count.get(source, 0) > 1 or source in params}
+
+
+def cast_source(mutator, x, shared: set):
+    """The float32 tensor that ``x`` is a cast of, where ``x`` is among ``shared``
+    (:func:`shared_casts`), else None."""
+    from tvm import relax
+
+    if not isinstance(x, relax.Var) or x not in shared:
+        return None
+    return mutator.lookup_binding(x).args[0]
+
+
 def _padded(x, padding, extra_channels: int = 0):
     """``x`` padded with zeros (and ``extra_channels`` zero channels), as the 16-bit patterns
-    of its values: TVM's bfloat16 legalization stores a kernel's own bfloat16 buffer in
-    float32, where the ``bfdot`` reads a pair as 32 bits of the buffer."""
+    of its values (:func:`~relay_amp.builds.bfmmla.bits`): TVM's bfloat16 legalization stores a
+    kernel's own bfloat16 buffer in float32, where the ``bfdot`` reads a pair as 32 bits of the
+    buffer."""
     from tvm import te, tirx
 
     top, left, bottom, right = padding
@@ -121,21 +167,35 @@ def _padded(x, padding, extra_channels: int = 0):
     def value(b, h, w, c):
         inside = tirx.all(h >= top, h < height + top, w >= left, w < width + left,
                           c < channels)
-        return tirx.if_then_else(inside, tirx.reinterpret("uint16", x[b, h - top, w - left, c]),
+        return tirx.if_then_else(inside, bfmmla.bits(x[b, h - top, w - left, c]),
                                  tirx.const(0, "uint16"))
 
     return te.compute((n, height + top + bottom, width + left + right,
                        channels + extra_channels), value, name="pad_temp")
 
 
-def _conv2d(x, packed, strides, padding, dilation):
+def _unpadded(sums, outputs: int):
+    """``sums`` without the zero channels past ``outputs`` (a weight's channels padded to whole
+    vectors), as a stage the write-back folds in."""
+    from tvm import te
+
+    if outputs == int(sums.shape[-1]):
+        return sums
+    return te.compute((*sums.shape[:-1], outputs), lambda *i: sums[i],
+                      name=f"{sums.op.name}_unpadded")
+
+
+def _conv2d(x, packed, strides, padding, dilation, outputs: int):
+    """A groups-1 NHWC convolution over :func:`_pack`'s ``packed`` weight, its first
+    ``outputs`` channels; ``x`` may be the float32 tensor the input is a cast of where the
+    input is copied (padded)."""
     from tvm import te, tirx
 
     def element(*index):
         return x[index].astype("float32")
 
     extra = 2 * int(packed.shape[2]) - int(x.shape[3])  # zero channels to a multiple of 4
-    if any(padding) or extra:
+    if any(padding) or extra or str(x.dtype) != "bfloat16":
         x = _padded(x, padding, extra)
 
         def element(*index):  # noqa: F811 - the padded input holds bit patterns
@@ -147,31 +207,34 @@ def _conv2d(x, packed, strides, padding, dilation):
     width = (x.shape[2] - (kw - 1) * dw - 1) // sw + 1
     ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
     p, t = te.reduce_axis((0, pairs), "p"), te.reduce_axis((0, 2), "t")
-    return te.compute(
+    return _unpadded(te.compute(
         (x.shape[0], height, width, channels),
         lambda n, h, w, c: te.sum(
             element(n, h * sh + ry * dh, w * sw + rx * dw, 2 * p + t)
             * packed[ry, rx, p, c, t].astype("float32"), axis=[ry, rx, p, t]),
-        name="conv2d_nhwc")
+        name="conv2d_nhwc"), outputs)
 
 
 def _depthwise(x, weight, strides, padding, dilation):
     """A depthwise convolution, NHWC with an HWOI weight ``(kh, kw, C, 1)``, its padding as
-    bit patterns (see :func:`_padded`), for :func:`tensorize_bfmlal`."""
+    bit patterns (see :func:`_padded`), for :func:`tensorize_bfmlal`; a weight with more
+    channels than ``x`` (zeros, to whole groups of eight) sums them over zero channels of the
+    copy, and the output has ``x``'s."""
     from tvm import te, tirx
 
-    x = _padded(x, padding)
     kh, kw, channels, _ = weight.shape
+    outputs = int(x.shape[3])
+    x = _padded(x, padding, int(channels) - outputs)
     (sh, sw), (dh, dw) = strides, dilation
     height = (x.shape[1] - (kh - 1) * dh - 1) // sh + 1
     width = (x.shape[2] - (kw - 1) * dw - 1) // sw + 1
     ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
-    return te.compute(
+    return _unpadded(te.compute(
         (x.shape[0], height, width, channels),
         lambda n, h, w, c: te.sum(
             tirx.reinterpret("bfloat16", x[n, h * sh + ry * dh, w * sw + rx * dw, c])
             .astype("float32") * weight[ry, rx, c, 0].astype("float32"), axis=[ry, rx]),
-        name="depthwise_conv2d_nhwc")
+        name="depthwise_conv2d_nhwc"), outputs)
 
 
 def _window(attrs) -> tuple:
@@ -180,18 +243,34 @@ def _window(attrs) -> tuple:
                  for values in (attrs.strides, attrs.padding, attrs.dilation))
 
 
-def _rewrite(builder, call, weight):
+def _whole(weight, axis: int, multiple: int):
+    """``weight`` with zero channels on ``axis`` up to a ``multiple`` of them: outputs a tile's
+    vectors compute and the kernel never writes (:func:`_unpadded`)."""
+    import numpy as np
+
+    extra = -weight.shape[axis] % multiple
+    if not extra:
+        return weight
+    widths = [(0, 0)] * weight.ndim
+    widths[axis] = (0, extra)
+    return np.pad(weight, widths)
+
+
+def _rewrite(builder, call, weight, source=None):
     """The ``call_tir`` of ``call`` over its packed weight (``weight``: the value of its
     constant weight, or None), or None where it is not a bfloat16 op with float32 sums that
     :func:`packed_bfloat16_weights` writes: a matmul whose reduction has an even extent, a
-    groups-1 NHWC/HWIO convolution, a depthwise NHWC one of a multiple of 8 channels."""
-    import numpy as np
+    groups-1 NHWC/HWIO convolution (its output channels computed to whole vectors of four),
+    a depthwise NHWC one (its channels computed to whole groups of eight, BFMLAL's). A
+    convolution that copies its input (a depthwise one's padding, BFDOT's padding, a 1 x 1
+    BFMMLA's pairs of pixels) reads ``source`` where given: the float32 tensor its input is a
+    cast of."""
     from tvm import relax
 
     if weight is None or str(weight.dtype) != "bfloat16" or str(call.ty.dtype) != "float32" \
             or str(call.args[0].ty.dtype) != "bfloat16":
         return None
-    rewritten = bfmmla.rewrite(builder, call, weight)
+    rewritten = bfmmla.rewrite(builder, call, weight, source)
     if rewritten is not None:
         return rewritten
     name, x, attrs = call.op.name, call.args[0], call.attrs
@@ -204,16 +283,18 @@ def _rewrite(builder, call, weight):
             or str(attrs.out_layout) != "NHWC":
         return None
     if str(attrs.kernel_layout) == "HWIO" and int(attrs.groups) == 1:
-        if weight.shape[2] % 4:  # zero channels to whole pairs of pairs (and in _conv2d's input)
-            extra = np.zeros_like(weight[:, :, :4 - weight.shape[2] % 4])
-            weight = np.concatenate([weight, extra], axis=2)
-        return builder.call_te(_conv2d, x, _pack(weight, 2), *_window(attrs),
+        weight = _whole(weight, 2, 4)  # whole pairs of pairs (and zero channels in the copy)
+        copied = any(_window(attrs)[1]) or weight.shape[2] != int(x.ty.shape[3])
+        outputs = weight.shape[3]
+        return builder.call_te(_conv2d, x if source is None or not copied else source,
+                               _pack(_whole(weight, 3, 4), 2), *_window(attrs), outputs,
                                primfunc_name_hint="conv2d_nhwc_bfdot")
     channels = {"HWOI": 2, "HWIO": 3}.get(str(attrs.kernel_layout))
     if channels and weight.shape[5 - channels] == 1 \
-            and int(attrs.groups) == weight.shape[channels] and weight.shape[channels] % 8 == 0:
+            and int(attrs.groups) == weight.shape[channels]:
         kh, kw = weight.shape[:2]  # (kh, kw, 1, C) and (kh, kw, C, 1): the same in memory
-        return builder.call_te(_depthwise, x, relax.const(weight.reshape(kh, kw, -1, 1)),
+        return builder.call_te(_depthwise, x if source is None else source,
+                               relax.const(_whole(weight.reshape(kh, kw, -1, 1), 2, 8)),
                                *_window(attrs),
                                primfunc_name_hint="depthwise_conv2d_nhwc_bfmlal")
     return None
@@ -222,7 +303,10 @@ def _rewrite(builder, call, weight):
 def packed_bfloat16_weights() -> tvm.transform.Pass:
     """The Relax pass: bfloat16 matmuls and NHWC convolutions with float32 sums and constant
     weights, as kernels over weights packed in pairs for :func:`bfdot_tile` (see the module's
-    docstring). Others are left as they are.
+    docstring). Others are left as they are. A convolution that copies its input anyway
+    (BFMMLA's pairs of pixels, a depthwise one's padding) and whose input is a cast of a
+    float32 tensor rounds that tensor in its copy (:func:`cast_source`); the cast is dropped
+    where nothing else reads it.
 
     Returns
     -------
@@ -239,7 +323,8 @@ def packed_bfloat16_weights() -> tvm.transform.Pass:
             if isinstance(call.op, tvm.ir.Op) and call.op in ops:
                 weight = constant_value(self, call.args[1]) if len(call.args) > 1 else None
                 try:
-                    rewritten = _rewrite(self.builder_, call, weight)
+                    rewritten = _rewrite(self.builder_, call, weight,
+                                         cast_source(self, call.args[0], self.shared))
                 except TVM_ERRORS:  # an op TE cannot write so keeps TVM's kernel
                     rewritten = None
                 if rewritten is not None:
@@ -248,7 +333,11 @@ def packed_bfloat16_weights() -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.packed_bfloat16_weights")
     def _pack_module(mod, context):
-        return mutate_functions(Packed(mod))
+        packed = Packed(mod)
+        packed.shared = set().union(*(shared_casts(func) for func in mod.functions.values()
+                                      if isinstance(func, relax.Function)))
+        # the unpacked weights, and the casts whose rounding a kernel's copy now does
+        return relax.transform.DeadCodeElimination()(mutate_functions(packed))
 
     return _pack_module
 

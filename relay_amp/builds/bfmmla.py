@@ -106,6 +106,22 @@ def conv_weight(weight):
     return np.concatenate([matrix, np.zeros((4 * steps - matrix.shape[0], co), weight.dtype)])
 
 
+def bits(value):
+    """A bfloat16 ``value``'s 16-bit pattern; a float32 one's rounded to bfloat16 (the rounding
+    of a cast :func:`~relay_amp.builds.bfdot.cast_source` found, in the kernel's copy), written
+    as TVM's legalization writes a cast to bfloat16 (to nearest even, in 32-bit integers), since
+    that legalization computes a kernel's own bfloat16 values in float32 and rounds only what
+    it stores in a bfloat16 buffer."""
+    from tvm import tirx
+
+    if str(value.dtype) == "bfloat16":
+        return tirx.reinterpret("uint16", value)
+    word = tirx.reinterpret("uint32", value)
+    sixteen = tirx.const(16, "uint32")
+    rounded = word + ((word >> sixteen) & tirx.const(1, "uint32")) + tirx.const(0x7FFF, "uint32")
+    return (rounded >> sixteen).astype("uint16")
+
+
 def _group(tiles: int) -> int:
     """Tiles of rows a parallel group computes: the fewest that make at most
     :data:`PARALLEL_GROUPS` groups."""
@@ -130,12 +146,12 @@ def _pairs(rows, steps: int, element, name: str):
 
     def value(pair, step, half, lane):
         m = pair * 2 + half
-        bits, conditions = element(m, step, lane)
+        loaded, conditions = element(m, step, lane)
         if symbolic or padded > rows:
             conditions = [m < rows, *conditions]
-        bits = tirx.reinterpret("uint16", bits)
-        return tirx.if_then_else(tirx.all(*conditions), bits, tirx.const(0, "uint16")) \
-            if conditions else bits
+        pattern = bits(loaded)
+        return tirx.if_then_else(tirx.all(*conditions), pattern, tirx.const(0, "uint16")) \
+            if conditions else pattern
 
     return te.compute((tiles * TILE_PAIRS, steps, 2, 4), value, name=name)
 
@@ -253,14 +269,16 @@ def matmul_weight(weight):
     return np.concatenate([weight, np.zeros((4 * steps - k, n), weight.dtype)])
 
 
-def rewrite(builder, call, weight):
+def rewrite(builder, call, weight, source=None):
     """The ``call_tir`` of a bfloat16 ``call`` with float32 sums and a constant ``weight``
     (its value) on BFMMLA, or None where BFMMLA does not suit it: a groups-1 NHWC/HWIO
     convolution (static shapes) or a matmul by a 2-D weight (its rows symbolic or not), of at
     least :data:`MIN_CHANNELS` input channels and :data:`MIN_COLUMNS` output channels, a
     multiple of a tile's, and at least a tile's :data:`TILE_PAIRS` pairs of rows where the
     count is known (fewer rows run on BFDOT, whose eight products an instruction
-    all count)."""
+    all count). A 1 x 1 convolution's copy of its input reads ``source`` where given (the
+    float32 tensor the input is a cast of) and rounds it; a wider window's copies each value
+    once a tap, so it rounds once in the cast."""
     from tvm import relax
 
     from .pipeline import _static
@@ -286,7 +304,8 @@ def rewrite(builder, call, weight):
     if out is None or out[0] * out[1] * out[2] < 2 * TILE_PAIRS:
         return None
     return builder.call_te(
-        conv2d, x, relax.const(packed_weight(conv_weight(weight))), weight.shape[:2],
+        conv2d, x if source is None or weight.shape[0] * weight.shape[1] > 1 else source,
+        relax.const(packed_weight(conv_weight(weight))), weight.shape[:2],
         *([int(n) for n in values] for values in (attrs.strides, attrs.padding, attrs.dilation)),
         primfunc_name_hint="conv2d_nhwc_bfmmla")
 

@@ -48,6 +48,7 @@ from .outer_reduction import ReductionAlongOuterAxis
 from .packed_weights import packed_weights
 from .pooling import WindowReduction
 from .prelu import elementwise_prelu
+from .rounding_last import activations_before_rounding
 from .scalar_constants import scalar_constants_inlined
 from .schedule_rules import apply_rules, decide, llvm_blocks, uses
 from .x86_tiles import UNROLLED_WIDTH, row_vectors, vector_registers, vector_width
@@ -72,9 +73,10 @@ BFMLAL_LANES = (16, 8)
 #: ``TVMBackendAllocWorkspace`` call, whose memory LLVM keeps: each FMA loads and stores its sum.
 #: A "global" buffer under 1 KiB is a stack ``alloca`` that LLVM promotes to registers: on x86
 #: that is 0.69-0.71 x the time and lets the tiles run in parallel (a workspace would be
-#: allocated per tile); on aarch64 LLVM's SLP vectorizer then rebuilds each vector of sums lane by
-#: lane (``ins``/``mov`` per lane: 2.3 x the executed instructions), so there the sums stay in
-#: memory and the tiles serial.
+#: allocated per tile). On aarch64 the tiles run in order; a tile whose update is tensorized keeps
+#: its sums on the stack too, while one left to LLVM's SLP vectorizer keeps the workspace: on the
+#: stack SLP rebuilds vectors of sums lane by lane (``ins``/``mov`` per lane;
+#: face_detection_short_range's float32 build executed 1.73 x the instructions).
 REGISTER_SUMS_ARCHES = ("x86_64", "i386", "i686")
 #: The most float operations per output an epilogue folded into a tile's write-back may take,
 #: as :func:`~relay_amp.builds.flops.expanded_flops` counts them: an expression read twice
@@ -424,21 +426,24 @@ def _inline_epilogue(sch, write_back, round_apart: bool = False) -> tuple:
     return folded, None
 
 
-def _update_on_rows(sch, loops, lanes: int, scope: str, kind: str | None) -> None:
+def _update_on_rows(sch, loops, lanes: int, scope: str, kind: str | None) -> bool:
     """The update of a tile no register tile reads (``loops``: the tile, lanes and rows
     loops): each row on FMLAL or BFMLALB/BFMLALT (``kind``) where it applies, else its rows
-    and lanes unrolled for LLVM's vectorizer."""
+    and lanes unrolled for LLVM's vectorizer. Whether it is tensorized."""
     tile, inner, row_inner = loops
+    tensorized = True
     if kind == "fmlal" and tensorize_fmlal(sch, inner, lanes, scope):
         decide("update: FMLAL on each row")
     elif kind == "bfmlal" and tensorize_bfmlal(sch, tile, inner, lanes, scope):
         decide("update: BFMLALB/BFMLALT on each row")
     else:
+        tensorized = False
         sch.unroll(inner)
         decide("update: rows and lanes unrolled for LLVM's vectorizer (no register tile "
                "reads this update)")
     if row_inner is not None:
         sch.unroll(row_inner)
+    return tensorized
 
 
 def _round_apart(sch, write_back, tile) -> tuple:
@@ -649,7 +654,9 @@ class VectorizeDotProduct:
                 rows, row_axis, pad_rows = 1, None, False
                 decide("one row a tile: BFDOT cannot read a padded bfloat16 copy")
             decide(_tile_text(block, axis, lanes, rows, row_axis, pad_lanes, pad_rows))
+            stacked = not in_registers and is_aarch64(target)
             decide("sums in registers, tiles in parallel" if in_registers else
+                   "sums on the stack, tiles in order (registers_hold_the_sums)" if stacked else
                    "sums in a local buffer, tiles in order (registers_hold_the_sums)")
             if pad_rows or pad_lanes:
                 # a symbolic extent (a sequence length), or a constant one no tile divides,
@@ -680,7 +687,8 @@ class VectorizeDotProduct:
             tile = sch.fuse(*order) if len(order) > 1 else outer
             if in_registers:
                 sch.parallel(tile)
-            write_back = sch.cache_write(info.block_rv, 0, "global" if in_registers else "local")
+            scope = "global" if in_registers or stacked else "local"
+            write_back = sch.cache_write(info.block_rv, 0, scope)
             _rows_beside_lanes(sch, info.block_rv, row_axis)
             sch.reverse_compute_at(write_back, tile)
             folded, refused = _inline_epilogue(sch, write_back, round_apart=bfdot)
@@ -694,15 +702,18 @@ class VectorizeDotProduct:
             sch, rounding = _round_apart(sch, write_back, tile)
             if rounding is None:  # else the rounding was all that was left
                 _vectorize_rest(sch, write_back, target, in_registers)
-            scope = "global" if in_registers else "local"
             tiled = _register_tile(sch, (tile, inner, row_inner, [it.loop_rv for it in reduce]),
                                    lanes, rows, scope,
                                    "bfdot" if bfdot else "x86" if width else "tile" if tiles
                                    else None, width)
             if tiled is None:
                 tiled = sch
-                _update_on_rows(sch, (tile, inner, row_inner), lanes, scope,
-                                "fmlal" if fmlal else "bfmlal" if bfdot else None)
+                if not _update_on_rows(sch, (tile, inner, row_inner), lanes, scope,
+                                       "fmlal" if fmlal else "bfmlal" if bfdot else None) \
+                        and stacked:
+                    # LLVM's SLP vectorizer rebuilds vectors of sums on the stack lane by lane
+                    sch.set_scope(info.block_rv, 0, "local")
+                    decide("sums in a local buffer: the update is left to LLVM's vectorizer")
             if rounding is not None:
                 tensorize_rounding(tiled, tile, rounding)
             return tiled
@@ -724,9 +735,10 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     ops (:mod:`relay_amp.builds.batch_norm`) and, on aarch64 and on x86 with AVX2 or
     AVX-512, convolutions in NHWC (:mod:`relay_amp.builds.nhwc`); on x86, their float32
     weights packed in panels of the tile's lanes (:mod:`relay_amp.builds.packed_weights`);
-    with ``+bf16``, bfloat16 convolutions and matmuls over weights packed for BFMMLA or BFDOT
-    (:mod:`relay_amp.builds.bfmmla`, :mod:`relay_amp.builds.bfdot`), the BFMMLA kernels
-    scheduled first by :class:`~relay_amp.builds.bfmmla.BfmmlaTile`.
+    with ``+bf16``, a ReLU or clip of a value rounded to bfloat16 applied before the rounding
+    (:mod:`relay_amp.builds.rounding_last`) and bfloat16 convolutions and matmuls over weights
+    packed for BFMMLA or BFDOT (:mod:`relay_amp.builds.bfmmla`, :mod:`relay_amp.builds.bfdot`),
+    the BFMMLA kernels scheduled first by :class:`~relay_amp.builds.bfmmla.BfmmlaTile`.
 
     Parameters
     ----------
@@ -755,7 +767,8 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     if relay_amp_schedules and vector_width(target):
         layouts.append(packed_weights(target))
     if relay_amp_schedules and has_bfdot(target):
-        layouts.append(packed_bfloat16_weights())
+        # the activations first: the layouts move a clip as the kernel it is then
+        layouts = [activations_before_rounding(), *layouts, packed_bfloat16_weights()]
     if relay_amp_schedules:
         # exp after the layouts: ConvertLayout sees relax.sigmoid, not a kernel
         layouts = [inference_batch_norms(), elementwise_prelu(), *layouts,

@@ -11,6 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 import tvm
+from helpers import residual_block
 from tvm import relax
 
 import relay_amp
@@ -330,8 +331,10 @@ def test_a_tiles_rounding_to_bfloat16_runs_on_bfcvtn(counter, size, depthwise, o
                                                       tmp_path):
     """relay_amp.builds.bfcvtn: a tile whose pixels are whole rows of the map (BFMMLA's 8 on a
     map 8 wide, BFMLAL's rows of 7 on one 14 wide) rounds its results on ``bfcvtn`` and
-    ``bfcvtn2``, eight values a pair; TVM's integer rounding (``addhn``) is left to the
-    input's cast, a kernel of its own. BFMMLA's 8 pixels on a map 7
+    ``bfcvtn2``, eight values a pair; TVM's integer rounding (``addhn`` or ``addhn2``, one
+    an instruction of four values) is left to the input's cast, which the 1 x 1 convolution
+    computes in its copy of the input (an input of the function: ``bfdot.shared_casts``), or a
+    kernel of its own does (the depthwise one's). BFMMLA's 8 pixels on a map 7
     wide span two rows, where the rounding would cover both whole, so TVM's rounding stays
     (with it, 640 of 1,568 outputs were wrong). The outputs are the plain bfloat16 build's to
     float32 rounding of the sums."""
@@ -339,11 +342,14 @@ def test_a_tiles_rounding_to_bfloat16_runs_on_bfcvtn(counter, size, depthwise, o
     block.__name__ = f"bias_block_{size}_{depthwise}"
     inputs = [np.random.default_rng(9).standard_normal((1, size, size, 32)).astype("float32")]
     count = counter.count(_library("bfloat16", tmp_path, True, block), inputs)
-    converts = {kind.split(" ")[0]: n for kind, n in count.kinds.items()
-                if kind.startswith(("bfcvtn", "addhn"))}
+    converts = {}
+    for kind, n in count.kinds.items():
+        if kind.startswith(("bfcvtn", "addhn")):
+            name = "addhn" if kind.startswith("addhn") else kind.split(" ")[0]
+            converts[name] = converts.get(name, 0) + n
     vectors = size * size * 32 // 8  # eight values a rounding: the input's, the tile's
-    expected = {"addhn": vectors, "addhn2": vectors, "bfcvtn": vectors, "bfcvtn2": vectors} \
-        if on_bfcvtn else {"addhn": 2 * vectors, "addhn2": 2 * vectors}
+    expected = {"addhn": 2 * vectors, "bfcvtn": vectors, "bfcvtn2": vectors} \
+        if on_bfcvtn else {"addhn": 4 * vectors}
     assert converts == expected, converts
     plain = counter.run(_library("bfloat16", tmp_path, False, block), inputs)
     np.testing.assert_allclose(count.outputs[0], plain[0], rtol=0,
@@ -555,3 +561,35 @@ def test_the_counter_names_each_instruction(counter, tmp_path):
     for kind in KNOWN.values():
         expected[kind] = expected.get(kind, 0) + 100
     assert {kind: counts.get(kind) for kind in expected} == expected
+
+
+def test_a_residual_blocks_odd_channels_and_shared_cast_run_on_bfmlal_and_bfdot(counter,
+                                                                                 tmp_path):
+    """MediaPipe's residual block (``helpers.residual_block``): the float32 tensor the residual
+    add reads is rounded to bfloat16 in the depthwise convolution's copy of it, the
+    depthwise convolution's 28 channels run as 32 on BFMLALB/BFMLALT and the 1 x 1
+    convolution's 42 outputs as 44 on BFDOT. The depthwise sums are the plain bfloat16
+    build's bit for bit (exact products, the same order, TVM's rounding), the 1 x 1
+    convolution's within BFDOT's bound (:func:`_bf16_bound`); every product on its
+    instruction."""
+    mod = residual_block()
+
+    def library(schedules):
+        executable = tvm.compile(mod, target=tvm.target.Target(TARGET_BF16),
+                                 relax_pipeline=relay_amp.cpu_pipeline(TARGET_BF16, schedules))
+        return remote.export_for(executable, tmp_path / f"residual_{schedules}.so",
+                                 TARGET_BF16)
+
+    inputs = [np.random.default_rng(5).standard_normal((1, 12, 12, 28)).astype("float32")]
+    count = counter.count(library(True), inputs, warmup=1)
+    plain = counter.run(library(False), inputs)
+    mix = count.mix()
+    assert mix["bfmlal"] * 4 == 12 * 12 * 32 * 9, mix
+    assert mix["bfdot"] * 8 == 12 * 12 * 44 * 28, mix
+    np.testing.assert_array_equal(count.outputs[0], plain[0])
+    import ml_dtypes
+
+    weight = mod["main"].body.blocks[0].bindings[-2].value.args[1].value.numpy()
+    rows = plain[0].astype(ml_dtypes.bfloat16).astype(np.float32).reshape(-1, 28)
+    difference = np.abs(count.outputs[1].astype(np.float64) - plain[1]).reshape(-1, 42)
+    assert (difference <= _bf16_bound(rows, weight.reshape(28, 42), 2)).all(), difference.max()

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 import tvm
-from helpers import asm_kernel
+from helpers import asm_kernel, residual_block
 from tvm import relax
 
 import relay_amp
@@ -210,3 +210,120 @@ def test_a_depthwise_tile_runs_rows_of_pixels_on_bfmlal(channels, size, strides)
     assert not re.search(A64_WIDEN, body)
     assert not re.search(r"\b(zip|uzp)[12]\s", body.split("bfmlalb", 1)[1].rsplit(
         "bfmlalt", 1)[0]), "sums shuffled between taps"
+
+
+def _calls(mod):
+    """``(callee, the dtypes of its tensor arguments)`` of every call in ``main``."""
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            if expr.op.name == "relax.call_tir":
+                found.append((expr.args[0].name_hint,
+                              [str(a.ty.dtype) for a in expr.args[1].fields]))
+            else:
+                found.append((expr.op.name, [str(a.ty.dtype) for a in expr.args
+                                             if isinstance(a.ty, relax.TensorType)]))
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return found
+
+
+def _host_outputs(mod):
+    x = np.random.default_rng(3).standard_normal((1, 12, 12, 28)).astype("float32")
+    return run(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), [x])
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_cast_read_elsewhere_too_is_rounded_in_the_kernels_copy(shared):
+    """A float32 tensor that a residual add reads and whose cast to bfloat16 a depthwise
+    convolution reads: the cast would be a kernel of its own, a pass over the tensor; the
+    depthwise convolution copies its input (the padding) anyway, so it reads the float32
+    tensor and rounds in that copy, as TVM rounds a cast (outputs bit for bit). Where nothing
+    else reads the tensor, its cast stays in its producer's kernel (TVM fuses it there)."""
+    mod = residual_block(shared=shared)
+    with tvm.target.Target(BF16):
+        packed = packed_bfloat16_weights()(mod)
+    calls = _calls(packed)
+    (depthwise,) = [dtypes for name, dtypes in calls if name == "depthwise_conv2d_nhwc_bfmlal"]
+    casts = [dtypes for name, dtypes in calls if name == "relax.astype"]
+    assert depthwise[0] == ("float32" if shared else "bfloat16")
+    assert len(casts) == (1 if shared else 2)  # the cast of the sum stays: its kernel is d's
+    plain, got = _host_outputs(mod), _host_outputs(packed)
+    np.testing.assert_array_equal(got[0], plain[0])
+    np.testing.assert_allclose(got[1], plain[1], rtol=1e-6, atol=1e-6 * np.abs(plain[1]).max())
+
+
+def test_channels_no_vector_divides_are_computed_to_whole_vectors():
+    """28 depthwise channels (BFMLALB/BFMLALT take groups of 8) and 42 outputs of a 1 x 1
+    convolution (BFDOT's vectors of 4): the weights get zero channels (32, 44), the kernels
+    compute them and write the real ones only; both run on their instructions on aarch64 and
+    give the unpadded module's outputs on this machine."""
+    mod = residual_block()
+    with tvm.target.Target(BF16):
+        packed = packed_bfloat16_weights()(mod)
+    shapes = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
+                and expr.op.name == "relax.call_tir":
+            shapes[expr.args[0].name_hint] = (
+                expr.args[1][1].value.numpy().shape, tuple(int(d) for d in expr.ty.shape))
+
+    relax.analysis.post_order_visit(packed["main"], visit)
+    assert shapes["depthwise_conv2d_nhwc_bfmlal"] == ((3, 3, 32, 1), (1, 12, 12, 28))
+    assert shapes["conv2d_nhwc_bfdot"] == ((1, 1, 14, 44, 2), (1, 12, 12, 42))
+    plain, got = _host_outputs(mod), _host_outputs(packed)
+    np.testing.assert_array_equal(got[0], plain[0])
+    np.testing.assert_allclose(got[1], plain[1], rtol=1e-6, atol=1e-6 * np.abs(plain[1]).max())
+    log = relay_amp.builds.schedule_rules.RuleLog()
+    tvm.compile(mod, target=tvm.target.Target(BF16),
+                relax_pipeline=relay_amp.cpu_pipeline(BF16, rule_log=log))
+    texts = {s.kernel: s.text() for s in log.schedules}
+    (dw,) = [t for k, t in texts.items() if "depthwise_conv2d_nhwc_bfmlal" in k]
+    (pw,) = [t for k, t in texts.items() if "conv2d_nhwc_bfdot" in k]
+    assert "of output axis 3 (32)" in dw and "BFMLALB/BFMLALT on each row" in dw, dw
+    assert "of output axis 3 (44)" in pw and "tensor intrinsic relay_amp_bfdot" in pw, pw
+    for text in (dw, pw):
+        assert "sums on the stack" in text and "_unpadded" in text, text
+
+
+def test_a_kernels_own_rounding_is_tvms_bit_for_bit():
+    """:func:`relay_amp.builds.bfmmla.bits` of float32 values (ties, NaNs, infinities,
+    denormals, the largest finite) is the 16-bit pattern TVM's own cast to bfloat16 stores."""
+    from tvm import te
+
+    from relay_amp.builds.bfmmla import bits
+
+    words = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000,
+                      0xFF800000, 0x7FC00000, 0x7FFFFFFF, 0xFFC00001, 0x00000001, 0x807FFFFF,
+                      0x00000000, 0x80000000], dtype=np.uint32)
+    rng = np.random.default_rng(4)
+    values = np.concatenate([words.view(np.float32),
+                             rng.standard_normal(50).astype(np.float32) * 1e3])
+    n = values.size
+    x = te.placeholder((n,), "float32", name="x")
+    ours = te.compute((n,), lambda i: bits(x[i]), name="ours")
+    tvms = te.compute((n,), lambda i: x[i].astype("bfloat16"), name="tvms")
+    got, want = tvm.runtime.empty((n,), "uint16"), tvm.runtime.empty((n,), "bfloat16")
+    tvm.compile(te.create_prim_func([x, ours]), target="llvm")(tvm.runtime.tensor(values), got)
+    tvm.compile(te.create_prim_func([x, tvms]), target="llvm")(tvm.runtime.tensor(values), want)
+    np.testing.assert_array_equal(got.numpy(), want.numpy().view(np.uint16))
+
+
+def test_a_tiles_sums_and_rounding_live_on_the_stack():
+    """On aarch64 a tensorized tile's sums, and the values BFCVTN rounds, are buffers of the
+    tile on the stack, which LLVM keeps in registers: TVM allocates a buffer of any scope but
+    "global" with ``TVMBackendAllocWorkspace``, whose stores LLVM keeps (MobileNetV2's
+    bfloat16 build executed 7 % more). The only workspace left is the depthwise convolution's
+    padded copy of its input."""
+    mod = residual_block(channels=32, shared=False, both=False)
+    log = relay_amp.builds.schedule_rules.RuleLog()
+    executable = tvm.compile(mod, target=tvm.target.Target(BF16),
+                             relax_pipeline=relay_amp.cpu_pipeline(BF16, rule_log=log))
+    (dw,) = [s.text() for s in log.schedules if "depthwise_conv2d_nhwc_bfmlal" in s.kernel]
+    assert "sums on the stack" in dw and "rounding to bfloat16: BFCVTN" in dw, dw
+    lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
+    workspaces = re.findall(r"%(\w+) = tail call ptr %\d+\(i32 1, i32 %dev_id",
+                            lib.inspect_source("ll"))
+    assert workspaces == ["pad_temp"], workspaces

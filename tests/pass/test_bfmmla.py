@@ -186,7 +186,11 @@ def test_a_bfloat16_result_is_written_back_from_registers(activation):
     at a time from the stack (its loops unrolled: with a loop over the tile's rows, the
     gather's indices were computed, and hand_landmark_lite's first expansion, 16 -> 96
     channels, executed 1.6 x BFDOT's instructions). A SiLU's sigmoid calls no library
-    function, so its write-back is unrolled too (YOLOv8n: 190.4 -> 182.8 M instructions)."""
+    function, so its write-back is unrolled too (YOLOv8n: 190.4 -> 182.8 M instructions).
+    With the ReLU before the rounding (:mod:`relay_amp.builds.rounding_last`), the rounding
+    runs on BFCVTN and LLVM reloads one of the tile's 64 values from the stack: the whole
+    module then executes 567,688 instructions on the emulated CPU, against 569,398 with the
+    ReLU after TVM's rounding and none reloaded."""
     mod, _ = _converted(conv(then_pointwise=True, activation=activation))
     executable = tvm.compile(mod, target=tvm.target.Target(BF16),
                              relax_pipeline=relay_amp.cpu_pipeline(BF16))
@@ -195,4 +199,4 @@ def test_a_bfloat16_result_is_written_back_from_registers(activation):
                if re.search(A64_BFMMLA, code)}
     assert len(kernels) == 2, list(kernels)
     for name, code in kernels.items():
-        assert not re.search(A64_LANE_LOAD, code), name
+        assert len(re.findall(A64_LANE_LOAD, code)) <= 1, name
