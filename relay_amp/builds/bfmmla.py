@@ -59,14 +59,19 @@ DEPTH = 8
 #: face_detection_short_range's 25 M.
 PARALLEL_GROUPS = 16
 #: Where BFMMLA pays: at least this many output channels (columns) and input channels (a
-#: matmul's reduction). Its packed input is copied once per tile of rows for all the tiles of
-#: columns, so the fewer columns, the more the copy weighs; measured per kernel against
-#: BFDOT's (instructions, 1 x 1 convolutions at 48-96 pixels square, K -> N channels):
-#: 16 -> 16 1.38 x, 32 -> 16 1.14 x, 16 -> 32 1.01 x, 32 -> 32 0.96 x, 24 -> 48 0.98 x,
-#: 64 -> 64 0.66 x; 3 x 3: 16 -> 16 1.19 x, 8 -> 32 1.15 x, 16 -> 32 0.93 x, 32 -> 32
-#: 0.76 x, 64 -> 64 0.61 x; an RGB image's 5 x 5, 3 -> 24, 1.50 x.
-MIN_COLUMNS = 32
+#: matmul's reduction), and at least :data:`MIN_PRODUCTS` of the two multiplied. Its packed
+#: input is copied once per tile of rows for all the tiles of columns, so the fewer products
+#: a copied value feeds, the more the copy weighs; measured per kernel against BFDOT's
+#: (instructions, 1 x 1 convolutions at 48-96 pixels square, K -> N channels): 16 -> 16
+#: 1.38 x, 32 -> 16 1.14 x, 16 -> 32 1.01 x, 32 -> 32 0.96 x, 24 -> 48 0.98 x, 64 -> 64
+#: 0.66 x; 3 x 3: 16 -> 16 1.19 x, 8 -> 32 1.15 x, 16 -> 32 0.93 x, 32 -> 32 0.76 x, 64 -> 64
+#: 0.61 x; an RGB image's 5 x 5, 3 -> 24, 1.50 x. After a depthwise convolution, 56 x 56
+#: unless said (2026-12-01): 16 -> 24 1.05 x, 24 -> 24 0.94 x, 32 -> 24 0.92 x, 48 -> 24
+#: 0.96 x, 96 -> 24 0.74 x, 144 -> 24 0.79 x (28 x 28: 0.82 x), 192 -> 24 (28 x 28) 0.73 x;
+#: 32 -> 16 (112 x 112) 1.03 x, 96 -> 16 (28 x 28) 0.85 x.
+MIN_COLUMNS = 24
 MIN_CHANNELS = 16
+MIN_PRODUCTS = 512
 
 _REGISTERED: dict = {}
 
@@ -274,18 +279,20 @@ def rewrite(builder, call, weight, source=None):
     (its value) on BFMMLA, or None where BFMMLA does not suit it: a groups-1 NHWC/HWIO
     convolution (static shapes) or a matmul by a 2-D weight (its rows symbolic or not), of at
     least :data:`MIN_CHANNELS` input channels and :data:`MIN_COLUMNS` output channels, a
-    multiple of a tile's, and at least a tile's :data:`TILE_PAIRS` pairs of rows where the
-    count is known (fewer rows run on BFDOT, whose eight products an instruction
-    all count). A 1 x 1 convolution's copy of its input reads ``source`` where given (the
-    float32 tensor the input is a cast of) and rounds it; a wider window's copies each value
-    once a tap, so it rounds once in the cast."""
+    multiple of a tile's, :data:`MIN_PRODUCTS` of the two multiplied, and at least a tile's
+    :data:`TILE_PAIRS` pairs of rows where the count is known (fewer rows run on BFDOT, whose
+    eight products an instruction all count). A 1 x 1 convolution's copy of its input reads
+    ``source`` where given (the float32 tensor the input is a cast of) and rounds it; a wider
+    window's copies each value once a tap, so it rounds once in the cast."""
     from tvm import relax
 
     from .pipeline import _static
 
     x, attrs = call.args[0], call.attrs
     shape = _static(x.ty.shape)
-    if weight.shape[-1] % (2 * TILE_PAIRS) or weight.shape[-1] < MIN_COLUMNS:
+    channels = weight.shape[-2] if weight.ndim == 4 else weight.shape[0]
+    if weight.shape[-1] % (2 * TILE_PAIRS) or weight.shape[-1] < MIN_COLUMNS \
+            or channels * weight.shape[-1] < MIN_PRODUCTS:
         return None
     if call.op.name == "relax.matmul" and weight.ndim == 2:
         rows = 1
@@ -466,6 +473,6 @@ def _blocks(sch):
     return sch.get_child_blocks(sch.get_sblock("root"))
 
 
-__all__ = ["ANNOTATION", "DEPTH", "LLVM_IR", "MIN_CHANNELS", "MIN_COLUMNS", "PARALLEL_GROUPS",
-           "TILE_PAIRS", "BfmmlaTile", "conv2d", "conv_weight", "matmul", "matmul_weight",
-           "packed_weight", "rewrite"]
+__all__ = ["ANNOTATION", "DEPTH", "LLVM_IR", "MIN_CHANNELS", "MIN_COLUMNS", "MIN_PRODUCTS",
+           "PARALLEL_GROUPS", "TILE_PAIRS", "BfmmlaTile", "conv2d", "conv_weight", "matmul",
+           "matmul_weight", "packed_weight", "rewrite"]

@@ -117,9 +117,11 @@ def test_the_weights_are_packed_as_bfmmla_reads_them():
     conv(), conv(padding=0), conv(strides=2), conv(channels=20, kernel=5, padding=2, strides=2),
     conv(channels=18), conv(channels=20, kernel=1, padding=0), conv(dilation=2, padding=2),
     conv(size=7, kernel=1, padding=0), conv(size=18), matmul(),
-    matmul(rows=16, depth=64, columns=40), matmul(rows="n")],
+    matmul(rows=16, depth=64, columns=40), matmul(rows="n"),
+    conv(channels=24, out_channels=24, kernel=1, padding=0)],
     ids=["3x3", "no-padding", "stride-2", "5x5-odd-steps", "18-channels", "five-steps",
-         "dilation-2", "7x7-map", "41-tiles", "matmul", "matmul-16-rows", "symbolic-rows"])
+         "dilation-2", "7x7-map", "41-tiles", "matmul", "matmul-16-rows", "symbolic-rows",
+         "24-columns"])
 def test_the_packed_kernels_compute_the_same_sums(model):
     """Built for this machine (no BFMMLA: TVM widens the operands), the packed module gives
     the unpacked one's outputs: each output sums the same products in the same order; the
@@ -145,7 +147,8 @@ def test_the_packed_kernels_compute_the_same_sums(model):
          "20-columns"])
 def test_what_bfmmla_does_not_suit_stays_on_bfdot(model, kernel):
     """Output channels not a multiple of a tile's 8 or fewer than ``bfmmla.MIN_COLUMNS``,
-    input channels fewer than ``bfmmla.MIN_CHANNELS`` (an RGB image's three), fewer rows than
+    input channels fewer than ``bfmmla.MIN_CHANNELS`` (an RGB image's three), fewer than
+    ``bfmmla.MIN_PRODUCTS`` of the two multiplied (16 -> 24), fewer rows than
     a tile (BFDOT's eight products an instruction all count): BFDOT's kernels."""
     mod, _ = _converted(model)
     assert _kernels(_packed(mod)) == [kernel]

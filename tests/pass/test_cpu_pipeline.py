@@ -915,3 +915,27 @@ def test_tiles_of_a_weights_lanes_run_over_all_rows_before_the_next_lanes(groups
     outputs = [relay_amp.run(relay_amp.compile_module(_nhwc_conv(groups), None, schedules), [x])
                [0] for schedules in (False, True)]
     np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target, dtype", [(FP16FML, "float16"), (NEON, "float32")],
+                         ids=["fmlal", "float32"])
+def test_sums_on_the_stack_of_lanes_no_power_of_two_stay_whole_registers(target, dtype):
+    """36 outputs on tiles of 12 lanes, their sums on the stack: initialised and written back
+    one register of four lanes at a time, so that LLVM keeps three vectors of sums across the
+    reduction, not one ``<12 x float>`` that the AArch64 backend moves a lane at a time
+    (``mov s``, ``mov v.s[]``, ``ins``) around every FMA."""
+    from helpers import projection
+
+    mod = projection(1, 64, 36)
+    if dtype != "float32":
+        mod = _convert(mod, dtype, target)
+    log = relay_amp.builds.schedule_rules.RuleLog()
+    executable = tvm.compile(mod, target=tvm.target.Target(target),
+                             relax_pipeline=relay_amp.cpu_pipeline(target, rule_log=log))
+    texts = [s.text() for s in log.schedules if "matmul" in s.kernel]
+    assert len(texts) == 1 and "12 lanes" in texts[0] and "on the stack" in texts[0], texts
+    asm = "\n".join(m.inspect_source("asm") for m in [executable.mod, *executable.mod.imports]
+                    if m.kind == "llvm")
+    code = asm_kernel(asm, "matmul")
+    assert re.search(r"\bfmlal\b" if dtype == "float16" else r"\bfmla\b", code)
+    assert not re.search(r"\bmov\s+s\d+, v\d+\.s\[|\bmov\s+v\d+\.s\[\d\], v|\bins\b", code)
