@@ -247,6 +247,34 @@ def prim_func_blocks(func) -> list:
     return [schedule.get(block) for block in blocks]
 
 
+def read_counts(func) -> dict:
+    """How many times each variable of the Relax function ``func`` is read."""
+
+    @relax.expr_functor.visitor
+    class Reads(relax.PyExprVisitor):
+        def __init__(self):
+            super().__init__()
+            self.count = {}
+
+        def visit_var_(self, var):
+            self.count[var] = self.count.get(var, 0) + 1
+
+        def visit_dataflow_var_(self, var):
+            self.visit_var_(var)
+
+    reads = Reads()
+    reads.visit_expr(func)
+    return reads.count
+
+
+def bfloat16_cast_source(expr):
+    """The float32 tensor ``expr`` rounds to bfloat16 (``astype(x, "bfloat16")``), or None."""
+    if not isinstance(expr, Call) or op_name(expr) != "astype" \
+            or tensor_dtype(expr.ty) != "bfloat16" or tensor_dtype(expr.args[0].ty) != "float32":
+        return None
+    return expr.args[0]
+
+
 def mutate_functions(mutator) -> tvm.IRModule:
     """The module of ``mutator`` (a ``relax.PyExprMutator`` made from it) with every Relax
     function visited by it: how a Relax rewrite applies to a whole module."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import tvm
 
-from ..relax_utils import TVM_ERRORS, mutate_functions
+from ..relax_utils import TVM_ERRORS, bfloat16_cast_source, mutate_functions, read_counts
 from . import bfmmla
 from .constants import constant_value
 from .cpu_features import cpu_has
@@ -116,32 +116,14 @@ def shared_casts(func) -> set:
     kernel copying its input anyway can do in that copy (:func:`cast_source`)."""
     from tvm import relax
 
-    @relax.expr_functor.visitor
-    class Uses(relax.PyExprVisitor):
-        def __init__(self):
-            super().__init__()
-            self.count, self.casts = {}, []
-
-        def visit_var_(self, var):
-            self.count[var] = self.count.get(var, 0) + 1
-
-        def visit_dataflow_var_(self, var):
-            self.visit_var_(var)
-
-        def visit_var_binding_(self, binding):
-            super().visit_var_binding_(binding)
-            value = binding.value
-            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
-                    and value.op.name == "relax.astype" \
-                    and str(binding.var.ty.dtype) == "bfloat16" \
-                    and str(value.args[0].ty.dtype) == "float32":
-                self.casts.append((binding.var, value.args[0]))
-
-    uses = Uses()
-    uses.visit_expr(func)
-    params = set(func.params)
-    return {var for var, source in uses.casts
-            if uses.count.get(source, 0) > 1 or source in params}
+    reads, params = read_counts(func), set(func.params)
+    shared = set()
+    for block in func.body.blocks if isinstance(func.body, relax.SeqExpr) else ():
+        for binding in block.bindings:
+            source = bfloat16_cast_source(getattr(binding, "value", None))
+            if source is not None and (reads.get(source, 0) > 1 or source in params):
+                shared.add(binding.var)
+    return shared
 
 
 def cast_source(mutator, x, shared: set):
@@ -300,13 +282,18 @@ def _rewrite(builder, call, weight, source=None):
     return None
 
 
-def packed_bfloat16_weights() -> tvm.transform.Pass:
+def packed_bfloat16_weights(rule_log=None) -> tvm.transform.Pass:
     """The Relax pass: bfloat16 matmuls and NHWC convolutions with float32 sums and constant
     weights, as kernels over weights packed in pairs for :func:`bfdot_tile` (see the module's
     docstring). Others are left as they are. A convolution that copies its input anyway
     (BFMMLA's pairs of pixels, a depthwise one's padding) and whose input is a cast of a
     float32 tensor rounds that tensor in its copy (:func:`cast_source`); the cast is dropped
     where nothing else reads it.
+
+    Parameters
+    ----------
+    rule_log : relay_amp.builds.schedule_rules.RuleLog, optional
+        Gets the casts rounded in their readers' copies, for the build's report.
 
     Returns
     -------
@@ -337,7 +324,15 @@ def packed_bfloat16_weights() -> tvm.transform.Pass:
         packed.shared = set().union(*(shared_casts(func) for func in mod.functions.values()
                                       if isinstance(func, relax.Function)))
         # the unpacked weights, and the casts whose rounding a kernel's copy now does
-        return relax.transform.DeadCodeElimination()(mutate_functions(packed))
+        out = relax.transform.DeadCodeElimination()(mutate_functions(packed))
+        left = set().union(*(read_counts(func) for func in out.functions.values()
+                             if isinstance(func, relax.Function)))
+        folded = sorted(var.name for var in packed.shared if var not in left)
+        if rule_log is not None and folded:
+            rule_log.scheduled("<relax: packed_bfloat16_weights>", "bfdot", tuple(
+                f"{name}: its rounding to bfloat16 done in the copies of the kernels that read"
+                " it, no kernel of its own" for name in folded))
+        return out
 
     return _pack_module
 

@@ -775,7 +775,8 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
         layouts.append(packed_weights(target))
     if relay_amp_schedules and has_bfdot(target):
         # the activations first: the layouts move a clip as the kernel it is then
-        layouts = [activations_before_rounding(), *layouts, packed_bfloat16_weights()]
+        layouts = [activations_before_rounding(rule_log), *layouts,
+                   packed_bfloat16_weights(rule_log)]
     if relay_amp_schedules:
         # exp after the layouts: ConvertLayout sees relax.sigmoid, not a kernel
         layouts = [inference_batch_norms(), elementwise_prelu(), *layouts,

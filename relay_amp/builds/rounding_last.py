@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tvm
 
-from ..relax_utils import mutate_functions
+from ..relax_utils import bfloat16_cast_source, mutate_functions, read_counts, scalar_value
 
 #: The activations moved: ``relax.clip(x, lo, hi)`` and ``relax.nn.relu(x)``.
 ACTIVATIONS = ("relax.clip", "relax.nn.relu")
@@ -33,37 +33,23 @@ def _exact_bounds(call) -> bool:
 
     if call.op.name != "relax.clip":
         return True
-    bounds = np.array([float(call.args[1].value), float(call.args[2].value)], np.float64)
-    finite = bounds[np.isfinite(bounds)]
+    bounds = [scalar_value(arg) for arg in call.args[1:]]
+    if None in bounds:
+        return False
+    finite = np.array(bounds, np.float64)[np.isfinite(bounds)]
     return bool((finite.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
                  == finite).all())
 
 
-def _readers(func) -> dict:
-    """How many times each variable of ``func`` is read."""
-    from tvm import relax
-
-    @relax.expr_functor.visitor
-    class Readers(relax.PyExprVisitor):
-        def __init__(self):
-            super().__init__()
-            self.count = {}
-
-        def visit_var_(self, var):
-            self.count[var] = self.count.get(var, 0) + 1
-
-        def visit_dataflow_var_(self, var):
-            self.visit_var_(var)
-
-    readers = Readers()
-    readers.visit_expr(func)
-    return readers.count
-
-
-def activations_before_rounding() -> tvm.transform.Pass:
+def activations_before_rounding(rule_log=None) -> tvm.transform.Pass:
     """The Relax pass: each ReLU or clip of a float32 value's cast to bfloat16 that nothing
     else reads, with bounds bfloat16 holds, applied to the float32 value and then cast (see
     the module's docstring). Everything else is left as it is.
+
+    Parameters
+    ----------
+    rule_log : relay_amp.builds.schedule_rules.RuleLog, optional
+        Gets how many activations moved, for the build's report.
 
     Returns
     -------
@@ -75,34 +61,39 @@ def activations_before_rounding() -> tvm.transform.Pass:
 
     @relax.expr_functor.mutator
     class Reordered(relax.PyExprMutator):
-        def __init__(self, mod, readers):
+        def __init__(self, mod, reads):
             super().__init__(mod)
-            self.readers = readers
+            self.reads, self.moved = reads, {}
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
             if not (isinstance(call.op, tvm.ir.Op) and call.op in ops) \
-                    or str(call.ty.dtype) != "bfloat16" \
-                    or not isinstance(call.args[0], relax.Var):
+                    or not isinstance(call.args[0], relax.Var) \
+                    or self.reads.get(call.args[0], 0) != 1 or not _exact_bounds(call):
                 return call
-            cast = self.lookup_binding(call.args[0])
-            if not isinstance(cast, relax.Call) or not isinstance(cast.op, tvm.ir.Op) \
-                    or cast.op.name != "relax.astype" \
-                    or str(cast.args[0].ty.dtype) != "float32" \
-                    or self.readers.get(call.args[0], 0) != 1 or not _exact_bounds(call):
+            source = bfloat16_cast_source(self.lookup_binding(call.args[0]))
+            if source is None:
                 return call
-            activated = self.builder_.emit(
-                relax.Call(call.op, [cast.args[0], *call.args[1:]], call.attrs))
+            self.moved[call.op.name] = self.moved.get(call.op.name, 0) + 1
+            activated = self.builder_.emit(relax.Call(call.op, [source, *call.args[1:]],
+                                                      call.attrs))
             return relax.op.astype(activated, "bfloat16")
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.activations_before_rounding")
     def _reorder(mod, context):
-        readers = {}
+        reads = {}
         for func in mod.functions.values():
             if isinstance(func, relax.Function):
-                readers.update(_readers(func))
+                reads.update(read_counts(func))
+        reordered = Reordered(mod, reads)
+        out = mutate_functions(reordered)
+        if rule_log is not None and reordered.moved:
+            rule_log.scheduled("<relax: activations_before_rounding>", "rounding_last", (
+                ", ".join(f"{n} {op.split('.')[-1]}" for op, n in reordered.moved.items())
+                + " of a cast to bfloat16 applied before the rounding: the kernel ends in it,"
+                " which BFCVTN can do",))
         # the casts the activations read no longer
-        return relax.transform.DeadCodeElimination()(mutate_functions(Reordered(mod, readers)))
+        return relax.transform.DeadCodeElimination()(out)
 
     return _reorder
 

@@ -240,10 +240,14 @@ def test_a_cast_read_elsewhere_too_is_rounded_in_the_kernels_copy(shared):
     convolution reads: the cast would be a kernel of its own, a pass over the tensor; the
     depthwise convolution copies its input (the padding) anyway, so it reads the float32
     tensor and rounds in that copy, as TVM rounds a cast (outputs bit for bit). Where nothing
-    else reads the tensor, its cast stays in its producer's kernel (TVM fuses it there)."""
+    else reads the tensor, its cast stays in its producer's kernel (TVM fuses it there). The
+    build's report names the cast it folded."""
     mod = residual_block(shared=shared)
+    log = relay_amp.builds.schedule_rules.RuleLog()
     with tvm.target.Target(BF16):
-        packed = packed_bfloat16_weights()(mod)
+        packed = packed_bfloat16_weights(log)(mod)
+    reported = [d for s in log.schedules for d in s.decisions if "no kernel of its own" in d]
+    assert len(reported) == int(shared), reported
     calls = _calls(packed)
     (depthwise,) = [dtypes for name, dtypes in calls if name == "depthwise_conv2d_nhwc_bfmlal"]
     casts = [dtypes for name, dtypes in calls if name == "relax.astype"]

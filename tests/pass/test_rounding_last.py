@@ -74,13 +74,18 @@ class Stays:
 
 def test_an_activation_of_a_rounded_value_runs_before_the_rounding():
     text = Before.script()
-    after = activations_before_rounding()(Before)
+    log = RuleLog()
+    after = activations_before_rounding(log)(Before)
     assert Before.script() == text  # the input unchanged
     tvm.ir.assert_structural_equal(after, Expected)
+    (report,) = [s.text() for s in log.schedules if "activations_before_rounding" in s.kernel]
+    assert "1 clip, 1 relu of a cast to bfloat16 applied before the rounding" in report, report
 
 
 def test_what_cannot_move_stays():
-    tvm.ir.assert_structural_equal(activations_before_rounding()(Stays), Stays)
+    log = RuleLog()
+    tvm.ir.assert_structural_equal(activations_before_rounding(log)(Stays), Stays)
+    assert not log.schedules
 
 
 def test_both_orders_give_the_same_bits():
@@ -122,6 +127,7 @@ def test_a_relu6_after_the_rounding_lets_the_kernel_round_on_bfcvtn():
                 relax_pipeline=relay_amp.cpu_pipeline(BF16, rule_log=log))
     (text,) = [s.text() for s in log.schedules if "conv2d" in s.kernel]
     assert "rounding to bfloat16: BFCVTN" in text, text
+    assert any("1 clip of a cast to bfloat16" in s.text() for s in log.schedules)
 
 
 @pytest.mark.parametrize("target", [{"kind": "llvm"}, {"kind": "llvm", "mtriple":
