@@ -183,6 +183,17 @@ def scalar_value(arg):
     return None
 
 
+def bound_value(arg):
+    """A clip's bound as a float: :func:`scalar_value`, or an integer one (TVM's TFLite and
+    ONNX importers write a ReLU6's as ``T.int64(0)`` and ``T.int64(6)``); None otherwise."""
+    value = scalar_value(arg)
+    if value is None and PrimValue is not None and type(arg) is PrimValue:
+        arg = arg.value
+    if value is None and isinstance(arg, tvm.tirx.IntImm):
+        value = float(arg.value)
+    return value
+
+
 class BuiltBlock:
     """A binding (or dataflow) block emitted through ``builder`` inside a ``with`` statement;
     ``block`` holds it afterwards. This is the one place relay_amp uses TVM's private

@@ -70,6 +70,10 @@ PARALLEL_GROUPS = 16
 #: 0.96 x, 96 -> 24 0.74 x, 144 -> 24 0.79 x (28 x 28: 0.82 x), 192 -> 24 (28 x 28) 0.73 x;
 #: 32 -> 16 (112 x 112) 1.03 x, 96 -> 16 (28 x 28) 0.85 x.
 MIN_COLUMNS = 24
+#: A tile's sums: a "global" buffer of 256 bytes is a stack ``alloca`` that LLVM promotes
+#: to registers; a "local" one in the parallel loop was a workspace TVM's runtime allocated
+#: and freed for every group, and the write-back read it a lane at a time.
+SUMS_SCOPE = "global"
 MIN_CHANNELS = 16
 MIN_PRODUCTS = 512
 
@@ -431,7 +435,7 @@ class BfmmlaTile:
         sch.compute_at(pack, group)
         sch.set_scope(pack, 0, "local")
         BfmmlaTile._pack(sch, pack, quads_per_tap)
-        sums = sch.cache_write(gemm, 0, "local")
+        sums = sch.cache_write(gemm, 0, SUMS_SCOPE)
         sch.reverse_compute_at(sums, tile)
         # written back as a matrix of rows: the output's copy then reads each row's lanes
         sch.transform_layout(sums, ("write", 0), lambda m, n, i, j: [m * 2 + i, n * 2 + j])
@@ -453,7 +457,7 @@ class BfmmlaTile:
         if rounding is None:  # else the rounding was all that was left
             _vectorize_rest(sch, sums, target, True)
         sch.decompose_reduction(gemm, outer_steps)
-        sch.tensorize(inner_steps, _intrinsic(depth, "local"))
+        sch.tensorize(inner_steps, _intrinsic(depth, SUMS_SCOPE))
         link_llvm(sch, tile, LLVM_IR)
         if rounding is not None:
             tensorize_rounding(sch, tile, rounding)

@@ -49,14 +49,15 @@ def nhwc_convolutions(rule_log=None) -> tvm.transform.Pass:
                 tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs))
         except TVM_ERRORS as err:  # TVM's own errors: the convolutions keep their layout
             if rule_log is not None:
-                rule_log.raised("<module>", "ConvertLayout", last_line(err))
+                rule_log.raised("<relax: nhwc_convolutions>", "ConvertLayout", last_line(err))
             return mod
         unlowered = sorted(op for op, seen in _followers(converted)[0].items()
                            if seen != before.get(op))
         if unlowered:  # an op that follows its input's layout, with no NHWC kernel in TVM
             if rule_log is not None:
-                rule_log.raised("<module>", "ConvertLayout", f"{', '.join(unlowered)} would "
-                                "become NHWC, which TVM does not lower: NCHW kept")
+                rule_log.raised("<relax: nhwc_convolutions>", "ConvertLayout",
+                                f"{', '.join(unlowered)} would become NHWC, which TVM does not "
+                                "lower: NCHW kept")
             return mod
         # the weights' transposes stay: a pass that packs a weight reads through its
         # transpose (one copy, not two), and numpy_layout_constants folds the rest
@@ -253,7 +254,7 @@ def _elementwise_in_place(mod, lower_ops: bool, rule_log=None):
     # the transposes the kernels no longer read
     result = relax.transform.DeadCodeElimination()(mutate_functions(InPlace(mod)))
     if rule_log is not None and moved_calls:
-        rule_log.scheduled("<module>", "nhwc_convolutions", tuple(
+        rule_log.scheduled("<relax: nhwc_convolutions>", "nhwc_convolutions", tuple(
             f"{name} computed in its input's layout, the transposes around it dropped "
             f"({count} call{'s' if count > 1 else ''})" for name, count in moved_calls.items()))
     return result

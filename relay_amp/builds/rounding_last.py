@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tvm
 
-from ..relax_utils import bfloat16_cast_source, mutate_functions, read_counts, scalar_value
+from ..relax_utils import bfloat16_cast_source, bound_value, mutate_functions, read_counts
 
 #: The activations moved: ``relax.clip(x, lo, hi)`` and ``relax.nn.relu(x)``.
 ACTIVATIONS = ("relax.clip", "relax.nn.relu")
@@ -33,7 +33,7 @@ def _exact_bounds(call) -> bool:
 
     if call.op.name != "relax.clip":
         return True
-    bounds = [scalar_value(arg) for arg in call.args[1:]]
+    bounds = [bound_value(arg) for arg in call.args[1:]]
     if None in bounds:
         return False
     finite = np.array(bounds, np.float64)[np.isfinite(bounds)]

@@ -115,10 +115,11 @@ def scalar_constants_inlined(rule_log=None) -> tvm.transform.Pass:
         if not mutator.made:
             return mod
         if rule_log is not None:
-            rule_log.scheduled("<module>", "scalar_constants_inlined", tuple(
-                f"{made.name_hint}: its 0-d constants read as immediates "
-                f"({', '.join(f'{value:g}' for _, value in values)})"
-                for (_, values), made in mutator.made.items()))
+            rule_log.scheduled(
+                "<relax: scalar_constants_inlined>", "scalar_constants_inlined", tuple(
+                    f"{made.name_hint}: its 0-d constants read as immediates "
+                    f"({', '.join(f'{value:g}' for _, value in values)})"
+                    for (_, values), made in mutator.made.items()))
         return relax.transform.DeadCodeElimination()(inlined)
 
     return _pass

@@ -203,3 +203,21 @@ def test_a_bfloat16_result_is_written_back_from_registers(activation):
     assert len(kernels) == 2, list(kernels)
     for name, code in kernels.items():
         assert len(re.findall(A64_LANE_LOAD, code)) <= 1, name
+
+
+@pytest.mark.parametrize("model", [conv(), matmul(rows=16, depth=64, columns=40)],
+                         ids=["3x3", "matmul"])
+def test_a_tiles_sums_live_on_the_stack(model):
+    """A tile's 8 x 8 sums are a "global" buffer of 256 bytes, which TVM puts on the stack
+    and LLVM in registers: as a "local" buffer in the parallel loop they were a
+    ``TVMBackendAllocWorkspace`` call a group, about 500 instructions each on the emulated
+    CPU, and the write-back read them a lane at a time (iris_landmark's bfloat16 build:
+    10.71 -> 9.76 M). The workspaces left are the panel the tile reads (4 KiB in a
+    convolution, more than TVM's 1 KiB stack bound) and a convolution's padded input."""
+    mod, _ = _converted(model)
+    executable = tvm.compile(mod, target=tvm.target.Target(BF16),
+                             relax_pipeline=relay_amp.cpu_pipeline(BF16))
+    lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
+    workspaces = re.findall(r"%(\w+) = tail call ptr %\d+\(i32 1, i32 %dev_id",
+                            lib.inspect_source("ll"))
+    assert workspaces and not [w for w in workspaces if w.startswith("bfmmla")], workspaces

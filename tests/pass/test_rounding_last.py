@@ -82,6 +82,40 @@ def test_an_activation_of_a_rounded_value_runs_before_the_rounding():
     assert "1 clip, 1 relu of a cast to bfloat16 applied before the rounding" in report, report
 
 
+@I.ir_module
+class IntegerBounds:
+    """TFLite's ReLU6 as TVM's importer writes it: the bounds are integers."""
+
+    @R.function
+    def main(x: R.Tensor((2, 8), dtype="float32")) -> R.Tensor((2, 8), dtype="bfloat16"):
+        with R.dataflow():
+            lv: R.Tensor((2, 8), dtype="bfloat16") = R.astype(x, dtype="bfloat16")
+            gv: R.Tensor((2, 8), dtype="bfloat16") = R.clip(lv, T.int64(0), T.int64(6))
+            R.output(gv)
+        return gv
+
+
+@I.ir_module
+class IntegerBoundsExpected:
+    @R.function
+    def main(x: R.Tensor((2, 8), dtype="float32")) -> R.Tensor((2, 8), dtype="bfloat16"):
+        with R.dataflow():
+            lv: R.Tensor((2, 8), dtype="float32") = R.clip(x, T.int64(0), T.int64(6))
+            gv: R.Tensor((2, 8), dtype="bfloat16") = R.astype(lv, dtype="bfloat16")
+            R.output(gv)
+        return gv
+
+
+def test_integer_bounds_move_too():
+    """hand_landmark_lite's and hand_landmark_full's 31 ReLU6s have integer bounds: when
+    only floating-point ones moved, their bfloat16 builds executed 38.20 M and 65.27 M
+    instructions on the emulated CPU against 34.55 M and 60.48 M."""
+    log = RuleLog()
+    tvm.ir.assert_structural_equal(activations_before_rounding(log)(IntegerBounds),
+                                   IntegerBoundsExpected)
+    assert any("1 clip of a cast to bfloat16" in s.text() for s in log.schedules)
+
+
 def test_what_cannot_move_stays():
     log = RuleLog()
     tvm.ir.assert_structural_equal(activations_before_rounding(log)(Stays), Stays)

@@ -129,7 +129,7 @@ def test_the_build_report_names_each_kernel_and_its_values():
     log = RuleLog()
     tvm.compile(clipped(), target=tvm.target.Target(A64),
                 relax_pipeline=relay_amp.cpu_pipeline(A64, rule_log=log))
-    texts = [s.text() for s in log.schedules if s.kernel == "<module>"]
+    texts = [s.text() for s in log.schedules if s.kernel == "<relax: scalar_constants_inlined>"]
     assert any("scheduled by scalar_constants_inlined (clip: its 0-d constants read as "
                "immediates (0, 6))" in text for text in texts), texts
 
@@ -144,3 +144,29 @@ def test_a_clip_is_fmaxnm_and_fminnm_on_aarch64():
     code = "\n".join(asm_functions(lib.inspect_source("asm")).values())
     assert re.search(r"\bfmaxnm\s+v\d+\.4s", code) and re.search(r"\bfminnm\s+v\d+\.4s", code)
     assert not re.search(r"\bfcmgt\s+v\d+\.4s", code)
+
+
+def test_each_module_pass_keeps_its_own_line_in_the_report():
+    """An ONNX Conv, Clip and Conv: the NHWC pass moves the clip and the scalar-constants pass
+    specializes its kernel, and the build's report keeps both lines (both were once filed
+    under one name, and the second was dropped)."""
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm.relax.frontend.onnx import from_onnx
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.random(shape, dtype=np.float32), name)
+               for name, shape in (("w", (16, 8, 3, 3)), ("w2", (8, 16, 3, 3)))]
+    bounds = [numpy_helper.from_array(np.array(v, "float32"), n) for n, v in (("lo", 0), ("hi", 6))]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("Clip", ["y", "lo", "hi"], ["z"]),
+         helper.make_node("Conv", ["z", "w2"], ["o"], pads=[1, 1, 1, 1])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, 8, 8, 8])], weights + bounds)
+    mod = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    log = RuleLog()
+    tvm.compile(mod, target=tvm.target.Target(A64),
+                relax_pipeline=relay_amp.cpu_pipeline(A64, rule_log=log))
+    lines = {s.kernel: s.text() for s in log.schedules if s.kernel.startswith("<relax:")}
+    assert "computed in its input's layout" in lines["<relax: nhwc_convolutions>"], lines
+    assert "immediates (0, 6)" in lines["<relax: scalar_constants_inlined>"], lines
