@@ -146,11 +146,22 @@ def _padded(x, padding, extra_channels: int = 0):
     top, left, bottom, right = padding
     n, height, width, channels = x.shape
 
+    zero = tirx.const(0, "uint16")
+
     def value(b, h, w, c):
-        inside = tirx.all(h >= top, h < height + top, w >= left, w < width + left,
-                          c < channels)
-        return tirx.if_then_else(inside, bfmmla.bits(x[b, h - top, w - left, c]),
-                                 tirx.const(0, "uint16"))
+        inside = tirx.all(h >= top, h < height + top, w >= left, w < width + left)
+        if not extra_channels:
+            return tirx.if_then_else(inside, bfmmla.bits(x[b, h - top, w - left, c]), zero)
+        # the extra channels are masked to zero. They read the next pixels' first channels
+        # where the input goes on that far, so each pixel's channels load as one vector (a
+        # condition on the channel would leave TVM's vectorizer one scalar store a channel);
+        # the last pixels read their last channel again
+        mask = tirx.Select(c < channels, tirx.const(0xFFFF, "uint16"), zero)
+        pixel = (b * height + h - top) * width + w - left
+        within = (pixel + 1) * channels + extra_channels <= n * height * width * channels
+        return tirx.if_then_else(inside, tirx.bitwise_and(tirx.if_then_else(
+            within, bfmmla.bits(x[b, h - top, w - left, c]),
+            bfmmla.bits(x[b, h - top, w - left, tirx.min(c, channels - 1)])), mask), zero)
 
     return te.compute((n, height + top + bottom, width + left + right,
                        channels + extra_channels), value, name="pad_temp")

@@ -102,12 +102,14 @@ SMALL_MAP_MACS = 7 * 7 * 32 * 48 + 7 * 7 * 48 * 48 * 9
 SMALL_MAP_BFMMLA_MACS = 50 * 32 * 48 + 56 * 448 * 48
 
 
+RGB_WEIGHT = (np.random.default_rng(8).standard_normal((5, 5, 3, 24)) / 8).astype("float32")
+
+
 def rgb_block():
     """A network's first layer: an RGB image x (1, 32, 32, 3) NHWC, a 5x5 convolution of
     stride 2 to 24 channels (75 products an output, 3 a pixel)."""
-    rng = np.random.default_rng(8)
     x = relax.Var("x", relax.TensorType((1, 32, 32, 3), "float32"))
-    weight = relax.const((rng.standard_normal((5, 5, 3, 24)) / 8).astype("float32"))
+    weight = relax.const(RGB_WEIGHT)
     builder = relax.BlockBuilder()
     with builder.function("main", [x]):
         with builder.dataflow():
@@ -286,6 +288,26 @@ def test_an_rgb_images_three_channels_run_on_the_fmlal_tile(counter, tmp_path):
                if kind.startswith(("ldr s", "ldur s"))) >= mix["fmlal"] / 12, count.kinds
     widened = counter.run(_library("float16", tmp_path, True, rgb_block), inputs)
     np.testing.assert_array_equal(count.outputs[0], widened[0])
+
+
+def test_an_rgb_images_copy_for_bfdot_stores_a_pixel_a_vector(counter, tmp_path):
+    """``+bf16``: the RGB convolution runs on BFDOT over channels padded 3 to 4, in a copy of
+    the image that rounds to bfloat16. Each pixel's four channels are one vector store (one
+    ``strh`` a channel before, 4,120 on this image), the last pixel's read stays within the
+    input, and the outputs are the plain bfloat16 build's within BFDOT's bound."""
+    inputs = [np.random.default_rng(9).standard_normal((1, 32, 32, 3)).astype("float32")]
+    count = counter.count(_library("bfloat16", tmp_path, True, rgb_block), inputs, warmup=1)
+    plain = counter.run(_library("bfloat16", tmp_path, False, rgb_block), inputs)
+    padded = 36 * 36
+    assert count.mix()["bfdot"] * LANES["bfdot"] == 16 * 16 * 24 * 5 * 5 * 4, count.mix()
+    assert count.kinds.get("str d", 0) >= padded, count.kinds
+    assert count.kinds.get("strh w", 0) < padded // 16, count.kinds
+    image = np.pad(inputs[0][0], ((2, 2), (2, 2), (0, 0)))
+    rows = np.stack([image[2 * i:2 * i + 5, 2 * j:2 * j + 5].reshape(-1)
+                     for i in range(16) for j in range(16)])
+    difference = np.abs(count.outputs[0].astype(np.float64) - plain[0]).reshape(-1, 24)
+    assert (difference <= _bf16_bound(rows, RGB_WEIGHT.reshape(75, 24), 2)).all(), (
+        difference.max())
 
 
 def test_kernels_are_counted_apart_and_add_up_to_the_run(tmp_path):

@@ -150,7 +150,10 @@ def test_every_product_runs_in_bfdot_by_element(padding, strides, channels):
         body = asm_kernel(asm, kernel)
         assert re.search(A64_BFDOT_BY_ELEMENT, body), kernel
         assert not re.search(A64_WIDEN, body), kernel
-        assert not re.search(r"\bdup\s+v\d+\.4s", body), kernel
+        # between its first and last bfdot: the copy before it may dup an index vector
+        at = [m.start() for m in re.finditer(r"^\s*bfdot\s", body, re.M)]
+        products = body[at[0]:at[-1]]
+        assert not re.search(r"\bdup\s+v\d+\.4s", products), kernel
 
 
 def test_a_symbolic_row_count_runs_one_row_at_a_time_on_bfdot():
