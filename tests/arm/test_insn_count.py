@@ -293,8 +293,9 @@ def test_an_rgb_images_three_channels_run_on_the_fmlal_tile(counter, tmp_path):
 def test_an_rgb_images_copy_for_bfdot_stores_a_pixel_a_vector(counter, tmp_path):
     """``+bf16``: the RGB convolution runs on BFDOT over channels padded 3 to 4, in a copy of
     the image that rounds to bfloat16. Each pixel's four channels are one vector store (one
-    ``strh`` a channel before, 4,120 on this image), the last pixel's read stays within the
-    input, and the outputs are the plain bfloat16 build's within BFDOT's bound."""
+    ``strh`` a channel before, 4,120 on this image; the last pixel, whose vector would read
+    past the input, has a branch of its own), and the outputs are the plain bfloat16 build's
+    within BFDOT's bound."""
     inputs = [np.random.default_rng(9).standard_normal((1, 32, 32, 3)).astype("float32")]
     count = counter.count(_library("bfloat16", tmp_path, True, rgb_block), inputs, warmup=1)
     plain = counter.run(_library("bfloat16", tmp_path, False, rgb_block), inputs)

@@ -205,6 +205,15 @@ def test_a_bfloat16_result_is_written_back_from_registers(activation):
         assert len(re.findall(A64_LANE_LOAD, code)) <= 1, name
 
 
+def _workspaces(mod, log=None) -> list:
+    """The buffers the ``+bf16`` build of ``mod`` allocates with ``TVMBackendAllocWorkspace``
+    (read off the LLVM IR), its rules' decisions recorded in ``log``."""
+    executable = tvm.compile(mod, target=tvm.target.Target(BF16),
+                             relax_pipeline=relay_amp.cpu_pipeline(BF16, rule_log=log))
+    lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
+    return re.findall(r"%(\w+) = tail call ptr %\d+\(i32 1, i32 %dev_id", lib.inspect_source("ll"))
+
+
 @pytest.mark.parametrize("model", [conv(), matmul(rows=16, depth=64, columns=40)],
                          ids=["3x3", "matmul"])
 def test_a_tiles_sums_live_on_the_stack(model):
@@ -214,12 +223,7 @@ def test_a_tiles_sums_live_on_the_stack(model):
     CPU, and the write-back read them a lane at a time (iris_landmark's bfloat16 build:
     10.71 -> 9.76 M). The workspaces left are the panel the tile reads (4 KiB in a
     convolution, more than TVM's 1 KiB stack bound) and a convolution's padded input."""
-    mod, _ = _converted(model)
-    executable = tvm.compile(mod, target=tvm.target.Target(BF16),
-                             relax_pipeline=relay_amp.cpu_pipeline(BF16))
-    lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
-    workspaces = re.findall(r"%(\w+) = tail call ptr %\d+\(i32 1, i32 %dev_id",
-                            lib.inspect_source("ll"))
+    workspaces = _workspaces(_converted(model)[0])
     assert workspaces and not [w for w in workspaces if w.startswith("bfmmla")], workspaces
 
 
@@ -232,13 +236,8 @@ def test_a_write_back_that_calls_a_function_keeps_its_sums_local():
         return relax.op.multiply(y, relax.op.sigmoid(y))
 
     for activation, local in ((silu, True), (relax.op.nn.relu, False)):
-        mod, _ = _converted(conv(activation=activation))
         log = RuleLog()
-        executable = tvm.compile(mod, target=tvm.target.Target(BF16),
-                                 relax_pipeline=relay_amp.cpu_pipeline(BF16, rule_log=log))
-        lib = executable.mod.imports[0] if executable.mod.imports else executable.mod
-        workspaces = re.findall(r"%(\w+) = tail call ptr %\d+\(i32 1, i32 %dev_id",
-                                lib.inspect_source("ll"))
+        workspaces = _workspaces(_converted(conv(activation=activation))[0], log)
         assert any(w.startswith("bfmmla") for w in workspaces) == local, workspaces
         texts = " ".join(schedule.text() for schedule in log.schedules)
         assert ("sums in a local buffer: the write-back calls a function" in texts) == local, texts
