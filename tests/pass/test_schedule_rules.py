@@ -176,3 +176,29 @@ def test_a_schedule_that_does_not_lower_passes_the_kernel_on(dtype):
     source = executable.mod.imports[0].imports[0].inspect_source("cuda")
     assert "fused_conv2d_add_kernel" in source
 
+
+
+def test_each_cpu_rule_starts_from_its_own_copy_of_one_normalization():
+    """``llvm_blocks`` normalizes a kernel once for the rules dlight offers it to in turn:
+    the second call does not normalize again, and each gets a schedule of its own, so what
+    one rule did (here, a split) is not in the next one's."""
+    from unittest import mock
+
+    from tvm import te
+    from tvm.s_tir.dlight import analysis
+
+    from relay_amp.builds.schedule_rules import llvm_blocks
+
+    x = te.placeholder((64,), name="x")
+    func = te.create_prim_func([x, te.compute((64,), lambda i: x[i] * 2.0, name="y")])
+    target = tvm.target.Target({"kind": "llvm"})
+    with mock.patch.object(analysis, "normalize_prim_func",
+                           wraps=analysis.normalize_prim_func) as normalize:
+        first, blocks = llvm_blocks(func, target)
+        first.split(first.get_loops(blocks[0].block_rv)[0], [None, 8])
+        second, again = llvm_blocks(func, target)
+        other = llvm_blocks(te.create_prim_func([x, te.compute((64,), lambda i: x[i] + 1.0)]),
+                            target)
+    assert normalize.call_count == 2 and other is not None
+    assert len(first.get_loops(blocks[0].block_rv)) == 2
+    assert len(second.get_loops(again[0].block_rv)) == 1

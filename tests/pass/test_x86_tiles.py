@@ -500,7 +500,8 @@ def _constants(mod):
 def test_a_tile_intrinsic_is_built_as_its_tvmscript_reads():
     """The intrinsics are built with TVMScript's IR builder, not parsed (25 ms a function
     parsed, about 1 built): what the impl builds is this text, 4 rows x 16 lanes of AVX2 vectors,
-    2 steps, rows 2 apart, one vector held and one each FMA's memory operand."""
+    2 steps (a loop: the rows and vectors are unrolled), rows 2 apart, one vector held and one
+    each FMA's memory operand."""
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
 
@@ -516,7 +517,7 @@ def test_a_tile_intrinsic_is_built_as_its_tvmscript_reads():
         with T.sblock("root"):
             T.reads(C[0:4, 0:16], A[0:7, 0:2], B[0:2, 0:16])
             T.writes(C[0:4, 0:16])
-            for k in T.unroll(2):
+            for k in T.serial(2):
                 for r in T.unroll(4):
                     for g in T.unroll(1):
                         C[r, T.ramp(g * 8, 1, 8)] = T.call_llvm_pure_intrin(
