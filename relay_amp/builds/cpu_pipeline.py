@@ -51,6 +51,7 @@ from .prelu import elementwise_prelu
 from .rounding_last import activations_before_rounding
 from .scalar_constants import scalar_constants_inlined
 from .schedule_rules import apply_rules, decide, llvm_blocks, uses
+from .stacked_constants import stacked_constants
 from .x86_tiles import UNROLLED_WIDTH, row_vectors, vector_registers, vector_width
 from .x86_tiles import lane_rows as x86_lane_rows
 from .x86_tiles import register_tile as x86_register_tile
@@ -746,6 +747,9 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     (:mod:`relay_amp.builds.rounding_last`) and bfloat16 convolutions and matmuls over weights
     packed for BFMMLA or BFDOT (:mod:`relay_amp.builds.bfmmla`, :mod:`relay_amp.builds.bfdot`),
     the BFMMLA kernels scheduled first by :class:`~relay_amp.builds.bfmmla.BfmmlaTile`.
+    After fusion and before the rules, a kernel's 0-d constants become immediates
+    (:mod:`relay_amp.builds.scalar_constants`) and its constant tensors of one shape one
+    stacked argument (:mod:`relay_amp.builds.stacked_constants`).
 
     Parameters
     ----------
@@ -784,7 +788,8 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
                    numpy_layout_constants()]
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)
-        + ([scalar_constants_inlined(rule_log)] if relay_amp_schedules else []) + schedules
+        + ([scalar_constants_inlined(rule_log), stacked_constants(rule_log)]
+           if relay_amp_schedules else []) + schedules
         + pipeline.dataflow_lower_passes(target) + pipeline.finalize_passes(target))
 
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.cpu_pipeline")

@@ -42,12 +42,21 @@ def register_lanes(target, bits: int) -> int | None:
 
 def _reads_along(region, var) -> bool:
     """Whether ``region`` is one element whose last index is ``var`` or a constant (a vector
-    load, a broadcast scalar), so a vector of ``var``'s values reads it contiguously."""
+    load, a broadcast scalar), or a few such elements in rows of its first axis (a stack of
+    constants, :mod:`relay_amp.builds.stacked_constants`, whose rows a block that inlined
+    another reads together), so a vector of ``var``'s values reads it contiguously."""
     ranges = region.region
     if not ranges:
         return True
     last = ranges[-1].min
-    return all(isinstance(r.extent, tvm.tirx.IntImm) and int(r.extent) == 1 for r in ranges) \
+
+    def one(r) -> bool:
+        return isinstance(r.extent, tvm.tirx.IntImm) and int(r.extent) == 1
+
+    rows = ranges[0]
+    return all(one(r) for r in ranges[1:]) \
+        and (one(rows) or len(ranges) > 1 and isinstance(rows.min, tvm.tirx.IntImm)
+             and isinstance(rows.extent, tvm.tirx.IntImm)) \
         and (last.same_as(var) or isinstance(last, tvm.tirx.IntImm))
 
 

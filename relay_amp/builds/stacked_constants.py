@@ -1,0 +1,200 @@
+"""A kernel's constant tensors of one shape passed as one stacked constant: fewer arguments.
+
+Every tensor a kernel takes is an argument that TVM's packed calling convention checks on each
+call (its type, rank, dtype, shape, strides, device and alignment), and LLVM compiles those
+checks with the kernel: 5 to 8 ms of LLVM time a tensor argument a kernel on a ``znver5``
+host, where the kernel's own loop took 16 ms (docs/PERFORMANCE.md). A batch norm decomposed for
+inference (:mod:`relay_amp.builds.batch_norm`) and fused into a convolution's kernel passes two
+such constants, its scale and its shift, both ``(1, 1, 1, C)``: on resnet18_v2, 17 of its 28
+kernels.
+
+:func:`stacked_constants` (a Relax pass, after ``FuseTIR``): where every call of a kernel passes
+constant tensors of one shape and dtype as some of its arguments, the kernel takes them as one
+constant stacked along a new first axis and reads ``stacked[j, ...]`` where it read the j-th;
+each call passes its own stack. The kernel reads the same values, so the outputs are the same,
+bit for bit.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from ..relax_utils import mutate_functions
+from .constants import array, const
+
+#: The most elements a constant stacked with others may have: a batch norm's or a bias's
+#: channels (a stack is a copy, made for each call).
+MAX_ELEMENTS = 1 << 16
+
+
+def _call_tir(expr) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
+        and expr.op.name == "relax.call_tir"
+
+
+def _constants(call) -> dict:
+    """``{argument position: (shape, dtype)}`` of a ``call_tir``'s stackable constants."""
+    found = {}
+    if not isinstance(call.args[1], relax.Tuple):
+        return found
+    for n, arg in enumerate(call.args[1].fields):
+        if isinstance(arg, tvm.ir.expr.GenericConst):
+            shape = tuple(int(d) for d in arg.ty.shape)
+            size = 1
+            for d in shape:
+                size *= d
+            if shape and size <= MAX_ELEMENTS:
+                found[n] = (shape, str(arg.ty.dtype))
+    return found
+
+
+def _groups(mod) -> dict:
+    """``{callee's name: [positions, ...]}``: the argument positions at which every call of the
+    callee passes a stackable constant, grouped by shape and dtype, groups of two or more."""
+    positions: dict = {}
+    elsewhere = set()  # callees some other op calls too (call_tir_inplace): left alone
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and not _call_tir(expr):
+            elsewhere.update(arg.name_hint for arg in (expr.op, *expr.args)
+                             if isinstance(arg, tvm.ir.GlobalVar))
+        elif _call_tir(expr):
+            found = _constants(expr)
+            name = expr.args[0].name_hint
+            known = positions.setdefault(name, found)
+            positions[name] = {n: key for n, key in known.items() if found.get(n) == key}
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    groups = {}
+    for name, found in positions.items():
+        if name in elsewhere:
+            continue
+        by_key: dict = {}
+        for n, key in sorted(found.items()):
+            by_key.setdefault(key, []).append(n)
+        stacks = [tuple(ns) for ns in by_key.values() if len(ns) > 1]
+        if stacks:
+            groups[name] = stacks
+    return groups
+
+
+def _stacked(func, stacks):
+    """``func`` taking each of ``stacks``' parameters (by position) as one stacked buffer, in
+    the first one's place; None where the kernel uses one of them other than by reading its
+    elements (its address passed to a function)."""
+    import tvm_ffi
+
+    params = list(func.params)
+    into = {}  # parameter position -> (its stack's buffer, its index in the stack)
+    for stack in stacks:
+        first = params[stack[0]]
+        count = tvm.tirx.const(len(stack), str(first.shape[0].ty.dtype))
+        buffer = tvm.tirx.decl_buffer((count, *first.shape), first.dtype,
+                                      f"{first.name}_stacked", layout=first.ty.layout)
+        into.update({n: (buffer, j) for j, n in enumerate(stack)})
+
+    def source(var):
+        return next(((buffer, j) for n, (buffer, j) in into.items()
+                     if var.same_as(params[n])), None)
+
+    def load(node, mutator):
+        node = mutator.default_mutate(node)
+        found = source(node.source)
+        if found is None:
+            return node
+        buffer, j = found
+        return buffer[(tvm.tirx.const(j, str(node.indices[0].ty.dtype)), *node.indices)]
+
+    def region(node, mutator):
+        found = source(node.source)
+        if found is None:
+            return mutator.default_mutate(node)
+        buffer, j = found
+        dtype = str(node.region[0].min.ty.dtype)
+        return tvm.ir.expr.TensorRegion(buffer, [tvm.ir.Range.from_min_extent(
+            tvm.tirx.const(j, dtype), tvm.tirx.const(1, dtype)), *node.region], node.ty)
+
+    body = tvm_ffi.structural_mutate(func.body, [(tvm.ir.expr.TensorLoad, load),
+                                                 (tvm.ir.expr.TensorRegion, region)])
+    left = []
+    tvm_ffi.structural_walk(body, lambda node: left.append(node) if isinstance(
+        node, tvm.ir.expr.Var) and source(node) is not None else None)
+    if left:
+        return None
+    kept = [into[n][0] if n in into and into[n][1] == 0 else param
+            for n, param in enumerate(params) if n not in into or into[n][1] == 0]
+    return tvm.tirx.PrimFunc(kept, body, func.ret_type, func.attrs)
+
+
+def _arguments(args, stacks) -> list:
+    """The call's arguments with each stack's constants as one stacked constant."""
+    import numpy as np
+
+    merged = {stack[0]: const(np.stack([array(args[n]) for n in stack])) for stack in stacks}
+    dropped = {n for stack in stacks for n in stack[1:]}
+    return [merged.get(n, arg) for n, arg in enumerate(args) if n not in dropped]
+
+
+def stacked_constants(rule_log=None) -> tvm.transform.Pass:
+    """The Relax pass: every kernel that each call passes constant tensors of one shape and
+    dtype (at most :data:`MAX_ELEMENTS` elements each) takes them as one stacked constant.
+
+    Parameters
+    ----------
+    rule_log : relay_amp.builds.schedule_rules.RuleLog, optional
+        Gets each kernel whose constants were stacked, for the build's report.
+
+    Returns
+    -------
+    tvm.transform.Pass
+    """
+
+    @relax.expr_functor.mutator
+    class Stacked(relax.PyExprMutator):
+        def __init__(self, mod, stacked, groups):
+            super().__init__(mod)
+            self.stacked = stacked
+            self.groups = groups
+            self.made = {}
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not _call_tir(call) or call.args[0].name_hint not in self.stacked:
+                return call
+            name = call.args[0].name_hint
+            stacks = self.groups[name]
+            if name not in self.made:
+                # a new GlobalVar, under the old name: the kernel's type changed
+                self.made[name] = self.builder_.add_func(self.stacked[name], name)
+            args = relax.Tuple(_arguments(list(call.args[1].fields), stacks))
+            return relax.Call(call.op, [self.made[name], args, *call.args[2:]], call.attrs,
+                              call.ty_args, call.span)
+
+    @tvm.transform.module_pass(opt_level=0, name="relay_amp.stacked_constants")
+    def _pass(mod, _context):
+        kernels = {gvar.name_hint: func for gvar, func in mod.functions_items()
+                   if isinstance(func, tvm.tirx.PrimFunc)}
+        groups = {name: stacks for name, stacks in _groups(mod).items() if name in kernels}
+        stacked = {name: _stacked(kernels[name], stacks) for name, stacks in groups.items()}
+        lines = tuple(
+            f"{name}: constants {', '.join(map(str, stack))} passed as one stacked constant"
+            if stacked[name] is not None else f"{name}: constants "
+            f"{', '.join(map(str, stack))} not stacked: the kernel uses one other than by "
+            "reading its elements" for name, stacks in sorted(groups.items()) for stack in stacks)
+        stacked = {name: func for name, func in stacked.items() if func is not None}
+        if rule_log is not None and lines:
+            rule_log.scheduled("<relax: stacked_constants>", "stacked_constants", lines)
+        if not stacked:
+            return mod
+        rest = tvm.IRModule({gvar: func for gvar, func in mod.functions_items()
+                             if gvar.name_hint not in stacked}, attrs=mod.attrs,
+                            global_infos=mod.global_infos)
+        return mutate_functions(Stacked(rest, stacked, groups))
+
+    return _pass
+
+
+__all__ = ["MAX_ELEMENTS", "stacked_constants"]
