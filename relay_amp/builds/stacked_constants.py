@@ -5,8 +5,8 @@ call (its type, rank, dtype, shape, strides, device and alignment), and LLVM com
 checks with the kernel: 5 to 8 ms of LLVM time a tensor argument a kernel on a ``znver5``
 host, where the kernel's own loop took 16 ms (docs/PERFORMANCE.md). A batch norm decomposed for
 inference (:mod:`relay_amp.builds.batch_norm`) and fused into a convolution's kernel passes two
-such constants, its scale and its shift, both ``(1, 1, 1, C)``: on resnet18_v2, 17 of its 28
-kernels.
+such constants, its scale and its shift, both ``(1, 1, 1, C)``: on resnet18_v2, 16 of its 28
+kernels (a 17th takes the input's mean and scale).
 
 :func:`stacked_constants` (a Relax pass, after ``FuseTIR``): where every call of a kernel passes
 constant tensors of one shape and dtype as some of its arguments, the kernel takes them as one
