@@ -132,6 +132,11 @@ def op_name(call: Call) -> str | None:
     return None
 
 
+def is_call_tir(expr) -> bool:
+    """Whether ``expr`` is a ``relax.call_tir``."""
+    return isinstance(expr, Call) and op_name(expr) == "call_tir"
+
+
 def leaves_of(expr) -> list:
     """The leaf expressions of an argument: the fields of (nested) inline tuples, else itself."""
     if type(expr) is not relax.Tuple:  # noqa: E721

@@ -17,7 +17,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ..relax_utils import mutate_functions
+from ..relax_utils import is_call_tir, mutate_functions
 from .constants import array
 
 #: The dtypes of constants read as immediates: each value is the immediate's exactly.
@@ -48,17 +48,13 @@ def _specialized(func, scalars: dict):
     return func.with_body(body)
 
 
-def _call_tir(expr) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
-        and expr.op.name == "relax.call_tir"
-
 
 def _keys(mod) -> dict:
     """``{callee's name: the set of its calls' scalars}``, each as a sorted tuple."""
     keys: dict = {}
 
     def visit(expr):
-        if _call_tir(expr):
+        if is_call_tir(expr):
             keys.setdefault(expr.args[0].name_hint, set()).add(
                 tuple(sorted(_scalars(expr).items())))
 
@@ -90,7 +86,7 @@ def scalar_constants_inlined(rule_log=None) -> tvm.transform.Pass:
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if not _call_tir(call):
+            if not is_call_tir(call):
                 return call
             scalars = _scalars(call)
             callee = call.args[0]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ..relax_utils import mutate_functions
+from ..relax_utils import element_count, is_call_tir, mutate_functions
 from .constants import array, const
 
 #: The most elements a constant stacked with others may have: a batch norm's or a bias's
@@ -28,25 +28,15 @@ from .constants import array, const
 MAX_ELEMENTS = 1 << 16
 
 
-def _call_tir(expr) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
-        and expr.op.name == "relax.call_tir"
-
 
 def _constants(call) -> dict:
     """``{argument position: (shape, dtype)}`` of a ``call_tir``'s stackable constants."""
-    found = {}
     if not isinstance(call.args[1], relax.Tuple):
-        return found
-    for n, arg in enumerate(call.args[1].fields):
-        if isinstance(arg, tvm.ir.expr.GenericConst):
-            shape = tuple(int(d) for d in arg.ty.shape)
-            size = 1
-            for d in shape:
-                size *= d
-            if shape and size <= MAX_ELEMENTS:
-                found[n] = (shape, str(arg.ty.dtype))
-    return found
+        return {}
+    return {n: (tuple(int(d) for d in arg.ty.shape), str(arg.ty.dtype))
+            for n, arg in enumerate(call.args[1].fields)
+            if isinstance(arg, tvm.ir.expr.GenericConst) and len(arg.ty.shape)
+            and element_count(arg.ty) <= MAX_ELEMENTS}
 
 
 def _groups(mod) -> dict:
@@ -56,10 +46,10 @@ def _groups(mod) -> dict:
     elsewhere = set()  # callees some other op calls too (call_tir_inplace): left alone
 
     def visit(expr):
-        if isinstance(expr, relax.Call) and not _call_tir(expr):
+        if isinstance(expr, relax.Call) and not is_call_tir(expr):
             elsewhere.update(arg.name_hint for arg in (expr.op, *expr.args)
                              if isinstance(arg, tvm.ir.GlobalVar))
-        elif _call_tir(expr):
+        elif is_call_tir(expr):
             found = _constants(expr)
             name = expr.args[0].name_hint
             known = positions.setdefault(name, found)
@@ -154,21 +144,20 @@ def stacked_constants(rule_log=None) -> tvm.transform.Pass:
 
     @relax.expr_functor.mutator
     class Stacked(relax.PyExprMutator):
-        def __init__(self, mod, stacked, groups):
+        def __init__(self, mod, stacked):
             super().__init__(mod)
-            self.stacked = stacked
-            self.groups = groups
+            self.stacked = stacked  # kernel's name -> (its stacked PrimFunc, its stacks)
             self.made = {}
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if not _call_tir(call) or call.args[0].name_hint not in self.stacked:
+            if not is_call_tir(call) or call.args[0].name_hint not in self.stacked:
                 return call
             name = call.args[0].name_hint
-            stacks = self.groups[name]
+            func, stacks = self.stacked[name]
             if name not in self.made:
                 # a new GlobalVar, under the old name: the kernel's type changed
-                self.made[name] = self.builder_.add_func(self.stacked[name], name)
+                self.made[name] = self.builder_.add_func(func, name)
             args = relax.Tuple(_arguments(list(call.args[1].fields), stacks))
             return relax.Call(call.op, [self.made[name], args, *call.args[2:]], call.attrs,
                               call.ty_args, call.span)
@@ -177,22 +166,25 @@ def stacked_constants(rule_log=None) -> tvm.transform.Pass:
     def _pass(mod, _context):
         kernels = {gvar.name_hint: func for gvar, func in mod.functions_items()
                    if isinstance(func, tvm.tirx.PrimFunc)}
-        groups = {name: stacks for name, stacks in _groups(mod).items() if name in kernels}
-        stacked = {name: _stacked(kernels[name], stacks) for name, stacks in groups.items()}
-        lines = tuple(
-            f"{name}: constants {', '.join(map(str, stack))} passed as one stacked constant"
-            if stacked[name] is not None else f"{name}: constants "
-            f"{', '.join(map(str, stack))} not stacked: the kernel uses one other than by "
-            "reading its elements" for name, stacks in sorted(groups.items()) for stack in stacks)
-        stacked = {name: func for name, func in stacked.items() if func is not None}
+        stacked, lines = {}, []
+        for name, stacks in sorted(_groups(mod).items()):
+            if name not in kernels:
+                continue
+            func = _stacked(kernels[name], stacks)
+            if func is not None:
+                stacked[name] = (func, stacks)
+            outcome = ("passed as one stacked constant" if func is not None else
+                       "not stacked: the kernel uses one other than by reading its elements")
+            lines += [f"{name}: constants {', '.join(map(str, stack))} {outcome}"
+                      for stack in stacks]
         if rule_log is not None and lines:
-            rule_log.scheduled("<relax: stacked_constants>", "stacked_constants", lines)
+            rule_log.scheduled("<relax: stacked_constants>", "stacked_constants", tuple(lines))
         if not stacked:
             return mod
         rest = tvm.IRModule({gvar: func for gvar, func in mod.functions_items()
                              if gvar.name_hint not in stacked}, attrs=mod.attrs,
                             global_infos=mod.global_infos)
-        return mutate_functions(Stacked(rest, stacked, groups))
+        return mutate_functions(Stacked(rest, stacked))
 
     return _pass
 
