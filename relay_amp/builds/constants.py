@@ -34,6 +34,21 @@ def array(constant):
     return value
 
 
+def _aligned(shape, dtype):
+    """An empty numpy array of ``shape`` starting at an address TVM would give it; None for a
+    dtype DLPack's numpy side lacks (bfloat16)."""
+    import numpy as np
+
+    try:
+        np.empty(0, dtype).__dlpack__()
+    except (BufferError, TypeError):
+        return None
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    buffer = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -buffer.ctypes.data % ALIGNMENT
+    return buffer[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def const(value):
     """A Relax constant of the numpy ``value`` (a strided view too), copied once: into memory
     aligned as TVM's own, which the constant then holds without a second copy."""
@@ -41,15 +56,28 @@ def const(value):
     from tvm import relax
 
     value = np.asarray(value)
-    try:
-        np.empty(0, value.dtype).__dlpack__()
-    except (BufferError, TypeError):  # bfloat16: TVM's own copy
+    aligned = _aligned(value.shape, value.dtype)
+    if aligned is None:  # bfloat16: TVM's own copy
         return relax.const(value)
-    buffer = np.empty(value.nbytes + ALIGNMENT, np.uint8)
-    start = -buffer.ctypes.data % ALIGNMENT
-    aligned = buffer[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
     _copy(aligned, value)
     return relax.const(tvm.runtime.from_dlpack(aligned))
+
+
+def concatenated(values, offsets, size: int):
+    """A 1-d Relax constant of ``size`` elements holding each of ``values`` (numpy arrays of one
+    dtype) flattened from its offset in ``offsets``, zeros between them; each copied once."""
+    import numpy as np
+    from tvm import relax
+
+    dtype = values[0].dtype
+    aligned = _aligned((size,), dtype)
+    flat = np.empty(size, dtype) if aligned is None else aligned  # bfloat16: TVM copies it
+    ends = [offset + value.size for value, offset in zip(values, offsets)]
+    for start, end in zip(ends, [*offsets[1:], size]):
+        flat[start:end] = 0
+    for value, offset in zip(values, offsets):
+        flat[offset:offset + value.size] = value.reshape(-1)
+    return relax.const(flat if aligned is None else tvm.runtime.from_dlpack(flat))
 
 
 #: Elements a block of :func:`_copy` reads (1 MB of float32), and its run along the last axis.
@@ -163,5 +191,5 @@ def numpy_layout_constants() -> tvm.transform.Pass:
     return _fold
 
 
-__all__ = ["ALIGNMENT", "FOLDED", "LAYOUT_OPS", "array", "const", "constant_value",
+__all__ = ["ALIGNMENT", "FOLDED", "LAYOUT_OPS", "array", "concatenated", "const", "constant_value",
            "numpy_layout_constants"]

@@ -194,11 +194,11 @@ def test_the_outputs_are_the_plain_builds_to_one_rounding(calls):
                   <= calls * 2.0**-23 * (scaled + np.abs(outputs[1]))[finite])
 
 
-def test_a_convolutions_batch_norm_kernel_takes_one_argument_fewer():
+def test_a_convolutions_batch_norm_kernel_takes_one_stack():
     """A convolution, an inference batch norm and a ReLU, built for the host: the fused
-    kernel takes the input, the weight, one stack of the norm's scale and shift and the output
-    (four arguments, five without the stack), and its outputs match TVM's build within float32
-    rounding of reordered sums."""
+    kernel takes the norm's scale and shift as one stack (which
+    :mod:`relay_amp.builds.kernel_constants` then passes with the weight), and its outputs
+    match TVM's build within float32 rounding of reordered sums."""
     rng = np.random.default_rng(2)
     x = relax.Var("x", relax.TensorType((1, 8, 8, 8), "float32"))
     builder = relax.BlockBuilder()
@@ -214,10 +214,12 @@ def test_a_convolutions_batch_norm_kernel_takes_one_argument_fewer():
         builder.emit_func_output(out)
     mod = builder.get()
     target = relay_amp.host_target()
-    lowered = relay_amp.cpu_pipeline(target)(mod)
-    convolution = [f for name, f in _kernels(lowered).items() if "conv2d" in name]
-    assert len(convolution) == 1
-    assert len(convolution[0].params) == 4, convolution[0].params
+    log = RuleLog()
+    lowered = relay_amp.cpu_pipeline(target, True, log)(mod)
+    (convolution,) = [name for name in _kernels(lowered) if "conv2d" in name]
+    lines = [s.text() for s in log.schedules if s.kernel == "<relax: stacked_constants>"]
+    assert any(f"{convolution}: constants 2, 3 passed as one stacked constant" in line
+               for line in lines), lines
     data = rng.standard_normal((1, 8, 8, 8)).astype("float32")
     outputs = []
     for schedules in (True, False):
