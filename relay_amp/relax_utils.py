@@ -299,3 +299,32 @@ def mutate_functions(mutator) -> tvm.IRModule:
             mutator.builder_.update_func(gvar, mutator.visit_expr(func))
     return mutator.builder_.get()
 
+
+def retyped_kernels(mod, kernels: dict) -> tvm.IRModule:
+    """``mod`` with each PrimFunc named in ``kernels`` (name -> ``(its new PrimFunc, a function
+    of a call's argument list giving the new one)``) replaced, under a new GlobalVar of the
+    same name (its type changed, so the old one would no longer check), and every
+    ``call_tir`` of it passing the new arguments."""
+
+    @relax.expr_functor.mutator
+    class Retyped(relax.PyExprMutator):
+        def __init__(self, rest):
+            super().__init__(rest)
+            self.made = {}
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not is_call_tir(call) or call.args[0].name_hint not in kernels:
+                return call
+            name = call.args[0].name_hint
+            func, arguments = kernels[name]
+            if name not in self.made:
+                self.made[name] = self.builder_.add_func(func, name)
+            args = relax.Tuple(arguments(list(call.args[1].fields)))
+            return relax.Call(call.op, [self.made[name], args, *call.args[2:]], call.attrs,
+                              call.ty_args, call.span)
+
+    rest = tvm.IRModule({gvar: func for gvar, func in mod.functions_items()
+                         if gvar.name_hint not in kernels}, attrs=mod.attrs,
+                        global_infos=mod.global_infos)
+    return mutate_functions(Retyped(rest))

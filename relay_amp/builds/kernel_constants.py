@@ -26,7 +26,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_utils import is_call_tir, mutate_functions
+from ..relax_utils import is_call_tir, retyped_kernels
 from .constants import ALIGNMENT, array, concatenated
 
 
@@ -188,26 +188,6 @@ def constants_in_one_argument(rule_log=None) -> tvm.transform.Pass:
     tvm.transform.Pass
     """
 
-    @relax.expr_functor.mutator
-    class Merged(relax.PyExprMutator):
-        def __init__(self, mod, merged):
-            super().__init__(mod)
-            self.merged = merged  # kernel's name -> (its PrimFunc, its groups, their sizes)
-            self.made = {}
-
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not is_call_tir(call) or call.args[0].name_hint not in self.merged:
-                return call
-            name = call.args[0].name_hint
-            func, groups, sizes = self.merged[name]
-            if name not in self.made:
-                # a new GlobalVar, under the old name: the kernel's type changed
-                self.made[name] = self.builder_.add_func(func, name)
-            args = relax.Tuple(_arguments(list(call.args[1].fields), groups, sizes))
-            return relax.Call(call.op, [self.made[name], args, *call.args[2:]], call.attrs,
-                              call.ty_args, call.span)
-
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.constants_in_one_argument")
     def _pass(mod, _context):
         kernels = {gvar.name_hint: func for gvar, func in mod.functions_items()
@@ -221,18 +201,14 @@ def constants_in_one_argument(rule_log=None) -> tvm.transform.Pass:
                 lines += [f"{name}: constants {', '.join(map(str, group))} not merged: {made}"
                           for group in groups]
                 continue
-            merged[name] = (made[0], groups, made[1])
+            merged[name] = (made[0], lambda args, groups=groups, sizes=made[1]: _arguments(
+                args, groups, sizes))
             lines += [f"{name}: constants {', '.join(map(str, group))} passed as one argument"
                       for group in groups]
         if rule_log is not None and lines:
             rule_log.scheduled("<relax: constants_in_one_argument>", "constants_in_one_argument",
                                tuple(lines))
-        if not merged:
-            return mod
-        rest = tvm.IRModule({gvar: func for gvar, func in mod.functions_items()
-                             if gvar.name_hint not in merged}, attrs=mod.attrs,
-                            global_infos=mod.global_infos)
-        return mutate_functions(Merged(rest, merged))
+        return retyped_kernels(mod, merged) if merged else mod
 
     return _pass
 

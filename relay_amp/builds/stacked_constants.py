@@ -20,7 +20,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ..relax_utils import element_count, is_call_tir, mutate_functions
+from ..relax_utils import element_count, is_call_tir, retyped_kernels
 from .constants import array, const
 
 #: The most elements a constant stacked with others may have: a batch norm's or a bias's
@@ -142,26 +142,6 @@ def stacked_constants(rule_log=None) -> tvm.transform.Pass:
     tvm.transform.Pass
     """
 
-    @relax.expr_functor.mutator
-    class Stacked(relax.PyExprMutator):
-        def __init__(self, mod, stacked):
-            super().__init__(mod)
-            self.stacked = stacked  # kernel's name -> (its stacked PrimFunc, its stacks)
-            self.made = {}
-
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not is_call_tir(call) or call.args[0].name_hint not in self.stacked:
-                return call
-            name = call.args[0].name_hint
-            func, stacks = self.stacked[name]
-            if name not in self.made:
-                # a new GlobalVar, under the old name: the kernel's type changed
-                self.made[name] = self.builder_.add_func(func, name)
-            args = relax.Tuple(_arguments(list(call.args[1].fields), stacks))
-            return relax.Call(call.op, [self.made[name], args, *call.args[2:]], call.attrs,
-                              call.ty_args, call.span)
-
     @tvm.transform.module_pass(opt_level=0, name="relay_amp.stacked_constants")
     def _pass(mod, _context):
         kernels = {gvar.name_hint: func for gvar, func in mod.functions_items()
@@ -172,19 +152,14 @@ def stacked_constants(rule_log=None) -> tvm.transform.Pass:
                 continue
             func = _stacked(kernels[name], stacks)
             if func is not None:
-                stacked[name] = (func, stacks)
+                stacked[name] = (func, lambda args, stacks=stacks: _arguments(args, stacks))
             outcome = ("passed as one stacked constant" if func is not None else
                        "not stacked: the kernel uses one other than by reading its elements")
             lines += [f"{name}: constants {', '.join(map(str, stack))} {outcome}"
                       for stack in stacks]
         if rule_log is not None and lines:
             rule_log.scheduled("<relax: stacked_constants>", "stacked_constants", tuple(lines))
-        if not stacked:
-            return mod
-        rest = tvm.IRModule({gvar: func for gvar, func in mod.functions_items()
-                             if gvar.name_hint not in stacked}, attrs=mod.attrs,
-                            global_infos=mod.global_infos)
-        return mutate_functions(Stacked(rest, stacked))
+        return retyped_kernels(mod, stacked) if stacked else mod
 
     return _pass
 
