@@ -328,3 +328,47 @@ def retyped_kernels(mod, kernels: dict) -> tvm.IRModule:
                          if gvar.name_hint not in kernels}, attrs=mod.attrs,
                         global_infos=mod.global_infos)
     return mutate_functions(Retyped(rest))
+
+
+def _fields(call) -> list:
+    """A ``call_tir``'s arguments where they are an inline tuple, else none."""
+    return list(call.args[1].fields) if isinstance(call.args[1], relax.Tuple) else []
+
+
+def constant_groups(mod, key) -> dict:
+    """``{callee's name: [positions, ...]}``: for each callee only ``call_tir`` calls, the
+    argument positions at which every call passes a constant of one ``key(constant, uses)``
+    (``uses``: how many ``call_tir`` arguments are that constant; a key of None leaves the
+    constant out), grouped by key, groups of two or more."""
+    calls, uses = [], {}
+    elsewhere = set()  # callees some other op calls too (call_tir_inplace): left alone
+
+    def visit(expr):
+        if isinstance(expr, Call) and not is_call_tir(expr):
+            elsewhere.update(arg.name_hint for arg in (expr.op, *expr.args)
+                             if isinstance(arg, tvm.ir.GlobalVar))
+        elif is_call_tir(expr):
+            calls.append(expr)
+            for arg in _fields(expr):
+                if isinstance(arg, tvm.ir.expr.GenericConst):
+                    uses[arg.id_] = uses.get(arg.id_, 0) + 1
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    positions: dict = {}
+    for call in calls:
+        found = {n: key(arg, uses[arg.id_]) for n, arg in enumerate(_fields(call))
+                 if isinstance(arg, tvm.ir.expr.GenericConst)}
+        known = positions.setdefault(call.args[0].name_hint, found)
+        positions[call.args[0].name_hint] = {
+            n: k for n, k in known.items() if k is not None and found.get(n) == k}
+    groups = {}
+    for name, found in positions.items():
+        by_key: dict = {}
+        for n, k in sorted(found.items()):
+            by_key.setdefault(k, []).append(n)
+        grouped = [tuple(ns) for ns in by_key.values() if len(ns) > 1]
+        if grouped and name not in elsewhere:
+            groups[name] = grouped
+    return groups

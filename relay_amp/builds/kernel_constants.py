@@ -24,58 +24,14 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import relax
 
-from ..relax_utils import is_call_tir, retyped_kernels
+from ..relax_utils import constant_groups, retyped_kernels
 from .constants import ALIGNMENT, array, concatenated
 
 
-def _positions(call, shared) -> dict:
-    """``{argument position: dtype}`` of a ``call_tir``'s constant tensors that no other call
-    passes (``shared``: their handles)."""
-    if not isinstance(call.args[1], relax.Tuple):
-        return {}
-    return {n: str(arg.ty.dtype) for n, arg in enumerate(call.args[1].fields)
-            if isinstance(arg, tvm.ir.expr.GenericConst) and arg.id_ not in shared}
-
-
-def _groups(mod) -> dict:
-    """``{callee's name: [positions, ...]}``: the argument positions at which every call of the
-    callee passes an unshared constant, grouped by dtype, groups of two or more."""
-    seen, shared, calls = set(), set(), []
-    elsewhere = set()  # callees some other op calls too (call_tir_inplace): left alone
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and not is_call_tir(expr):
-            elsewhere.update(arg.name_hint for arg in (expr.op, *expr.args)
-                             if isinstance(arg, tvm.ir.GlobalVar))
-        elif is_call_tir(expr):
-            calls.append(expr)
-            if isinstance(expr.args[1], relax.Tuple):
-                for arg in expr.args[1].fields:
-                    if isinstance(arg, tvm.ir.expr.GenericConst):
-                        (shared if arg.id_ in seen else seen).add(arg.id_)
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    positions: dict = {}
-    for call in calls:
-        found = _positions(call, shared)
-        name = call.args[0].name_hint
-        known = positions.setdefault(name, found)
-        positions[name] = {n: dtype for n, dtype in known.items() if found.get(n) == dtype}
-    groups = {}
-    for name, found in positions.items():
-        if name in elsewhere:
-            continue
-        by_dtype: dict = {}
-        for n, dtype in sorted(found.items()):
-            by_dtype.setdefault(dtype, []).append(n)
-        merged = [tuple(ns) for ns in by_dtype.values() if len(ns) > 1]
-        if merged:
-            groups[name] = merged
-    return groups
+def _key(constant, uses: int) -> str | None:
+    """A constant's dtype, None where another call passes it too (it is stored once)."""
+    return str(constant.ty.dtype) if uses == 1 else None
 
 
 def _static_shape(param) -> tuple | None:
@@ -102,9 +58,9 @@ def _offsets(shapes, dtype: str) -> tuple:
 
 def _merged(func, groups):
     """``(func taking each of groups' parameters (by position) as views of one buffer in the
-    first one's place, each such buffer's elements)``, or why not: one of them is not a static
-    dense buffer, or the kernel passes one's address on (``a.data``: a view's data is the
-    merged buffer's, not where the view starts)."""
+    first one's place, each group's (offsets, elements) in that buffer)``, or why not: one of
+    them is not a static dense buffer, or the kernel passes one's address on (``a.data``: a
+    view's data is the merged buffer's, not where the view starts)."""
     import tvm_ffi
 
     params = list(func.params)
@@ -118,12 +74,12 @@ def _merged(func, groups):
         node.args[0].same_as(params[n]) for n in shapes) else None)
     if addressed:
         return "the kernel passes one's address on"
-    views, decls, into, sizes = {}, [], {}, []
+    views, decls, into, layouts = {}, [], {}, []
     for group in groups:
         first = params[group[0]]
         dtype = str(first.ty.dtype)
         offsets, size = _offsets([shapes[n] for n in group], dtype)
-        sizes.append(size)
+        layouts.append((offsets, size))
         index = next((str(params[n].ty.shape[0].ty.dtype) for n in group
                       if len(params[n].ty.shape)), "int64")
         merged = tvm.tirx.decl_buffer((tvm.tirx.const(size, index),), dtype,
@@ -146,7 +102,7 @@ def _merged(func, groups):
     body = _declared(tvm_ffi.structural_mutate(func.body, [(tvm.ir.expr.Var, var)]), decls)
     kept = [into.get(n, param) for n, param in enumerate(params)
             if n not in views or n in into]
-    return tvm.tirx.PrimFunc(kept, body, func.ret_type, func.attrs), sizes
+    return tvm.tirx.PrimFunc(kept, body, func.ret_type, func.attrs), layouts
 
 
 def _declared(body, decls):
@@ -162,13 +118,11 @@ def _declared(body, decls):
         block.init, block.alloc_buffers, block.match_buffers, block.annotations))
 
 
-def _arguments(args, groups, sizes) -> list:
-    """The call's arguments with each group's constants as one merged constant."""
-    merged = {}
-    for group, size in zip(groups, sizes):
-        values = [array(args[n]) for n in group]
-        offsets, _ = _offsets([v.shape for v in values], str(values[0].dtype))
-        merged[group[0]] = concatenated(values, offsets, size)
+def _arguments(args, groups, layouts) -> list:
+    """The call's arguments with each group's constants as one merged constant, laid out as
+    ``layouts`` (:func:`_merged`'s) says."""
+    merged = {group[0]: concatenated([array(args[n]) for n in group], offsets, size)
+              for group, (offsets, size) in zip(groups, layouts)}
     dropped = {n for group in groups for n in group[1:]}
     return [merged.get(n, arg) for n, arg in enumerate(args) if n not in dropped]
 
@@ -193,7 +147,7 @@ def constants_in_one_argument(rule_log=None) -> tvm.transform.Pass:
         kernels = {gvar.name_hint: func for gvar, func in mod.functions_items()
                    if isinstance(func, tvm.tirx.PrimFunc)}
         merged, lines = {}, []
-        for name, groups in sorted(_groups(mod).items()):
+        for name, groups in sorted(constant_groups(mod, _key).items()):
             if name not in kernels:
                 continue
             made = _merged(kernels[name], groups)
@@ -201,8 +155,8 @@ def constants_in_one_argument(rule_log=None) -> tvm.transform.Pass:
                 lines += [f"{name}: constants {', '.join(map(str, group))} not merged: {made}"
                           for group in groups]
                 continue
-            merged[name] = (made[0], lambda args, groups=groups, sizes=made[1]: _arguments(
-                args, groups, sizes))
+            merged[name] = (made[0], lambda args, groups=groups, layouts=made[1]: _arguments(
+                args, groups, layouts))
             lines += [f"{name}: constants {', '.join(map(str, group))} passed as one argument"
                       for group in groups]
         if rule_log is not None and lines:

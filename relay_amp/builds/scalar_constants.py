@@ -48,7 +48,6 @@ def _specialized(func, scalars: dict):
     return func.with_body(body)
 
 
-
 def _keys(mod) -> dict:
     """``{callee's name: the set of its calls' scalars}``, each as a sorted tuple."""
     keys: dict = {}

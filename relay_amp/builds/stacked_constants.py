@@ -18,9 +18,8 @@ bit for bit.
 from __future__ import annotations
 
 import tvm
-from tvm import relax
 
-from ..relax_utils import element_count, is_call_tir, retyped_kernels
+from ..relax_utils import constant_groups, element_count, retyped_kernels
 from .constants import array, const
 
 #: The most elements a constant stacked with others may have: a batch norm's or a bias's
@@ -28,47 +27,11 @@ from .constants import array, const
 MAX_ELEMENTS = 1 << 16
 
 
-
-def _constants(call) -> dict:
-    """``{argument position: (shape, dtype)}`` of a ``call_tir``'s stackable constants."""
-    if not isinstance(call.args[1], relax.Tuple):
-        return {}
-    return {n: (tuple(int(d) for d in arg.ty.shape), str(arg.ty.dtype))
-            for n, arg in enumerate(call.args[1].fields)
-            if isinstance(arg, tvm.ir.expr.GenericConst) and len(arg.ty.shape)
-            and element_count(arg.ty) <= MAX_ELEMENTS}
-
-
-def _groups(mod) -> dict:
-    """``{callee's name: [positions, ...]}``: the argument positions at which every call of the
-    callee passes a stackable constant, grouped by shape and dtype, groups of two or more."""
-    positions: dict = {}
-    elsewhere = set()  # callees some other op calls too (call_tir_inplace): left alone
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and not is_call_tir(expr):
-            elsewhere.update(arg.name_hint for arg in (expr.op, *expr.args)
-                             if isinstance(arg, tvm.ir.GlobalVar))
-        elif is_call_tir(expr):
-            found = _constants(expr)
-            name = expr.args[0].name_hint
-            known = positions.setdefault(name, found)
-            positions[name] = {n: key for n, key in known.items() if found.get(n) == key}
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    groups = {}
-    for name, found in positions.items():
-        if name in elsewhere:
-            continue
-        by_key: dict = {}
-        for n, key in sorted(found.items()):
-            by_key.setdefault(key, []).append(n)
-        stacks = [tuple(ns) for ns in by_key.values() if len(ns) > 1]
-        if stacks:
-            groups[name] = stacks
-    return groups
+def _key(constant, _uses) -> tuple | None:
+    """A stackable constant's ``(shape, dtype)``: not 0-d, at most :data:`MAX_ELEMENTS`."""
+    if not len(constant.ty.shape) or element_count(constant.ty) > MAX_ELEMENTS:
+        return None
+    return tuple(int(d) for d in constant.ty.shape), str(constant.ty.dtype)
 
 
 def _stacked(func, stacks):
@@ -147,7 +110,7 @@ def stacked_constants(rule_log=None) -> tvm.transform.Pass:
         kernels = {gvar.name_hint: func for gvar, func in mod.functions_items()
                    if isinstance(func, tvm.tirx.PrimFunc)}
         stacked, lines = {}, []
-        for name, stacks in sorted(_groups(mod).items()):
+        for name, stacks in sorted(constant_groups(mod, _key).items()):
             if name not in kernels:
                 continue
             func = _stacked(kernels[name], stacks)
