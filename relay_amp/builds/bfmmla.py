@@ -445,7 +445,7 @@ class BfmmlaTile:
         sch.transform_layout(sums, ("write", 0), lambda m, n, i, j: [m * 2 + i, n * 2 + j])
         a, b, c, d = sch.get_loops(sums)[-4:]
         sch.reorder(a, c, b, d)
-        folded, refused = _inline_epilogue(sch, sums, round_apart=True)
+        sch, folded, refused = _inline_epilogue(sch, sums, round_apart=True)
         if folded:
             decide(f"epilogue folded into the write-back: {', '.join(folded)}")
         if refused:

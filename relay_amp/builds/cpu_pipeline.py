@@ -30,7 +30,7 @@ from .batch_norm import inference_batch_norms
 from .bfcvtn import round_in_tile, rounding_after, tensorize_rounding
 from .bfdot import bfdot_tile, has_bfdot, packed_bfloat16_weights, tensorize_bfmlal
 from .bfmmla import BfmmlaTile
-from .constants import numpy_layout_constants
+from .constants import numpy_elementwise_constants, numpy_layout_constants
 from .elementwise import INLINED_FLOPS, Elementwise, calls, register_lanes, vectorize_blocks
 from .fast_math import vector_math
 from .flops import expanded_flops
@@ -399,12 +399,13 @@ def _inline_epilogue(sch, write_back, round_apart: bool = False) -> tuple:
     within the same bound, until one is left. The rest stays in loops of its own, as TVM leaves
     it. With ``round_apart``, the kernel's rounding to bfloat16 is left out
     (:func:`~relay_amp.builds.bfcvtn.rounding_after`: it runs on BFCVTN). Returns ``(the
-    blocks folded or inlined, why the rest was not)``, the reason None where nothing is left
-    but such a rounding."""
+    schedule, the blocks folded or inlined, why the rest was not)``, the reason None where
+    nothing is left but such a rounding; the schedule is ``sch`` or the trial's copy that
+    folded the last block (its random variables are ``sch``'s)."""
     folded = []
     while consumers := sch.get_consumers(write_back):
         if round_apart and rounding_after(sch, write_back) is not None:
-            return folded, None
+            return sch, folded, None
         names = [sch.get(c).name_hint for c in consumers]
         if len(consumers) == 1:
             trial = sch.copy()
@@ -414,18 +415,20 @@ def _inline_epilogue(sch, write_back, round_apart: bool = False) -> tuple:
                 reason = (f"folded, the write-back would take {flops:.0f} float operations an "
                           f"output, over {EPILOGUE_FLOPS}")
             if reason is not None:
-                return folded, f"{names[0]}: {reason}"
-            _fold(sch, consumers[0], write_back)
+                return sch, folded, f"{names[0]}: {reason}"
+            sch = trial
             folded.append(names[0])
             continue
-        inlined = next((n for n, c in enumerate(consumers)
-                        if _inline_into_readers(sch.copy(), c)), None)
+        trials = ((n, sch.copy()) for n in range(len(consumers)))
+        inlined = next(((n, trial) for n, trial in trials
+                        if _inline_into_readers(trial, consumers[n])), None)
         if inlined is None:
-            return folded, (f"{', '.join(names)} read the result, and none inlines into its "
-                            f"readers within {EPILOGUE_FLOPS} float operations an output")
-        _inline_into_readers(sch, consumers[inlined])
-        folded.append(names[inlined])
-    return folded, None
+            return sch, folded, (f"{', '.join(names)} read the result, and none inlines into "
+                                 f"its readers within {EPILOGUE_FLOPS} float operations an "
+                                 "output")
+        sch = inlined[1]
+        folded.append(names[inlined[0]])
+    return sch, folded, None
 
 
 def _update_on_rows(sch, loops, lanes: int, scope: str, kind: str | None) -> bool:
@@ -469,7 +472,7 @@ def _round_apart(sch, write_back, tile) -> tuple:
             return rounded
         decide("rounding to bfloat16 folded into the write-back, not on BFCVTN: it cannot run "
                "in the tile on the values the tile writes alone")
-    _inline_epilogue(sch, write_back)
+    sch, _, _ = _inline_epilogue(sch, write_back)
     return sch, None
 
 
@@ -700,7 +703,7 @@ class VectorizeDotProduct:
             write_back = sch.cache_write(info.block_rv, 0, scope)
             _rows_beside_lanes(sch, info.block_rv, row_axis)
             sch.reverse_compute_at(write_back, tile)
-            folded, refused = _inline_epilogue(sch, write_back, round_apart=bfdot)
+            sch, folded, refused = _inline_epilogue(sch, write_back, round_apart=bfdot)
             if folded:
                 decide(f"epilogue folded into the write-back: {', '.join(folded)}")
             if refused:
@@ -748,9 +751,12 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
     (:mod:`relay_amp.builds.rounding_last`) and bfloat16 convolutions and matmuls over weights
     packed for BFMMLA or BFDOT (:mod:`relay_amp.builds.bfmmla`, :mod:`relay_amp.builds.bfdot`),
     the BFMMLA kernels scheduled first by :class:`~relay_amp.builds.bfmmla.BfmmlaTile`.
-    After fusion and before the rules, a kernel's 0-d constants become immediates
-    (:mod:`relay_amp.builds.scalar_constants`) and its constant tensors of one shape one
-    stacked argument (:mod:`relay_amp.builds.stacked_constants`).
+    Before legalization, elementwise ops and layouts of constants are computed in numpy
+    (:func:`~relay_amp.builds.constants.numpy_elementwise_constants`,
+    :func:`~relay_amp.builds.constants.numpy_layout_constants`), where ``FoldConstant`` would
+    compile a kernel for each. After fusion and before the rules, a kernel's 0-d constants
+    become immediates (:mod:`relay_amp.builds.scalar_constants`) and its constant tensors of
+    one shape one stacked argument (:mod:`relay_amp.builds.stacked_constants`).
 
     Parameters
     ----------
@@ -786,7 +792,7 @@ def cpu_pipeline(target, relay_amp_schedules: bool = True, rule_log=None):
         # exp after the layouts: ConvertLayout sees relax.sigmoid, not a kernel
         layouts = [inference_batch_norms(), elementwise_prelu(), *layouts,
                    vector_math(polynomial_erf_tanh=not is_aarch64(target)),
-                   numpy_layout_constants()]
+                   numpy_elementwise_constants(), numpy_layout_constants()]
     passes = tvm.transform.Sequential(
         pipeline.library_dispatch_passes(target) + layouts + pipeline.legalize_passes(target)
         + ([scalar_constants_inlined(rule_log), stacked_constants(rule_log)]

@@ -69,9 +69,10 @@ def _merged(func, groups):
         return "one has a symbolic shape, strides or an offset"
     addressed = []
     data = tvm.ir.Op.get("tirx.buffer_data")
-    tvm_ffi.structural_walk(func.body, lambda node: addressed.append(node) if isinstance(
-        node, tvm.ir.expr.Call) and node.op.same_as(data) and any(
-        node.args[0].same_as(params[n]) for n in shapes) else None)
+    tvm_ffi.structural_walk(func.body, (tvm.ir.expr.Call, lambda node: addressed.append(node)
+                                        if node.op.same_as(data) and any(
+                                            node.args[0].same_as(params[n]) for n in shapes)
+                                        else None))
     if addressed:
         return "the kernel passes one's address on"
     views, decls, into, layouts = {}, [], {}, []

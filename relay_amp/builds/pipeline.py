@@ -44,6 +44,7 @@ from tvm import relax
 
 from ..relax_utils import last_line, mutate_functions
 from .codegen import cuda as cuda_codegen
+from .constants import numpy_elementwise_constants
 from .cpu_pipeline import cpu_pipeline
 from .schedule_rules import RuleLog, apply_rules
 from .several_outputs import several_outputs_rule
@@ -431,7 +432,9 @@ def cuda_pipeline(target, tensor_cores: bool = True, relay_amp_schedules: bool =
     legalize = [p for p in pipeline.legalize_passes(target)
                 if p.info.name != TVM_SCHEDULE_PASS] + [
         apply_rules(rules, rule_log) if relay_amp_schedules else dl.ApplyDefaultSchedule(*rules)]
-    before = graph_rewrites(target, split_k) if relay_amp_schedules else []
+    # ops on constants computed in numpy: FoldConstant would compile a kernel for each
+    before = [*graph_rewrites(target, split_k), numpy_elementwise_constants()] \
+        if relay_amp_schedules else []
 
     passes = tvm.transform.Sequential(
         before + pipeline.library_dispatch_passes(target) + legalize

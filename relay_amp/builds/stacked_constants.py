@@ -73,8 +73,8 @@ def _stacked(func, stacks):
     body = tvm_ffi.structural_mutate(func.body, [(tvm.ir.expr.TensorLoad, load),
                                                  (tvm.ir.expr.TensorRegion, region)])
     left = []
-    tvm_ffi.structural_walk(body, lambda node: left.append(node) if isinstance(
-        node, tvm.ir.expr.Var) and source(node) is not None else None)
+    tvm_ffi.structural_walk(body, (tvm.ir.expr.Var, lambda node: left.append(node)
+                                   if source(node) is not None else None))
     if left:
         return None
     kept = [into[n][0] if n in into and into[n][1] == 0 else param

@@ -202,3 +202,46 @@ def test_each_cpu_rule_starts_from_its_own_copy_of_one_normalization():
     assert normalize.call_count == 2 and other is not None
     assert len(first.get_loops(blocks[0].block_rv)) == 2
     assert len(second.get_loops(again[0].block_rv)) == 1
+
+
+class _WronglyTyped:
+    """A rule that calls a schedule primitive with an argument of the wrong type."""
+
+    def apply(self, func, target, tunable):
+        sch = tvm.s_tir.Schedule(func)
+        sch.get_loops(1.5)
+        return sch
+
+    def is_target_available(self, target):
+        return True
+
+
+def test_the_rules_call_the_primitives_unchecked_and_a_wrong_type_still_passes_the_kernel_on():
+    """While the rules run, TVM's schedule primitives skip the Python type check of their
+    arguments (``unchecked_schedule_calls``), and every primitive is checked again after, even
+    where the block raised. A rule that passes a wrongly typed argument then fails in TVM's
+    own conversion: the kernel goes on to the next rule, and the log names the rule."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+    from tvm.s_tir import Schedule
+
+    from relay_amp.builds.schedule_rules import unchecked_schedule_calls
+
+    checked = {name: getattr(Schedule, name) for name in ("get", "get_loops", "split",
+                                                          "tensorize", "reverse_compute_inline")}
+    with pytest.raises(TypeError, match="get_loops"):  # the check the rules skip
+        Schedule(tvm.te.create_prim_func([tvm.te.placeholder((4,))])).get_loops(1.5)
+    with unchecked_schedule_calls():
+        for name, method in checked.items():
+            assert getattr(Schedule, name) is method.__wrapped__, name
+    with pytest.raises(RuntimeError, match="inside"), unchecked_schedule_calls():
+        raise RuntimeError("inside")
+    assert all(getattr(Schedule, name) is method for name, method in checked.items())
+
+    target = tvm.target.Target("llvm")
+    log = RuleLog()
+    legalized = tvm.transform.Sequential(cpu.legalize_passes(target))(complex_magnitude())
+    with target:
+        apply_rules([_WronglyTyped(), _Schedules()], log)(legalized)
+    (error,) = log.errors
+    assert (error.rule, error.scheduled_by) == ("_WronglyTyped", "_Schedules")
+    assert all(getattr(Schedule, name) is method for name, method in checked.items())
