@@ -156,12 +156,6 @@ def constant_value(mutator, expr, hops: int = 8, folded=None):
     return None
 
 
-def _where(values, _call):
-    import numpy as np
-
-    return np.where(*values)
-
-
 def _elementwise(function, floats_only: bool = False):
     """``function`` of the arguments' values as :data:`ELEMENTWISE` calls it; with
     ``floats_only``, None for integer arguments (numpy's integer division, shifts and overflow
@@ -194,7 +188,7 @@ def _elementwise_ops() -> dict:
     rounded = {"relax.add": np.add, "relax.subtract": np.subtract,
                "relax.multiply": np.multiply, "relax.divide": np.divide,
                "relax.negative": np.negative, "relax.abs": np.abs}
-    return {"relax.astype": _cast, "relax.where": _where,
+    return {"relax.astype": _cast, "relax.where": _elementwise(np.where),
             **{name: _elementwise(f) for name, f in exact.items()},
             **{name: _elementwise(f, floats_only=True) for name, f in rounded.items()}}
 
@@ -231,13 +225,10 @@ def numpy_elementwise_constants() -> tvm.transform.Pass:
             compute = ops.get(call.op) if isinstance(call.op, tvm.ir.Op) else None
             if compute is None or not isinstance(call.ty, relax.TensorType):
                 return call
-            values = []
-            for arg in call.args:
-                while isinstance(arg, relax.Var) and self.lookup_binding(arg) is not None:
-                    arg = self.lookup_binding(arg)
-                if not isinstance(arg, tvm.ir.expr.GenericConst):
-                    return call
-                values.append(array(arg))
+            # through the variables bound to constants only: no op computed on the way
+            values = [constant_value(self, arg, folded={}) for arg in call.args]
+            if any(value is None for value in values):
+                return call
             with np.errstate(all="ignore"):  # a division by zero is inf, as in the kernel
                 value = compute(values, call)
             if value is None:

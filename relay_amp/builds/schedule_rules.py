@@ -236,10 +236,11 @@ def unchecked_schedule_calls():
 
     The check adds 20-80 us to each call: resnet18_v2's kernels make about 1,600 while the
     rules schedule them, and without the checks the Relax stage of its build took 1.11 s
-    against 1.24 s (median of 7, ``znver5``). It only turns a wrongly typed argument into a
-    ``TypeError`` before TVM's own conversion raises; a rule's error of any kind passes the
-    kernel on to the next rule (:func:`apply_rules`). A primitive that is not so wrapped is
-    left as it is, and so is every primitive if TVM's wrapper changes."""
+    against 1.24 s (median of 7, the ``znver5`` target built on a ``znver3`` host). It only
+    turns a wrongly typed argument into a ``TypeError`` before TVM's own conversion raises; a
+    rule's error of any kind passes the kernel on to the next rule (:func:`apply_rules`). A
+    primitive that is not so wrapped is left as it is, and so is every primitive if TVM's
+    wrapper changes."""
     from tvm.s_tir import Schedule
     from tvm.s_tir.schedule._type_checker import type_checked
 
